@@ -1,0 +1,29 @@
+"""`pal`: the pipeline's command group (also `python -m pipeline`).
+
+Each stage has one subcommand, named after its dvc.yaml stage, its params
+section and its output folder. Subcommands load lazily so `pal --help` is fast.
+"""
+
+from __future__ import annotations
+
+import click
+
+from solver.cliutil import LazyGroup, setup_logging
+
+COMMANDS = {
+    "demo": ("pipeline.demo:cli", "Make the offline demo dataset and tiny ViLT."),
+    "prepare": ("pipeline.prepare:cli", "Index a dataset into samples, tasks, missing tables."),
+    "tune": ("pipeline.tune:cli", "Tune the prompt pools and BP head, task by task."),
+    "extract": ("pipeline.extract:cli", "Dump prompted joint embeddings into HDF5 shards."),
+}
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS)
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """PAL pipeline: prompting analytic learning with missing modality.
+
+    Stages run in order demo → prepare → tune → extract, then `pal-solver solve`
+    and `pal-solver evaluate`. `dvc repro` runs them all from params.yaml.
+    """
+    setup_logging(verbose)

@@ -1,0 +1,163 @@
+"""Params sections of the pipeline stages, as frozen, validated dataclasses.
+
+One dataclass per params.yaml section (`demo`, `data`, `model`, `prompt`,
+`tune`, `extract`); the `solve` section lives in `solver.params`. Load one with
+`load(path, "data")`; errors name the file and `section.key`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+from solver.params import check, load_section
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoParams:
+    """`demo:` — the synthetic image–text dataset and tiny ViLT of `pal demo`."""
+
+    seed: int = 0  # everything the demo draws comes from this seed
+    n_classes: int = 20  # classes of the demo dataset
+    train_per_class: int = 40  # training images per class
+    val_per_class: int = 0  # validation images per class
+    test_per_class: int = 20  # test images per class
+    image_size: int = 64  # square PNG side, pixels
+    hidden_size: int = 64  # tiny ViLT width
+    num_layers: int = 4  # tiny ViLT depth
+    num_heads: int = 4  # tiny ViLT attention heads
+    pretrain_classes: int = 20  # synthetic classes, disjoint from the demo's, for pre-training
+    pretrain_steps: int = 300  # optimiser steps of the brief backbone pre-training
+
+    def __post_init__(self) -> None:
+        for key in ("n_classes", "train_per_class", "test_per_class", "image_size",
+                    "hidden_size", "num_layers", "num_heads"):
+            value = getattr(self, key)
+            check(value > 0, f"demo.{key}", f"must be > 0, got {value}")
+        check(self.val_per_class >= 0, "demo.val_per_class", "must be >= 0")
+        check(self.pretrain_steps >= 0, "demo.pretrain_steps", "must be >= 0")
+        check(self.hidden_size % self.num_heads == 0, "demo.hidden_size",
+              f"must be divisible by demo.num_heads ({self.num_heads})")
+
+
+Dataset = Literal["demo", "food101", "n24news"]
+MissingType = Literal["none", "text", "image", "both"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParams:
+    """`data:` — which dataset, its task split and the missing-modality protocol."""
+
+    dataset: Dataset = "demo"  # demo, food101 or n24news
+    root: str = "data/demo/dataset"  # dataset folder
+    tasks: int = 5  # number of tasks K; classes split evenly in class order
+    class_order_seed: int = 0  # seed of the class order (task assignment)
+    missing_type: MissingType = "both"  # which modality goes missing
+    missing_rate: float = 0.7  # fraction of each (task, split) with a modality missing
+    seed: int = 0  # seed of the missing tables
+    text_field: str = "headline"  # N24News text: a field, or several joined by "+"
+    test_missing_type: MissingType | None = None  # None: same as missing_type
+    test_missing_rate: float | None = None  # None: same as missing_rate
+    absent: Literal["missing", "reject"] = "missing"  # absent image/text file: keep as
+    # naturally missing (code set), or reject with an error
+    allow_uneven: bool = False  # allow a class count that tasks does not divide
+
+    def __post_init__(self) -> None:
+        check(self.tasks > 0, "data.tasks", f"must be > 0, got {self.tasks}")
+        check(0.0 <= self.missing_rate <= 1.0, "data.missing_rate",
+              f"must lie in [0, 1], got {self.missing_rate}")
+        if self.test_missing_rate is not None:
+            check(0.0 <= self.test_missing_rate <= 1.0, "data.test_missing_rate",
+                  f"must lie in [0, 1], got {self.test_missing_rate}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParams:
+    """`model:` — the frozen ViLT backbone."""
+
+    backbone: str = "data/demo/vilt"  # local folder or hub id (dandelin/vilt-b32-mlm)
+    max_text_len: int = 40  # text tokens; above 40 the position table is interpolated
+
+    def __post_init__(self) -> None:
+        check(self.max_text_len >= 2, "model.max_text_len",
+              f"must be >= 2, got {self.max_text_len}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptParams:
+    """`prompt:` — the modality-specific prompt pools (CODA-style)."""
+
+    enabled: bool = True  # false: frozen features only (the ACIL baseline)
+    pools: Literal["modality", "shared", "vector"] = "modality"  # ablation variants
+    pool_size: int = 20  # components N per pool; N // K per task
+    length: int = 8  # prompt tokens L_p per layer (prefix: L_p/2 keys, L_p/2 values)
+    layers: tuple[int, ...] = (0, 1)  # encoder layers that get prompts
+    position: Literal["prefix", "input"] = "prefix"  # prefix-tuning or input tokens
+
+    def __post_init__(self) -> None:
+        check(self.pool_size > 0, "prompt.pool_size", f"must be > 0, got {self.pool_size}")
+        check(self.length > 0, "prompt.length", f"must be > 0, got {self.length}")
+        check(self.position != "prefix" or self.length % 2 == 0, "prompt.length",
+              f"must be even for prefix prompts, got {self.length}")
+        check(len(self.layers) > 0, "prompt.layers", "must list at least one layer")
+        check(len(set(self.layers)) == len(self.layers) and min(self.layers) >= 0,
+              "prompt.layers", f"must be distinct layer indices >= 0, got "
+              f"{list(self.layers)}")
+
+
+Device = Literal["auto", "cpu", "cuda"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneParams:
+    """`tune:` — per-task prompt tuning by backprop."""
+
+    epochs: int = 3  # epochs per task
+    batch_size: int = 4  # samples per optimiser step (before reconstruction copies)
+    lr: float = 1e-4  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay (active slice and head only)
+    warmup: float = 0.1  # fraction of a task's steps spent in linear warm-up
+    recon_weight: float = 0.01  # λ, weight of the reconstruction loss
+    seed: int = 0  # seed of prompt init, head init and batch order
+    device: Device = "auto"  # auto: cuda when available
+    num_workers: int = 0  # DataLoader workers decoding images
+
+    def __post_init__(self) -> None:
+        check(self.epochs > 0, "tune.epochs", f"must be > 0, got {self.epochs}")
+        check(self.batch_size > 0, "tune.batch_size", f"must be > 0, got {self.batch_size}")
+        check(self.lr > 0, "tune.lr", f"must be > 0, got {self.lr}")
+        check(self.weight_decay >= 0, "tune.weight_decay", "must be >= 0")
+        check(0.0 <= self.warmup < 1.0, "tune.warmup", "must lie in [0, 1)")
+        check(self.recon_weight >= 0, "tune.recon_weight", "must be >= 0")
+        check(self.num_workers >= 0, "tune.num_workers", "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtractParams:
+    """`extract:` — dumping the prompted joint embeddings into shards."""
+
+    batch_size: int = 32  # samples per forward pass
+    dtype: Literal["float32", "float16"] = "float32"  # stored feature dtype
+    device: Device = "auto"  # auto: cuda when available
+    num_workers: int = 0  # DataLoader workers decoding images
+
+    def __post_init__(self) -> None:
+        check(self.batch_size > 0, "extract.batch_size",
+              f"must be > 0, got {self.batch_size}")
+        check(self.num_workers >= 0, "extract.num_workers", "must be >= 0")
+
+
+SECTIONS = {
+    "demo": DemoParams,
+    "data": DataParams,
+    "model": ModelParams,
+    "prompt": PromptParams,
+    "tune": TuneParams,
+    "extract": ExtractParams,
+}
+
+
+def load(path: str | Path, section: str):
+    """Load one pipeline section of the params file at `path`."""
+    return load_section(path, section, SECTIONS[section])

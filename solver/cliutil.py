@@ -1,0 +1,86 @@
+"""Shared CLI plumbing for `pal` and `pal-solver`: logging, clean errors, lazy commands."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from solver.errors import PalError
+
+log = logging.getLogger(__name__)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Configure the root logger once: `LEVEL name: message` on stderr."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn project errors (bad input) into one line on stderr and exit 1.
+
+    Unexpected exceptions (bugs) keep their traceback.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PalError as exc:
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            raise click.ClickException("interrupted; outputs already renamed into "
+                                       "place are complete, nothing partial was kept"
+                                       ) from None
+
+    return wrapper
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported only when invoked.
+
+    `lazy` maps a command name to `"module:attribute"`, so `--help` of the group
+    stays fast and does not import torch.
+    """
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._lazy = lazy  # name -> ("module:attr", one-line help)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._lazy))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self._lazy:
+            target, _ = self._lazy[name]
+            module, attr = target.split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, self._lazy[name][1]) for name in sorted(self._lazy)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def params_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--params FILE` (default params.yaml)."""
+    return click.option(
+        "--params",
+        "params_file",
+        default="params.yaml",
+        show_default=True,
+        type=click.Path(dir_okay=False),
+        help="Params file to read the stage's section(s) from.",
+    )(fn)

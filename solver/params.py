@@ -1,0 +1,159 @@
+"""Strict params loading: one params.yaml section into one frozen dataclass.
+
+Every stage reads only the sections it needs. Unknown keys, wrong types and
+out-of-range values are `ParamsError`s that name the file and `section.key`.
+Section dataclasses validate their own ranges in `__post_init__` by calling
+`check(...)`; types are checked here from the field annotations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+from solver.errors import ParamsError
+
+T = TypeVar("T")
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def read_params_file(path: str | Path) -> dict[str, Any]:
+    """Parse a params YAML file into a dict of sections."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ParamsError(f"{path}: not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections at the top level")
+    return raw
+
+
+def load_section(path: str | Path, section: str, cls: type[T]) -> T:
+    """Load `section` of the params file at `path` into the dataclass `cls`."""
+    raw = read_params_file(path)
+    if section not in raw:
+        raise ParamsError(f"{path}: missing section '{section}'")
+    try:
+        return section_from_mapping(cls, section, raw[section])
+    except ParamsError as exc:
+        raise ParamsError(f"{path}: {exc}") from None
+
+
+def section_from_mapping(cls: type[T], section: str, raw: Any) -> T:
+    """Build `cls` from a mapping, checking keys and types; errors name `section.key`."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ParamsError(f"section '{section}' must be a mapping of keys")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(fields))
+        raise ParamsError(f"unknown key '{section}.{unknown[0]}' (known keys: {known})")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in raw.items():
+        values[name] = _coerce(value, hints[name], f"{section}.{name}")
+    try:
+        return cls(**values)
+    except ParamsError:
+        raise
+    except TypeError as exc:  # a required field without a default
+        raise ParamsError(f"section '{section}': {exc}") from None
+
+
+def check(ok: bool, key: str, message: str) -> None:
+    """Raise `ParamsError("key: message")` unless `ok`."""
+    if not ok:
+        raise ParamsError(f"{key} {message}")
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        errors = []
+        for a in inner:
+            try:
+                return _coerce(value, a, key)
+            except ParamsError as exc:
+                errors.append(str(exc))
+        raise ParamsError(errors[0])
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(repr(a) for a in args)
+            raise ParamsError(f"{key} must be one of {choices}, got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ParamsError(f"{key} must be a list, got {value!r}")
+        item = args[0] if args else Any
+        return tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ParamsError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamsError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool):
+            raise ParamsError(f"{key} must be a number, got {value!r}")
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ParamsError(f"{key} must be a number, got {value!r}") from None
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ParamsError(f"{key} must be a finite number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ParamsError(f"{key} must be a string, got {value!r}")
+        return value
+    if hint is Any:
+        return value
+    raise TypeError(f"unsupported params annotation {hint!r} for {key}")
+
+
+SolveMethod = Literal["gram", "woodbury"]
+SolveDevice = Literal["auto", "cpu", "cuda"]
+SolveDtype = Literal["float64", "float32"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveParams:
+    """`solve:` — the analytic-learning (RLS) stage."""
+
+    eta: float = 1.0  # ridge regulariser; R_0 = I / eta. Several values: a sweep
+    width: int = 4096  # up-sampling width d (random ReLU layer D -> d)
+    seed: int = 0  # seed of the up-sampling matrix W_up
+    method: SolveMethod = "gram"  # gram: G += HᵀH + Cholesky; woodbury: RLS (Thm 1)
+    device: SolveDevice = "auto"  # auto: CuPy when a working GPU is found
+    dtype: SolveDtype = "float64"  # accumulation / solve precision
+    batch_rows: int = 4096  # rows per streamed chunk (and per Woodbury update)
+
+    def __post_init__(self) -> None:
+        check(self.eta > 0, "solve.eta", f"must be > 0, got {self.eta}")
+        check(self.width > 0, "solve.width", f"must be > 0, got {self.width}")
+        check(self.seed >= 0, "solve.seed", f"must be >= 0, got {self.seed}")
+        check(self.batch_rows > 0, "solve.batch_rows", f"must be > 0, got {self.batch_rows}")

@@ -1,0 +1,415 @@
+"""Feature shards: the contract between `pal extract` and `pal-solver` (DESIGN §3).
+
+Layout of a features folder::
+
+    step_01/train.h5   task 1's training samples under the prompts of step 1
+    step_01/test.h5    groups task_01 … task_XX: test samples of each seen task
+    step_02/…
+
+A step folder may hold parts instead (`train-00000.h5`, `train-00001.h5`, …,
+one per extraction rank); readers take them in name order as one shard.
+
+Every file is written to a temporary name in its folder and renamed into
+place, so a reader never sees a half-written shard. Readers validate shapes,
+dtypes, attrs and finiteness and raise `ShardError` naming the file and fault.
+No timestamps are stored: identical content gives identical bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from solver.errors import ShardError
+
+FORMAT_VERSION = 1
+CHUNK_ROWS = 1024  # HDF5 chunk rows; (1024, D) float32 is 3 MB at D = 768
+FEATURE_DTYPES = (np.dtype("float32"), np.dtype("float16"))
+MISSING_CODES = (0, 1, 2)  # complete, text missing, image missing
+MISSING_NAMES = {0: "complete", 1: "text_missing", 2: "image_missing"}
+
+_STEP_DIR = re.compile(r"^step_(\d{2,})$")
+_STR = h5py.string_dtype("utf-8")
+
+
+def step_dir_name(step: int) -> str:
+    """`step_01` for step 1 (1-based, at least two digits)."""
+    return f"step_{step:02d}"
+
+
+def task_group_name(task: int) -> str:
+    """`task_01` for task 1."""
+    return f"task_{task:02d}"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of samples: a train shard or one task group of a test shard.
+
+    features: (n, D) float32 or float16; labels: (n,) int64 incremental class
+    index; missing: (n,) int8 in {0, 1, 2}; sample_ids: n strings;
+    bp_logits: optional (n, C_k) float32, the BP head's logits over seen classes.
+    """
+
+    features: np.ndarray
+    labels: np.ndarray
+    missing: np.ndarray
+    sample_ids: Sequence[str]
+    bp_logits: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ShardAttrs:
+    """File-level attrs. `provenance` values are str/int/float (JSON for nested)."""
+
+    step: int
+    classes_seen: int
+    feature_dim: int
+    provenance: Mapping[str, str | int | float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def write_train(path: str | Path, block: Block, attrs: ShardAttrs) -> Path:
+    """Write a train shard atomically (temp name in the same folder, then rename)."""
+    _check_block(block, attrs, f"{path}")
+    return _atomic_write(Path(path), attrs, lambda f: _write_block(f, block, attrs))
+
+
+def write_test(
+    path: str | Path, tasks: Mapping[int, Block], attrs: ShardAttrs
+) -> Path:
+    """Write a test shard: one group per seen task (1-based keys 1..step)."""
+    expected = list(range(1, attrs.step + 1))
+    if sorted(tasks) != expected:
+        raise ShardError(
+            f"{path}: test shard of step {attrs.step} needs tasks {expected}, "
+            f"got {sorted(tasks)}"
+        )
+    for task, block in tasks.items():
+        _check_block(block, attrs, f"{path}:{task_group_name(task)}")
+
+    def fill(f: h5py.File) -> None:
+        for task in expected:
+            _write_block(f.create_group(task_group_name(task)), tasks[task], attrs)
+
+    return _atomic_write(Path(path), attrs, fill)
+
+
+def _atomic_write(path: Path, attrs: ShardAttrs, fill) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        # track_order keeps attribute order stable; no timestamps are written
+        with h5py.File(tmp, "w", track_order=True) as f:
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["step"] = int(attrs.step)
+            f.attrs["classes_seen"] = int(attrs.classes_seen)
+            f.attrs["feature_dim"] = int(attrs.feature_dim)
+            for key in sorted(attrs.provenance):
+                value = attrs.provenance[key]
+                if not isinstance(value, (str, int, float)):
+                    value = json.dumps(value, sort_keys=True)
+                f.attrs[key] = value
+            fill(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _write_block(g: h5py.Group, block: Block, attrs: ShardAttrs) -> None:
+    x = block.features
+    n, d = x.shape
+    chunks = (max(1, min(CHUNK_ROWS, n)), d) if n else None
+    g.create_dataset("features", data=x, chunks=chunks)
+    g.create_dataset("labels", data=np.asarray(block.labels, dtype=np.int64))
+    g.create_dataset("missing", data=np.asarray(block.missing, dtype=np.int8))
+    g.create_dataset(
+        "sample_ids", data=np.asarray(list(block.sample_ids), dtype=object), dtype=_STR
+    )
+    if block.bp_logits is not None:
+        g.create_dataset("bp_logits", data=np.asarray(block.bp_logits, np.float32))
+
+
+def _check_block(block: Block, attrs: ShardAttrs, where: str) -> None:
+    x = block.features
+    if x.ndim != 2 or x.dtype not in FEATURE_DTYPES:
+        raise ShardError(f"{where}: features must be (n, D) float32/float16, got "
+                         f"{x.shape} {x.dtype}")
+    n = x.shape[0]
+    if x.shape[1] != attrs.feature_dim:
+        raise ShardError(f"{where}: features have {x.shape[1]} columns, but "
+                         f"feature_dim is {attrs.feature_dim}")
+    for name in ("labels", "missing"):
+        if np.shape(getattr(block, name)) != (n,):
+            raise ShardError(f"{where}: {name} must have shape ({n},)")
+    if len(block.sample_ids) != n:
+        raise ShardError(f"{where}: sample_ids must have {n} entries")
+    if not np.isfinite(x).all():
+        raise ShardError(f"{where}: features contain NaN or Inf")
+    if block.bp_logits is not None and np.shape(block.bp_logits) != (
+        n, attrs.classes_seen
+    ):
+        raise ShardError(f"{where}: bp_logits must have shape ({n}, "
+                         f"{attrs.classes_seen})")
+
+
+# ---------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class BlockReader:
+    """A validated block spread over one or more files (parts, in name order).
+
+    `files[i]` holds rows `offsets[i]:offsets[i+1]`; `group` is "" for a train
+    shard or `task_XX` for a test shard.
+    """
+
+    files: tuple[Path, ...]
+    group: str
+    n_rows: int
+    feature_dim: int
+    classes_seen: int
+    has_bp_logits: bool
+
+    @property
+    def where(self) -> str:
+        name = str(self.files[0]) if len(self.files) == 1 else f"{self.files[0]} (+parts)"
+        return f"{name}:{self.group}" if self.group else name
+
+    def iter_chunks(
+        self, rows: int, with_bp_logits: bool = False
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]]:
+        """Yield (features (r, D) as stored, labels (r,) int64, missing (r,) int8,
+        bp_logits (r, C) float32 or None) in row chunks of at most `rows`.
+
+        Raises `ShardError` naming the file and row when a chunk holds NaN/Inf.
+        """
+        for path in self.files:
+            with _open(path) as f:
+                g = f[self.group] if self.group else f
+                x, y, m = g["features"], g["labels"], g["missing"]
+                bp = g["bp_logits"] if with_bp_logits and "bp_logits" in g else None
+                for start in range(0, x.shape[0], rows):
+                    stop = min(start + rows, x.shape[0])
+                    try:
+                        xc = x[start:stop]
+                        yc = y[start:stop]
+                        mc = m[start:stop]
+                        bc = bp[start:stop] if bp is not None else None
+                    except OSError as exc:
+                        raise ShardError(f"{path}: unreadable rows {start}:{stop} "
+                                         f"({exc})") from None
+                    bad = ~np.isfinite(xc).all(axis=1)
+                    if bad.any():
+                        row = start + int(np.argmax(bad))
+                        raise ShardError(f"{path}{':' + self.group if self.group else ''}"
+                                         f": features row {row} is NaN or Inf")
+                    yield xc, yc, mc, bc
+
+    def read_all(self, with_bp_logits: bool = False) -> tuple[np.ndarray, ...]:
+        """Whole block in memory (for test sets): features, labels, missing, bp."""
+        parts = list(self.iter_chunks(max(self.n_rows, 1), with_bp_logits))
+        if not parts:
+            d, c = self.feature_dim, self.classes_seen
+            return (np.zeros((0, d), np.float32), np.zeros(0, np.int64),
+                    np.zeros(0, np.int8),
+                    np.zeros((0, c), np.float32) if with_bp_logits else None)
+        xs, ys, ms, bs = zip(*parts)
+        bp = np.concatenate(bs) if bs[0] is not None else None
+        return np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), bp
+
+    def sample_ids(self) -> list[str]:
+        out: list[str] = []
+        for path in self.files:
+            with _open(path) as f:
+                g = f[self.group] if self.group else f
+                out.extend(s.decode() if isinstance(s, bytes) else str(s)
+                           for s in g["sample_ids"][()])
+        return out
+
+
+@dataclass(frozen=True)
+class StepShards:
+    """The validated shards of one step."""
+
+    step: int
+    folder: Path
+    classes_seen: int
+    feature_dim: int
+    train: BlockReader
+    test: dict[int, BlockReader]  # task (1-based) -> block
+
+
+def open_features(features_dir: str | Path) -> list[StepShards]:
+    """Validate a features folder and return its steps in order (1..K).
+
+    Checks: the folder exists and holds `step_01 … step_K` without gaps; each
+    step has a train and a test shard (or parts); attrs, shapes and dtypes are
+    as in the contract; one feature_dim across steps; classes_seen never
+    decreases. Finiteness is checked when rows are streamed.
+    """
+    root = Path(features_dir)
+    if not root.is_dir():
+        raise ShardError(f"{root}: features folder not found")
+    found = {}
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir():
+            found[int(match.group(1))] = child
+    if not found:
+        raise ShardError(f"{root}: no step_XX folders (expected step_01, step_02, …)")
+    expected = list(range(1, max(found) + 1))
+    gaps = [s for s in expected if s not in found]
+    if gaps:
+        raise ShardError(f"{root / step_dir_name(gaps[0])}: step folder missing "
+                         f"(found steps {sorted(found)})")
+    steps: list[StepShards] = []
+    for step in expected:
+        shards = open_step(found[step], step)
+        if steps:
+            prev = steps[-1]
+            if shards.feature_dim != prev.feature_dim:
+                raise ShardError(
+                    f"{shards.train.where}: feature_dim {shards.feature_dim} differs "
+                    f"from step {prev.step}'s {prev.feature_dim}")
+            if shards.classes_seen < prev.classes_seen:
+                raise ShardError(
+                    f"{shards.train.where}: classes_seen {shards.classes_seen} is "
+                    f"below step {prev.step}'s {prev.classes_seen}")
+        steps.append(shards)
+    return steps
+
+
+def open_step(folder: str | Path, step: int) -> StepShards:
+    """Validate one step folder (train + test shards or parts)."""
+    folder = Path(folder)
+    train_files = _shard_files(folder, "train")
+    test_files = _shard_files(folder, "test")
+    train = _block_reader(train_files, "", step)
+    tasks = {}
+    for task in range(1, step + 1):
+        tasks[task] = _block_reader(test_files, task_group_name(task), step)
+    extra = _extra_groups(test_files, step)
+    if extra:
+        raise ShardError(f"{test_files[0]}: unexpected group '{extra}' in step {step}")
+    if any(t.feature_dim != train.feature_dim for t in tasks.values()):
+        raise ShardError(f"{test_files[0]}: feature_dim differs from {train.where}")
+    return StepShards(step, folder, train.classes_seen, train.feature_dim, train, tasks)
+
+
+def _shard_files(folder: Path, split: str) -> tuple[Path, ...]:
+    single = folder / f"{split}.h5"
+    parts = sorted(folder.glob(f"{split}-[0-9][0-9][0-9][0-9][0-9].h5"))
+    if single.is_file() and parts:
+        raise ShardError(f"{single}: both {split}.h5 and {split}-XXXXX.h5 parts exist")
+    if single.is_file():
+        return (single,)
+    if parts:
+        return tuple(parts)
+    raise ShardError(f"{single}: shard missing")
+
+
+def _open(path: Path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except FileNotFoundError:
+        raise ShardError(f"{path}: shard missing") from None
+    except OSError as exc:
+        reason = "truncated or not an HDF5 file"
+        if os.path.getsize(path) == 0:
+            reason = "empty file"
+        raise ShardError(f"{path}: {reason} ({str(exc).split('(')[-1].rstrip(')')})"
+                         ) from None
+
+
+def _block_reader(files: tuple[Path, ...], group: str, step: int) -> BlockReader:
+    n_rows, dim, classes, has_bp = 0, None, None, None
+    for path in files:
+        with _open(path) as f:
+            a = f.attrs
+            _check_attrs(path, a, step)
+            if dim is None:
+                dim, classes = int(a["feature_dim"]), int(a["classes_seen"])
+            elif (int(a["feature_dim"]), int(a["classes_seen"])) != (dim, classes):
+                raise ShardError(f"{path}: attrs differ from {files[0]}")
+            if group and group not in f:
+                raise ShardError(f"{path}: group '{group}' missing")
+            g = f[group] if group else f
+            where = f"{path}:{group}" if group else f"{path}"
+            n = _check_datasets(g, where, dim, classes)
+            bp = "bp_logits" in g
+            if has_bp is not None and bp != has_bp:
+                raise ShardError(f"{where}: bp_logits present in some parts only")
+            has_bp = bp
+            n_rows += n
+    return BlockReader(files, group, n_rows, dim, classes, bool(has_bp))
+
+
+def _check_attrs(path: Path, a: h5py.AttributeManager, step: int) -> None:
+    for key in ("format_version", "step", "classes_seen", "feature_dim"):
+        if key not in a:
+            raise ShardError(f"{path}: attr '{key}' missing")
+    if int(a["format_version"]) != FORMAT_VERSION:
+        raise ShardError(f"{path}: format_version {a['format_version']} is not "
+                         f"{FORMAT_VERSION}")
+    if int(a["step"]) != step:
+        raise ShardError(f"{path}: attr step is {a['step']}, but the folder is "
+                         f"{step_dir_name(step)}")
+    if int(a["classes_seen"]) <= 0 or int(a["feature_dim"]) <= 0:
+        raise ShardError(f"{path}: classes_seen and feature_dim must be positive")
+
+
+def _check_datasets(g: h5py.Group, where: str, dim: int, classes: int) -> int:
+    for name in ("features", "labels", "missing", "sample_ids"):
+        if name not in g:
+            raise ShardError(f"{where}: dataset '{name}' missing")
+    x = g["features"]
+    if x.ndim != 2 or x.dtype not in FEATURE_DTYPES:
+        raise ShardError(f"{where}: features must be (n, D) float32/float16, got "
+                         f"{x.shape} {x.dtype}")
+    n = x.shape[0]
+    if x.shape[1] != dim:
+        raise ShardError(f"{where}: features have {x.shape[1]} columns, but attr "
+                         f"feature_dim is {dim}")
+    for name, dtype in (("labels", np.int64), ("missing", np.int8)):
+        ds = g[name]
+        if ds.shape != (n,) or ds.dtype != dtype:
+            raise ShardError(f"{where}: {name} must be ({n},) {np.dtype(dtype)}, got "
+                             f"{ds.shape} {ds.dtype}")
+    if g["sample_ids"].shape != (n,):
+        raise ShardError(f"{where}: sample_ids must have shape ({n},)")
+    if n:
+        try:
+            labels, missing = g["labels"][()], g["missing"][()]
+        except OSError as exc:
+            raise ShardError(f"{where}: unreadable labels/missing ({exc})") from None
+        if labels.min() < 0 or labels.max() >= classes:
+            raise ShardError(f"{where}: labels must lie in [0, {classes}), got "
+                             f"[{labels.min()}, {labels.max()}]")
+        if not np.isin(missing, MISSING_CODES).all():
+            raise ShardError(f"{where}: missing codes must be 0, 1 or 2")
+    if "bp_logits" in g and g["bp_logits"].shape != (n, classes):
+        raise ShardError(f"{where}: bp_logits must be ({n}, {classes}), got "
+                         f"{g['bp_logits'].shape}")
+    return n
+
+
+def _extra_groups(files: tuple[Path, ...], step: int) -> str | None:
+    allowed = {task_group_name(t) for t in range(1, step + 1)}
+    for path in files:
+        with _open(path) as f:
+            for name in f:
+                if name not in allowed:
+                    return name
+    return None
