@@ -144,7 +144,9 @@ SolveDtype = Literal["float64", "float32"]
 class SolveParams:
     """`solve:` — the analytic-learning (RLS) stage."""
 
-    eta: float = 1.0  # ridge regulariser; R_0 = I / eta. Several values: a sweep
+    # ridge regulariser η (R_0 = I/η); a list of values is a sweep solved from
+    # one pass over the shards, one weights file per value
+    eta: float | tuple[float, ...] = 1.0
     width: int = 4096  # up-sampling width d (random ReLU layer D -> d)
     seed: int = 0  # seed of the up-sampling matrix W_up
     method: SolveMethod = "gram"  # gram: G += HᵀH + Cholesky; woodbury: RLS (Thm 1)
@@ -153,7 +155,28 @@ class SolveParams:
     batch_rows: int = 4096  # rows per streamed chunk (and per Woodbury update)
 
     def __post_init__(self) -> None:
-        check(self.eta > 0, "solve.eta", f"must be > 0, got {self.eta}")
+        if isinstance(self.eta, tuple):
+            check(len(self.eta) > 0, "solve.eta", "must not be an empty list")
+            for i, eta in enumerate(self.eta):
+                check(eta > 0, f"solve.eta[{i}]", f"must be > 0, got {eta}")
+            dupes = sorted({e for e in self.eta if self.eta.count(e) > 1})
+            check(not dupes, "solve.eta", f"lists {dupes[0] if dupes else ''} twice")
+        else:
+            check(self.eta > 0, "solve.eta", f"must be > 0, got {self.eta}")
         check(self.width > 0, "solve.width", f"must be > 0, got {self.width}")
         check(self.seed >= 0, "solve.seed", f"must be >= 0, got {self.seed}")
-        check(self.batch_rows > 0, "solve.batch_rows", f"must be > 0, got {self.batch_rows}")
+        check(
+            self.batch_rows > 0,
+            "solve.batch_rows",
+            f"must be > 0, got {self.batch_rows}",
+        )
+
+    @property
+    def etas(self) -> tuple[float, ...]:
+        """The η values to solve for (one for a single run, several for a sweep)."""
+        return self.eta if isinstance(self.eta, tuple) else (self.eta,)
+
+    @property
+    def is_sweep(self) -> bool:
+        """True when `eta` is a list: outputs are named per η."""
+        return isinstance(self.eta, tuple)

@@ -1,0 +1,285 @@
+"""The `evaluate` stage: the accuracy matrix of every step, metrics, a plot.
+
+For every step k and every seen task i ≤ k, task i's test set (as extracted
+under the prompts of step k) is up-sampled with the W_up regenerated from the
+weights attrs, classified by argmax over H W_k (all C_k seen classes), and
+counted. Shards with `bp_logits` are scored the same way for the BP head.
+
+Outputs (in `--out`, each written atomically), for a weights file named
+`weights<suffix>.h5` (suffix "" for `weights.h5`, "-eta0.1" for a sweep member):
+
+- `metrics<suffix>.json`: acc, fg, fg_diag, aia, last (percent), matrix,
+  acc_by_missing {complete, text_missing, image_missing} at the final step
+  pooled over all test tasks, and `bp` with the same keys when present.
+- `accuracy_matrix<suffix>.csv`: one row per step, one column per task.
+- `step_accuracy<suffix>.csv`: step, al, bp — accuracy pooled over the test
+  samples of the seen tasks after each step (bp empty without bp_logits).
+- `step_accuracy<suffix>.png`: that table as a plot.
+
+Several weights files that share width, seed and dtype (an η sweep) are scored
+in one pass: each test chunk is read and up-sampled once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from solver.backend import Backend, get_backend
+from solver.errors import ShardError
+from solver.metrics import Counts, summarize
+from solver.outputs import write_bytes_atomic
+from solver.rls import Expander, upsampling_matrix
+from solver.shards import StepShards, open_features, task_group_name
+from solver.weights import WeightsError, WeightsFile
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_GLOB = "weights-eta*.h5"
+
+
+@dataclass
+class Evaluation:
+    """The counts of one weights file (AL) and of the BP head (None without)."""
+
+    weights: WeightsFile
+    al: Counts
+    bp: Counts | None
+
+    @property
+    def suffix(self) -> str:
+        stem = self.weights.path.stem
+        return stem[len("weights") :] if stem.startswith("weights") else f"-{stem}"
+
+
+def resolve_weights(paths: Sequence[str | Path]) -> list[Path]:
+    """Weights files from CLI paths; a folder stands for its `weights-eta*.h5`."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.glob(WEIGHTS_GLOB))
+            if not found:
+                raise WeightsError(f"{p}: no {WEIGHTS_GLOB} files in this folder")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def evaluate(
+    features_dir: str | Path,
+    weights_paths: Sequence[str | Path],
+    out_dir: str | Path,
+    backend: Backend | None = None,
+    batch_rows: int = 4096,
+) -> list[Path]:
+    """Score every weights file on the test shards; write its outputs.
+
+    Returns the metrics files written, one per weights file. All inputs are
+    validated and all scores computed before the first output is written.
+    """
+    steps = open_features(features_dir)
+    files = [WeightsFile(p) for p in resolve_weights(weights_paths)]
+    for wf in files:
+        _check_compatible(wf, steps)
+    evals = [Evaluation(wf, Counts(), None) for wf in files]
+    suffixes = [e.suffix for e in evals]
+    dupes = sorted({s for s in suffixes if suffixes.count(s) > 1})
+    if dupes:
+        raise WeightsError(f"two weights files would both write metrics{dupes[0]}.json")
+    has_bp = [t.has_bp_logits for s in steps for t in s.test.values()]
+    if any(has_bp) and not all(has_bp):
+        log.warning("evaluate: bp_logits only in some test shards; BP not scored")
+    bp = Counts() if all(has_bp) else None
+    backend = backend or get_backend("cpu")
+
+    groups: dict[tuple[int, int, str], list[Evaluation]] = {}
+    for e in evals:
+        i = e.weights.info
+        groups.setdefault((i.width, i.seed, i.dtype), []).append(e)
+    n_rows = sum(t.n_rows for s in steps for t in s.test.values()) * len(groups)
+    with tqdm(total=n_rows, unit="row", desc="evaluate", disable=None) as bar:
+        for g, members in enumerate(groups.values()):
+            _score_group(
+                steps, members, bp if g == 0 else None, backend, batch_rows, bar
+            )
+    for e in evals:
+        e.bp = bp
+
+    return [write_outputs(Path(out_dir), e) for e in evals]
+
+
+def _check_compatible(wf: WeightsFile, steps: list[StepShards]) -> None:
+    info, where = wf.info, str(wf.path)
+    if info.feature_dim != steps[0].feature_dim:
+        raise WeightsError(
+            f"{where}: solved for feature_dim {info.feature_dim}, but "
+            f"the features have {steps[0].feature_dim}"
+        )
+    if wf.n_steps != len(steps):
+        raise WeightsError(
+            f"{where}: holds {wf.n_steps} steps, but the features have {len(steps)}"
+        )
+    for s, c in zip(steps, wf.classes_seen, strict=True):
+        if c != s.classes_seen:
+            raise WeightsError(
+                f"{where}: step {s.step} has {c} classes, but the "
+                f"features have {s.classes_seen}"
+            )
+
+
+def _score_group(
+    steps: list[StepShards],
+    members: list[Evaluation],
+    bp: Counts | None,
+    backend: Backend,
+    batch_rows: int,
+    bar: tqdm,
+) -> None:
+    """Fill the counts of `members` (same width, seed, dtype) and of `bp`."""
+    xp = backend.xp
+    info = members[0].weights.info
+    expand = Expander(
+        backend, upsampling_matrix(info.feature_dim, info.width, info.seed), info.dtype
+    )
+    K = len(steps)
+    for shards in steps:
+        final = shards.step == K
+        Ws = [backend.asarray(e.weights.W(shards.step)) for e in members]
+        rows = [([], []) for _ in members]
+        bp_row: tuple[list[int], list[int]] = ([], [])
+        for task in range(1, shards.step + 1):
+            block = shards.test[task]
+            if block.n_rows == 0:
+                raise ShardError(
+                    f"{block.where}: test set of {task_group_name(task)} is empty"
+                )
+            correct = [0] * len(members)
+            bp_correct = 0
+            for X, y, m, logits in block.iter_chunks(batch_rows, bp is not None):
+                H = expand(X)  # (r, d)
+                y_dev = backend.asarray(y)
+                for j, W in enumerate(Ws):
+                    hit = xp.argmax(H @ W, axis=1) == y_dev  # (r,) bool
+                    correct[j] += int(hit.sum())
+                    if final:
+                        _count_missing(members[j].al, backend.to_host(hit), m)
+                if logits is not None:
+                    hit_bp = np.argmax(logits, axis=1) == y
+                    bp_correct += int(hit_bp.sum())
+                    if final:
+                        _count_missing(bp, hit_bp, m)
+                bar.update(len(y))
+            for j in range(len(members)):
+                rows[j][0].append(correct[j])
+                rows[j][1].append(block.n_rows)
+            bp_row[0].append(bp_correct)
+            bp_row[1].append(block.n_rows)
+        for e, (c, t) in zip(members, rows, strict=True):
+            e.al.correct.append(c)
+            e.al.total.append(t)
+        if bp is not None:
+            bp.correct.append(bp_row[0])
+            bp.total.append(bp_row[1])
+
+
+def _count_missing(counts: Counts, hit: np.ndarray, missing: np.ndarray) -> None:
+    for code in range(3):
+        sel = missing == code
+        counts.missing_correct[code] += int(hit[sel].sum())
+        counts.missing_total[code] += int(sel.sum())
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def metrics_dict(e: Evaluation) -> dict[str, Any]:
+    """metrics.json content: the AL metrics, plus `bp` when scored."""
+    out = summarize(e.al)
+    if e.bp is not None:
+        out["bp"] = summarize(e.bp)
+    return out
+
+
+def metrics_json(metrics: dict[str, Any]) -> str:
+    """Stable JSON text: sorted keys, fixed indent, trailing newline."""
+    return json.dumps(metrics, sort_keys=True, indent=2) + "\n"
+
+
+def matrix_csv(matrix: list[list[float]]) -> str:
+    """Rows = steps, columns = tasks; cells after the diagonal are empty."""
+    K = len(matrix)
+    lines = ["step," + ",".join(task_group_name(i) for i in range(1, K + 1))]
+    for k, row in enumerate(matrix, start=1):
+        cells = [f"{a:.4f}" for a in row] + [""] * (K - len(row))
+        lines.append(f"{k}," + ",".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def step_csv(al: list[float], bp: list[float] | None) -> str:
+    """step, al, bp: pooled accuracy over seen tasks after each step."""
+    lines = ["step,al,bp"]
+    for k, a in enumerate(al, start=1):
+        b = f"{bp[k - 1]:.4f}" if bp is not None else ""
+        lines.append(f"{k},{a:.4f},{b}")
+    return "\n".join(lines) + "\n"
+
+
+def step_plot_png(al: list[float], bp: list[float] | None, title: str) -> bytes:
+    """A line plot of accuracy per step (AL vs BP), as PNG bytes without dates."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    steps = list(range(1, len(al) + 1))
+    ax.plot(steps, al, marker="o", label="AL (analytic)")
+    if bp is not None:
+        ax.plot(steps, bp, marker="s", label="BP head")
+    ax.set_xlabel("step")
+    ax.set_ylabel("accuracy over seen tasks (%)")
+    ax.set_xticks(steps)
+    ax.set_ylim(0, 102)  # room for markers at 100 %
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def write_outputs(out_dir: Path, e: Evaluation) -> Path:
+    """Write metrics, both CSVs and the plot for one evaluation; return metrics path."""
+    sfx = e.suffix
+    al = e.al.pooled()
+    bp = e.bp.pooled() if e.bp is not None else None
+    info = e.weights.info
+    title = f"{info.method}, eta {info.eta:g}, width {info.width}"
+    write_bytes_atomic(
+        out_dir / f"accuracy_matrix{sfx}.csv", matrix_csv(e.al.matrix()).encode()
+    )
+    write_bytes_atomic(out_dir / f"step_accuracy{sfx}.csv", step_csv(al, bp).encode())
+    write_bytes_atomic(
+        out_dir / f"step_accuracy{sfx}.png", step_plot_png(al, bp, title)
+    )
+    m = metrics_dict(e)
+    path = write_bytes_atomic(out_dir / f"metrics{sfx}.json", metrics_json(m).encode())
+    log.info(
+        "evaluate: %s acc %.2f fg %.2f aia %.2f last %.2f",
+        path,
+        m["acc"],
+        m["fg"],
+        m["aia"],
+        m["last"],
+    )
+    return path

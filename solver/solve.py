@@ -1,0 +1,104 @@
+"""The `solve` stage: stream the training shards once, write W_k of every step.
+
+Steps are taken in order; within a step the train rows are streamed in chunks
+of `batch_rows`, up-sampled (H = max(X W_up, 0)) and absorbed by the RLS state;
+at each step's end W_k is solved for every η and appended to that η's weights
+file. Memory is O(d² + chunk), independent of the number of rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from solver.backend import Backend, get_backend
+from solver.params import SolveParams
+from solver.rls import Expander, make_rls, upsampling_matrix
+from solver.shards import open_features
+from solver.weights import WeightsInfo, WeightsWriter, weights_name
+
+log = logging.getLogger(__name__)
+
+
+def solve(
+    features_dir: str | Path,
+    out_dir: str | Path,
+    params: SolveParams,
+    backend: Backend | None = None,
+) -> list[Path]:
+    """Fit the RLS classifier on every step of `features_dir`; write weights.
+
+    Returns the weights files written, one per η (in the order of
+    `params.etas`): `out_dir/weights.h5` for a single η, or
+    `out_dir/weights-eta<η>.h5` for each η of a sweep. Input errors raise a
+    `PalError` before anything is renamed into place.
+    """
+    steps = open_features(features_dir)
+    backend = backend or get_backend(params.device)
+    feature_dim = steps[0].feature_dim
+    etas = params.etas
+    rls = make_rls(
+        params.method,
+        backend,
+        params.width,
+        etas,
+        max_classes=steps[-1].classes_seen,
+        dtype=params.dtype,
+    )
+    expand = Expander(
+        backend, upsampling_matrix(feature_dim, params.width, params.seed), params.dtype
+    )
+    out_dir = Path(out_dir)
+    infos = [
+        WeightsInfo(
+            eta=eta,
+            width=params.width,
+            seed=params.seed,
+            feature_dim=feature_dim,
+            method=params.method,
+            dtype=params.dtype,
+        )
+        for eta in etas
+    ]
+    n_rows = sum(s.train.n_rows for s in steps)
+    log.info(
+        "solve: %d steps, %d training rows, D=%d -> d=%d, method %s, eta %s, %s",
+        len(steps),
+        n_rows,
+        feature_dim,
+        params.width,
+        params.method,
+        ",".join(f"{e:g}" for e in etas),
+        backend.name,
+    )
+    start = time.perf_counter()
+    writers: list[WeightsWriter] = []
+    try:
+        for info in infos:
+            writers.append(
+                WeightsWriter(out_dir / weights_name(info.eta, params.is_sweep), info)
+            )
+        with tqdm(total=n_rows, unit="row", desc="solve", disable=None) as bar:
+            for shards in steps:
+                bar.set_postfix(step=shards.step)
+                for X, y, _, _ in shards.train.iter_chunks(params.batch_rows):
+                    H = expand(X)  # (r, d)
+                    rls.partial_fit(H, backend.asarray(y), shards.classes_seen)
+                    bar.update(len(y))
+                for writer, W in zip(
+                    writers, rls.weights(shards.classes_seen), strict=True
+                ):
+                    writer.add_step(shards.step, W)
+        paths = [w.commit() for w in writers]
+    finally:
+        for w in writers:
+            w.discard()
+    log.info(
+        "solve: wrote %s in %.2f s",
+        ", ".join(map(str, paths)),
+        time.perf_counter() - start,
+    )
+    return paths

@@ -1,0 +1,110 @@
+"""Synthetic feature shards, for tests, benchmarks and a solver demo without a GPU.
+
+Rows look like a pooled transformer output: X = tanh(m₀ + s·μ_y + n·ε), bounded
+in (−1, 1), with one mean μ_y per class. Classes are numbered in task order
+(task k owns a contiguous range), as in DESIGN §3. Test sets are fixed per
+task and repeated in every later step's test shard; `bp_logits` mimic a BP
+head that forgets: its margin on a task shrinks with every later step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from solver.shards import Block, ShardAttrs, step_dir_name, write_test, write_train
+
+
+def _rows(
+    rng: np.random.Generator,
+    means: np.ndarray,
+    base: np.ndarray,
+    labels: np.ndarray,
+    noise: float,
+    dtype: str,
+) -> np.ndarray:
+    eps = rng.standard_normal((len(labels), base.shape[0]))
+    return np.tanh(base + means[labels] + noise * eps).astype(dtype)
+
+
+def _missing(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
+    """int(n·rate) rows lose a modality: half image (2), the rest text (1)."""
+    codes = np.zeros(n, np.int8)
+    chosen = rng.choice(n, size=int(n * rate), replace=False)
+    n_image = len(chosen) // 2
+    codes[chosen[:n_image]] = 2
+    codes[chosen[n_image:]] = 1
+    return codes
+
+
+def make_features(
+    out_dir: str | Path,
+    rows_per_step: Sequence[int] | int = 200,
+    classes_per_step: Sequence[int] | int = 4,
+    feature_dim: int = 32,
+    test_rows: int = 40,
+    n_steps: int | None = None,
+    seed: int = 0,
+    noise: float = 0.5,
+    separation: float = 0.5,
+    missing_rate: float = 0.5,
+    bp_logits: bool = True,
+    dtype: str = "float32",
+) -> Path:
+    """Write `out_dir/step_XX/{train,test}.h5` for a synthetic class-incremental run.
+
+    `rows_per_step` and `classes_per_step` are per-step lists (or one value for
+    every step, with `n_steps`). Returns `out_dir`.
+    """
+    if isinstance(rows_per_step, int):
+        rows_per_step = [rows_per_step] * (n_steps or 3)
+    if isinstance(classes_per_step, int):
+        classes_per_step = [classes_per_step] * len(rows_per_step)
+    if len(rows_per_step) != len(classes_per_step):
+        raise ValueError("rows_per_step and classes_per_step differ in length")
+    rng = np.random.default_rng(seed)
+    n_classes = int(sum(classes_per_step))
+    base = 0.3 * rng.standard_normal(feature_dim)
+    means = separation * rng.standard_normal((n_classes, feature_dim))
+    out_dir = Path(out_dir)
+    tests: list[Block] = []
+    first = 0
+    for step, (n, c) in enumerate(
+        zip(rows_per_step, classes_per_step, strict=True), start=1
+    ):
+        seen = first + c
+        y = np.sort(rng.integers(first, seen, size=n)).astype(np.int64)
+        attrs = ShardAttrs(step, seen, feature_dim, {"source": "synthetic"})
+        train = Block(
+            _rows(rng, means, base, y, noise, dtype),
+            y,
+            _missing(rng, n, missing_rate),
+            [f"s{step:02d}-train-{j:06d}" for j in range(n)],
+        )
+        write_train(out_dir / step_dir_name(step) / "train.h5", train, attrs)
+        y_test = rng.integers(first, seen, size=test_rows).astype(np.int64)
+        tests.append(
+            Block(
+                _rows(rng, means, base, y_test, noise, dtype),
+                y_test,
+                _missing(rng, test_rows, missing_rate),
+                [f"s{step:02d}-test-{j:06d}" for j in range(test_rows)],
+            )
+        )
+        blocks = {}
+        for task, block in enumerate(tests, start=1):
+            logits = None
+            if bp_logits:
+                margin = 3.0 / (1 + step - task)  # older tasks: smaller margin
+                logits = rng.standard_normal((len(block.labels), seen)).astype(
+                    np.float32
+                )
+                logits[np.arange(len(block.labels)), block.labels] += margin
+            blocks[task] = Block(
+                block.features, block.labels, block.missing, block.sample_ids, logits
+            )
+        write_test(out_dir / step_dir_name(step) / "test.h5", blocks, attrs)
+        first = seen
+    return out_dir

@@ -1,0 +1,186 @@
+"""`weights.h5`: the solved classifier of every step (DESIGN §4).
+
+Layout::
+
+    step_01/W   (d, C_1) float64 (the solver dtype)
+    step_02/W   (d, C_2)
+    …
+    attrs: format_version, eta, width, seed, feature_dim, method, dtype, n_steps
+
+Each `step_XX` group also carries `classes_seen`. No timestamps: the same
+inputs and params give the same bytes. The file is written under a temporary
+name and renamed into place only when every step is in it.
+
+An η sweep writes one file per η, named `weights-eta<η>.h5` (`weights_name`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from solver.errors import PalError
+from solver.outputs import temp_path
+from solver.shards import step_dir_name
+
+FORMAT_VERSION = 1
+WEIGHTS_NAME = "weights.h5"
+_ATTRS = ("format_version", "eta", "width", "seed", "feature_dim", "method", "dtype")
+
+
+class WeightsError(PalError, ValueError):
+    """A weights file is missing, truncated or breaks the layout above."""
+
+
+def eta_label(eta: float) -> str:
+    """Short exact text for η: 0.1 -> '0.1', 10.0 -> '10', 1e-5 -> '1e-05'."""
+    text = f"{eta:g}"
+    return text if float(text) == eta else repr(float(eta))
+
+
+def weights_name(eta: float, sweep: bool) -> str:
+    """`weights.h5` for a single η, `weights-eta<η>.h5` for a member of a sweep."""
+    return f"weights-eta{eta_label(eta)}.h5" if sweep else WEIGHTS_NAME
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    """The attrs of a weights file."""
+
+    eta: float
+    width: int
+    seed: int
+    feature_dim: int
+    method: str
+    dtype: str
+
+
+class WeightsWriter:
+    """Writes `step_XX/W` one step at a time into a temporary file.
+
+    `commit()` renames it onto `path`; `discard()` (also called when leaving a
+    `with` block on an error) deletes it, leaving any earlier file untouched.
+    """
+
+    def __init__(self, path: str | Path, info: WeightsInfo) -> None:
+        self.path = Path(path)
+        self._tmp = temp_path(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: h5py.File | None = h5py.File(self._tmp, "w", track_order=True)
+        except OSError as exc:
+            raise WeightsError(f"{self.path}: cannot write ({_short(exc)})") from None
+        a = self._file.attrs
+        a["format_version"] = FORMAT_VERSION
+        a["eta"] = float(info.eta)
+        a["width"] = int(info.width)
+        a["seed"] = int(info.seed)
+        a["feature_dim"] = int(info.feature_dim)
+        a["method"] = info.method
+        a["dtype"] = info.dtype
+        self._dtype = np.dtype(info.dtype)
+        self._n_steps = 0
+
+    def add_step(self, step: int, W: np.ndarray) -> None:
+        """Store W_step: (width, classes_seen) host array."""
+        assert self._file is not None and step == self._n_steps + 1
+        g = self._file.create_group(step_dir_name(step))
+        g.attrs["classes_seen"] = int(W.shape[1])
+        g.create_dataset("W", data=np.ascontiguousarray(W, dtype=self._dtype))
+        self._n_steps = step
+
+    def commit(self) -> Path:
+        assert self._file is not None
+        self._file.attrs["n_steps"] = self._n_steps
+        self._file.close()
+        self._file = None
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def discard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> WeightsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+
+class WeightsFile:
+    """A validated weights file: `info`, `n_steps`, `classes_seen[k-1]`, `W(k)`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        where = str(self.path)
+        if not self.path.is_file():
+            raise WeightsError(f"{where}: weights file not found")
+        try:
+            f = h5py.File(self.path, "r")
+        except OSError as exc:
+            reason = (
+                "empty file"
+                if self.path.stat().st_size == 0
+                else ("truncated or not an HDF5 file")
+            )
+            raise WeightsError(f"{where}: {reason} ({_short(exc)})") from None
+        with f:
+            a = f.attrs
+            for key in (*_ATTRS, "n_steps"):
+                if key not in a:
+                    raise WeightsError(f"{where}: attr '{key}' missing")
+            if int(a["format_version"]) != FORMAT_VERSION:
+                raise WeightsError(
+                    f"{where}: format_version {a['format_version']} "
+                    f"is not {FORMAT_VERSION}"
+                )
+            self.info = WeightsInfo(
+                eta=float(a["eta"]),
+                width=int(a["width"]),
+                seed=int(a["seed"]),
+                feature_dim=int(a["feature_dim"]),
+                method=_text(a["method"]),
+                dtype=_text(a["dtype"]),
+            )
+            self.n_steps = int(a["n_steps"])
+            self.classes_seen: list[int] = []
+            for step in range(1, self.n_steps + 1):
+                name = f"{step_dir_name(step)}/W"
+                if name not in f:
+                    raise WeightsError(f"{where}: dataset '{name}' missing")
+                shape = f[name].shape
+                if len(shape) != 2 or shape[0] != self.info.width:
+                    raise WeightsError(
+                        f"{where}: {name} has shape {shape}, expected "
+                        f"({self.info.width}, classes_seen)"
+                    )
+                self.classes_seen.append(int(shape[1]))
+
+    def W(self, step: int) -> np.ndarray:
+        """W_step: (width, classes_seen) in the stored dtype."""
+        name = f"{step_dir_name(step)}/W"
+        try:
+            with h5py.File(self.path, "r") as f:
+                W = f[name][()]
+        except OSError as exc:
+            raise WeightsError(
+                f"{self.path}: unreadable {name} ({_short(exc)})"
+            ) from None
+        if not np.isfinite(W).all():
+            raise WeightsError(f"{self.path}: {name} holds NaN or Inf")
+        return W
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _short(exc: Exception) -> str:
+    return str(exc).split("(")[-1].rstrip(")")
