@@ -84,9 +84,7 @@ def write_train(path: str | Path, block: Block, attrs: ShardAttrs) -> Path:
     return _atomic_write(Path(path), attrs, lambda f: _write_block(f, block, attrs))
 
 
-def write_test(
-    path: str | Path, tasks: Mapping[int, Block], attrs: ShardAttrs
-) -> Path:
+def write_test(path: str | Path, tasks: Mapping[int, Block], attrs: ShardAttrs) -> Path:
     """Write a test shard: one group per seen task (1-based keys 1..step)."""
     expected = list(range(1, attrs.step + 1))
     if sorted(tasks) != expected:
@@ -144,24 +142,34 @@ def _write_block(g: h5py.Group, block: Block, attrs: ShardAttrs) -> None:
 def _check_block(block: Block, attrs: ShardAttrs, where: str) -> None:
     x = block.features
     if x.ndim != 2 or x.dtype not in FEATURE_DTYPES:
-        raise ShardError(f"{where}: features must be (n, D) float32/float16, got "
-                         f"{x.shape} {x.dtype}")
+        raise ShardError(
+            f"{where}: features must be (n, D) float32/float16, got {x.shape} {x.dtype}"
+        )
     n = x.shape[0]
     if x.shape[1] != attrs.feature_dim:
-        raise ShardError(f"{where}: features have {x.shape[1]} columns, but "
-                         f"feature_dim is {attrs.feature_dim}")
+        raise ShardError(
+            f"{where}: features have {x.shape[1]} columns, but "
+            f"feature_dim is {attrs.feature_dim}"
+        )
     for name in ("labels", "missing"):
         if np.shape(getattr(block, name)) != (n,):
             raise ShardError(f"{where}: {name} must have shape ({n},)")
     if len(block.sample_ids) != n:
         raise ShardError(f"{where}: sample_ids must have {n} entries")
+    if not np.issubdtype(np.asarray(block.labels).dtype, np.integer):
+        raise ShardError(f"{where}: labels must be integers")
+    _check_values(
+        np.asarray(block.labels), np.asarray(block.missing), attrs.classes_seen, where
+    )
     if not np.isfinite(x).all():
         raise ShardError(f"{where}: features contain NaN or Inf")
     if block.bp_logits is not None and np.shape(block.bp_logits) != (
-        n, attrs.classes_seen
+        n,
+        attrs.classes_seen,
     ):
-        raise ShardError(f"{where}: bp_logits must have shape ({n}, "
-                         f"{attrs.classes_seen})")
+        raise ShardError(
+            f"{where}: bp_logits must have shape ({n}, {attrs.classes_seen})"
+        )
 
 
 # ---------------------------------------------------------------- reading
@@ -184,7 +192,9 @@ class BlockReader:
 
     @property
     def where(self) -> str:
-        name = str(self.files[0]) if len(self.files) == 1 else f"{self.files[0]} (+parts)"
+        name = (
+            str(self.files[0]) if len(self.files) == 1 else f"{self.files[0]} (+parts)"
+        )
         return f"{name}:{self.group}" if self.group else name
 
     def iter_chunks(
@@ -193,9 +203,13 @@ class BlockReader:
         """Yield (features (r, D) as stored, labels (r,) int64, missing (r,) int8,
         bp_logits (r, C) float32 or None) in row chunks of at most `rows`.
 
-        Raises `ShardError` naming the file and row when a chunk holds NaN/Inf.
+        Raises `ShardError` naming the file and row when a chunk holds NaN/Inf
+        or cannot be read (a file damaged after validation).
         """
+        if rows <= 0:
+            raise ValueError(f"rows must be positive, got {rows}")
         for path in self.files:
+            where = f"{path}:{self.group}" if self.group else f"{path}"
             with _open(path) as f:
                 g = f[self.group] if self.group else f
                 x, y, m = g["features"], g["labels"], g["missing"]
@@ -208,13 +222,16 @@ class BlockReader:
                         mc = m[start:stop]
                         bc = bp[start:stop] if bp is not None else None
                     except OSError as exc:
-                        raise ShardError(f"{path}: unreadable rows {start}:{stop} "
-                                         f"({exc})") from None
-                    bad = ~np.isfinite(xc).all(axis=1)
-                    if bad.any():
-                        row = start + int(np.argmax(bad))
-                        raise ShardError(f"{path}{':' + self.group if self.group else ''}"
-                                         f": features row {row} is NaN or Inf")
+                        raise ShardError(
+                            f"{where}: unreadable rows {start}:{stop} ({_reason(exc)})"
+                        ) from None
+                    for name, arr in (("features", xc), ("bp_logits", bc)):
+                        if arr is None:
+                            continue
+                        bad = ~np.isfinite(arr).all(axis=1)
+                        if bad.any():
+                            row = start + int(np.argmax(bad))
+                            raise ShardError(f"{where}: {name} row {row} is NaN or Inf")
                     yield xc, yc, mc, bc
 
     def read_all(self, with_bp_logits: bool = False) -> tuple[np.ndarray, ...]:
@@ -222,20 +239,29 @@ class BlockReader:
         parts = list(self.iter_chunks(max(self.n_rows, 1), with_bp_logits))
         if not parts:
             d, c = self.feature_dim, self.classes_seen
-            return (np.zeros((0, d), np.float32), np.zeros(0, np.int64),
-                    np.zeros(0, np.int8),
-                    np.zeros((0, c), np.float32) if with_bp_logits else None)
-        xs, ys, ms, bs = zip(*parts)
+            return (
+                np.zeros((0, d), np.float32),
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int8),
+                np.zeros((0, c), np.float32) if with_bp_logits else None,
+            )
+        xs, ys, ms, bs = zip(*parts, strict=True)
         bp = np.concatenate(bs) if bs[0] is not None else None
         return np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), bp
 
     def sample_ids(self) -> list[str]:
+        """The n sample ids of the block, in row order."""
         out: list[str] = []
         for path in self.files:
             with _open(path) as f:
                 g = f[self.group] if self.group else f
-                out.extend(s.decode() if isinstance(s, bytes) else str(s)
-                           for s in g["sample_ids"][()])
+                try:
+                    ids = g["sample_ids"][()]
+                except OSError as exc:
+                    raise ShardError(
+                        f"{path}: unreadable sample_ids ({_reason(exc)})"
+                    ) from None
+                out.extend(s.decode() if isinstance(s, bytes) else str(s) for s in ids)
         return out
 
 
@@ -266,14 +292,19 @@ def open_features(features_dir: str | Path) -> list[StepShards]:
     for child in root.iterdir():
         match = _STEP_DIR.match(child.name)
         if match and child.is_dir():
-            found[int(match.group(1))] = child
+            step = int(match.group(1))
+            if step in found:
+                raise ShardError(f"{child}: step {step} also in {found[step].name}")
+            found[step] = child
     if not found:
         raise ShardError(f"{root}: no step_XX folders (expected step_01, step_02, …)")
     expected = list(range(1, max(found) + 1))
     gaps = [s for s in expected if s not in found]
     if gaps:
-        raise ShardError(f"{root / step_dir_name(gaps[0])}: step folder missing "
-                         f"(found steps {sorted(found)})")
+        raise ShardError(
+            f"{root / step_dir_name(gaps[0])}: step folder missing "
+            f"(found steps {sorted(found)})"
+        )
     steps: list[StepShards] = []
     for step in expected:
         shards = open_step(found[step], step)
@@ -282,11 +313,13 @@ def open_features(features_dir: str | Path) -> list[StepShards]:
             if shards.feature_dim != prev.feature_dim:
                 raise ShardError(
                     f"{shards.train.where}: feature_dim {shards.feature_dim} differs "
-                    f"from step {prev.step}'s {prev.feature_dim}")
+                    f"from step {prev.step}'s {prev.feature_dim}"
+                )
             if shards.classes_seen < prev.classes_seen:
                 raise ShardError(
                     f"{shards.train.where}: classes_seen {shards.classes_seen} is "
-                    f"below step {prev.step}'s {prev.classes_seen}")
+                    f"below step {prev.step}'s {prev.classes_seen}"
+                )
         steps.append(shards)
     return steps
 
@@ -303,8 +336,13 @@ def open_step(folder: str | Path, step: int) -> StepShards:
     extra = _extra_groups(test_files, step)
     if extra:
         raise ShardError(f"{test_files[0]}: unexpected group '{extra}' in step {step}")
-    if any(t.feature_dim != train.feature_dim for t in tasks.values()):
-        raise ShardError(f"{test_files[0]}: feature_dim differs from {train.where}")
+    for t in tasks.values():
+        if (t.feature_dim, t.classes_seen) != (train.feature_dim, train.classes_seen):
+            raise ShardError(
+                f"{t.where}: feature_dim/classes_seen ({t.feature_dim}, "
+                f"{t.classes_seen}) differ from {train.where}'s "
+                f"({train.feature_dim}, {train.classes_seen})"
+            )
     return StepShards(step, folder, train.classes_seen, train.feature_dim, train, tasks)
 
 
@@ -329,8 +367,13 @@ def _open(path: Path) -> h5py.File:
         reason = "truncated or not an HDF5 file"
         if os.path.getsize(path) == 0:
             reason = "empty file"
-        raise ShardError(f"{path}: {reason} ({str(exc).split('(')[-1].rstrip(')')})"
-                         ) from None
+        raise ShardError(f"{path}: {reason} ({_reason(exc)})") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost parenthesised reason of an HDF5 error, on one line."""
+    text = " ".join(str(exc).split())
+    return text.split("(")[-1].rstrip(")") if "(" in text else text
 
 
 def _block_reader(files: tuple[Path, ...], group: str, step: int) -> BlockReader:
@@ -360,12 +403,19 @@ def _check_attrs(path: Path, a: h5py.AttributeManager, step: int) -> None:
     for key in ("format_version", "step", "classes_seen", "feature_dim"):
         if key not in a:
             raise ShardError(f"{path}: attr '{key}' missing")
+        value = a[key]
+        if not (
+            np.ndim(value) == 0 and np.issubdtype(np.asarray(value).dtype, np.integer)
+        ):
+            raise ShardError(f"{path}: attr '{key}' must be an integer, got {value!r}")
     if int(a["format_version"]) != FORMAT_VERSION:
-        raise ShardError(f"{path}: format_version {a['format_version']} is not "
-                         f"{FORMAT_VERSION}")
+        raise ShardError(
+            f"{path}: format_version {a['format_version']} is not {FORMAT_VERSION}"
+        )
     if int(a["step"]) != step:
-        raise ShardError(f"{path}: attr step is {a['step']}, but the folder is "
-                         f"{step_dir_name(step)}")
+        raise ShardError(
+            f"{path}: attr step is {a['step']}, but the folder is {step_dir_name(step)}"
+        )
     if int(a["classes_seen"]) <= 0 or int(a["feature_dim"]) <= 0:
         raise ShardError(f"{path}: classes_seen and feature_dim must be positive")
 
@@ -376,33 +426,54 @@ def _check_datasets(g: h5py.Group, where: str, dim: int, classes: int) -> int:
             raise ShardError(f"{where}: dataset '{name}' missing")
     x = g["features"]
     if x.ndim != 2 or x.dtype not in FEATURE_DTYPES:
-        raise ShardError(f"{where}: features must be (n, D) float32/float16, got "
-                         f"{x.shape} {x.dtype}")
+        raise ShardError(
+            f"{where}: features must be (n, D) float32/float16, got {x.shape} {x.dtype}"
+        )
     n = x.shape[0]
     if x.shape[1] != dim:
-        raise ShardError(f"{where}: features have {x.shape[1]} columns, but attr "
-                         f"feature_dim is {dim}")
+        raise ShardError(
+            f"{where}: features have {x.shape[1]} columns, but attr "
+            f"feature_dim is {dim}"
+        )
     for name, dtype in (("labels", np.int64), ("missing", np.int8)):
         ds = g[name]
         if ds.shape != (n,) or ds.dtype != dtype:
-            raise ShardError(f"{where}: {name} must be ({n},) {np.dtype(dtype)}, got "
-                             f"{ds.shape} {ds.dtype}")
+            raise ShardError(
+                f"{where}: {name} must be ({n},) {np.dtype(dtype)}, got "
+                f"{ds.shape} {ds.dtype}"
+            )
     if g["sample_ids"].shape != (n,):
         raise ShardError(f"{where}: sample_ids must have shape ({n},)")
     if n:
         try:
             labels, missing = g["labels"][()], g["missing"][()]
         except OSError as exc:
-            raise ShardError(f"{where}: unreadable labels/missing ({exc})") from None
-        if labels.min() < 0 or labels.max() >= classes:
-            raise ShardError(f"{where}: labels must lie in [0, {classes}), got "
-                             f"[{labels.min()}, {labels.max()}]")
-        if not np.isin(missing, MISSING_CODES).all():
-            raise ShardError(f"{where}: missing codes must be 0, 1 or 2")
-    if "bp_logits" in g and g["bp_logits"].shape != (n, classes):
-        raise ShardError(f"{where}: bp_logits must be ({n}, {classes}), got "
-                         f"{g['bp_logits'].shape}")
+            raise ShardError(
+                f"{where}: unreadable labels/missing ({_reason(exc)})"
+            ) from None
+        _check_values(labels, missing, classes, where)
+    if "bp_logits" in g:
+        bp = g["bp_logits"]
+        if bp.shape != (n, classes) or bp.dtype not in FEATURE_DTYPES:
+            raise ShardError(
+                f"{where}: bp_logits must be ({n}, {classes}) float32, got "
+                f"{bp.shape} {bp.dtype}"
+            )
     return n
+
+
+def _check_values(
+    labels: np.ndarray, missing: np.ndarray, classes: int, where: str
+) -> None:
+    """Labels in [0, classes_seen), missing codes in {0, 1, 2}."""
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise ShardError(
+            f"{where}: labels must lie in [0, {classes}) (classes_seen), got "
+            f"[{labels.min()}, {labels.max()}]"
+        )
+    if not np.isin(missing, MISSING_CODES).all():
+        bad = missing[~np.isin(missing, MISSING_CODES)][0]
+        raise ShardError(f"{where}: missing codes must be 0, 1 or 2, got {bad}")
 
 
 def _extra_groups(files: tuple[Path, ...], step: int) -> str | None:
