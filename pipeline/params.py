@@ -19,26 +19,44 @@ class DemoParams:
     """`demo:` — the synthetic image–text dataset and tiny ViLT of `pal demo`."""
 
     seed: int = 0  # everything the demo draws comes from this seed
-    n_classes: int = 20  # classes of the demo dataset
-    train_per_class: int = 40  # training images per class
-    val_per_class: int = 0  # validation images per class
-    test_per_class: int = 20  # test images per class
+    n_classes: int = 20  # classes of the demo dataset, 2..32
+    train_per_class: int = 40  # training samples per class
+    val_per_class: int = 0  # validation samples per class
+    test_per_class: int = 20  # test samples per class
     image_size: int = 64  # square PNG side, pixels
+    image_noise: float = 0.06  # std of the pixel noise, as a fraction of 255
+    text_noise: float = 0.1  # probability that a caption names another flavour
+    patch_size: int = 8  # ViLT patch side, pixels (image_size / patch_size per axis)
     hidden_size: int = 64  # tiny ViLT width
     num_layers: int = 4  # tiny ViLT depth
     num_heads: int = 4  # tiny ViLT attention heads
-    pretrain_classes: int = 20  # synthetic classes, disjoint from the demo's, for pre-training
-    pretrain_steps: int = 300  # optimiser steps of the brief backbone pre-training
+    intermediate_size: int = 128  # tiny ViLT MLP width
+    pretrain_steps: int = 300  # optimiser steps of the backbone pre-training (0: none)
+    pretrain_batch: int = 48  # samples per pre-training step
+    pretrain_lr: float = 2.0e-3  # AdamW learning rate of the pre-training
+    pretrain_drop: float = 0.15  # per modality: chance a pre-training sample lacks it
 
     def __post_init__(self) -> None:
-        for key in ("n_classes", "train_per_class", "test_per_class", "image_size",
-                    "hidden_size", "num_layers", "num_heads"):
+        for key in ("train_per_class", "test_per_class", "image_size", "patch_size",
+                    "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                    "pretrain_batch"):
             value = getattr(self, key)
             check(value > 0, f"demo.{key}", f"must be > 0, got {value}")
+        check(2 <= self.n_classes <= 32, "demo.n_classes",
+              f"must lie in [2, 32], got {self.n_classes}")
         check(self.val_per_class >= 0, "demo.val_per_class", "must be >= 0")
         check(self.pretrain_steps >= 0, "demo.pretrain_steps", "must be >= 0")
+        check(self.pretrain_lr > 0, "demo.pretrain_lr", "must be > 0")
+        check(self.image_size % self.patch_size == 0, "demo.image_size",
+              f"must be a multiple of demo.patch_size ({self.patch_size})")
         check(self.hidden_size % self.num_heads == 0, "demo.hidden_size",
               f"must be divisible by demo.num_heads ({self.num_heads})")
+        for key in ("image_noise", "text_noise"):
+            value = getattr(self, key)
+            check(0.0 <= value <= 1.0, f"demo.{key}",
+                  f"must lie in [0, 1], got {value}")
+        check(0.0 <= self.pretrain_drop <= 0.5, "demo.pretrain_drop",
+              f"must lie in [0, 0.5], got {self.pretrain_drop}")
 
 
 Dataset = Literal["demo", "food101", "n24news"]
@@ -57,14 +75,23 @@ class DataParams:
     missing_rate: float = 0.7  # fraction of each (task, split) with a modality missing
     seed: int = 0  # seed of the missing tables
     text_field: str = "headline"  # N24News text: a field, or several joined by "+"
-    test_missing_type: MissingType | None = None  # None: same as missing_type
-    test_missing_rate: float | None = None  # None: same as missing_rate
-    absent: Literal["missing", "reject"] = "missing"  # absent image/text file: keep as
-    # naturally missing (code set), or reject with an error
-    allow_uneven: bool = False  # allow a class count that tasks does not divide
+    test_missing_type: MissingType | None = None  # test split; None: missing_type
+    test_missing_rate: float | None = None  # test split; None: missing_rate
+    absent: Literal["missing", "reject"] = "missing"  # image file absent or text
+    # empty: keep as naturally missing (code set, counted toward the table; a
+    # sample lacking both is dropped and reported), or reject with an error
+    allow_uneven: bool = False  # tasks need not divide the classes: the first
+    # C mod K tasks get one class more
 
     def __post_init__(self) -> None:
         check(self.tasks > 0, "data.tasks", f"must be > 0, got {self.tasks}")
+        check(self.seed >= 0, "data.seed", f"must be >= 0, got {self.seed}")
+        check(self.class_order_seed >= 0, "data.class_order_seed",
+              f"must be >= 0, got {self.class_order_seed}")
+        fields = ("headline", "abstract", "caption", "body", "article")
+        check(all(f.strip() in fields for f in self.text_field.split("+")),
+              "data.text_field", f"must be one of {', '.join(fields)} or several "
+              f"joined by '+', got {self.text_field!r}")
         check(0.0 <= self.missing_rate <= 1.0, "data.missing_rate",
               f"must lie in [0, 1], got {self.missing_rate}")
         if self.test_missing_rate is not None:

@@ -1,0 +1,271 @@
+"""`pal prepare`: index a dataset into samples, tasks and missing-modality tables.
+
+Writes two files (torch-free, byte-identical for the same params and dataset):
+
+`samples.jsonl`, one JSON object per sample, ordered by task, split (train, val,
+test), then id, with exactly the keys
+    id          str, unique
+    split       "train" | "val" | "test"
+    task        int, 1-based
+    label       int, incremental class index (task k owns a contiguous range)
+    class_name  str
+    image       str, path relative to `data.root`; null when there is none
+    text        str; "" when there is none
+    missing     int, 0 complete, 1 text missing, 2 image missing
+
+`tasks.json`:
+    class_order      class names by label
+    tasks            per task: `task`, `labels`, `classes`, and `counts` per split:
+                     {"total": n, "by_missing": [n_code0, n_code1, n_code2]}
+    dropped_classes  classes the reader dropped (Food101's smallest)
+    absent           samples the dataset lacks a modality of, per `data.absent`:
+                     {"image"|"text"|"both": {"count", "first_ids"}}
+    data             the `data` params used (`root` resolves `image` paths)
+
+Naturally absent modalities (an image listed but not on disk, an empty text)
+follow `data.absent`: `missing` keeps the sample with its code set (a sample
+lacking both is dropped, and reported), `reject` stops with an error. How the
+protocol counts them is described in `pipeline.protocol`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import click
+import numpy as np
+
+from pipeline import protocol
+from pipeline.datasets import SPLITS, DatasetError, FileIndex, Listing, read_dataset
+from pipeline.params import DataParams, load
+from solver.cliutil import clean_errors, params_option
+
+log = logging.getLogger(__name__)
+
+FIRST_IDS = 5  # ids quoted in absent-modality reports
+KEYS = ("id", "split", "task", "label", "class_name", "image", "text", "missing")
+
+
+@dataclasses.dataclass
+class _Absent:
+    ids: list[str] = dataclasses.field(default_factory=list)
+
+    def report(self) -> dict:
+        return {"count": len(self.ids), "first_ids": sorted(self.ids)[:FIRST_IDS]}
+
+
+def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
+    """Resolve absent images and texts per `data.absent`.
+
+    Returns:
+        (kept, report): kept is a list of (RawSample, natural code, image or
+        None, text) and report the `absent` entry of tasks.json.
+    """
+    index = FileIndex(listing.root)
+    absent = {"image": _Absent(), "text": _Absent(), "both": _Absent()}
+    kept = []
+    for s in listing.samples:
+        has_image = s.image is not None and index.exists(s.image)
+        has_text = s.text is not None and s.text.strip() != ""
+        if not has_image and not has_text:
+            absent["both"].ids.append(s.id)
+            continue
+        if not has_image:
+            absent["image"].ids.append(s.id)
+            kept.append((s, protocol.IMAGE_MISSING, None, s.text))
+        elif not has_text:
+            absent["text"].ids.append(s.id)
+            kept.append((s, protocol.TEXT_MISSING, s.image, ""))
+        else:
+            kept.append((s, protocol.COMPLETE, s.image, s.text))
+    report = {k: v.report() for k, v in absent.items()}
+    for kind, what in (
+        ("image", "image file"),
+        ("text", "text"),
+        ("both", "image or text"),
+    ):
+        r = report[kind]
+        if not r["count"]:
+            continue
+        first = ", ".join(r["first_ids"])
+        if params.absent == "reject":
+            raise DatasetError(
+                f"{listing.root}: {r['count']} samples have no {what} "
+                f"(first: {first}); set data.absent: missing to keep them"
+            )
+        if kind == "both":
+            log.warning(
+                "dropping %d samples with neither image nor text (first: %s)",
+                r["count"],
+                first,
+            )
+        else:
+            log.warning(
+                "%d samples have no %s, kept as missing it (first: %s)",
+                r["count"],
+                what,
+                first,
+            )
+    return kept, report
+
+
+def prepare(params: DataParams) -> tuple[list[dict], dict]:
+    """Read the dataset and apply the protocol.
+
+    Returns:
+        (rows, tasks): the samples.jsonl rows in file order and the tasks.json
+        document.
+    """
+    listing = read_dataset(params)
+    ids = [s.id for s in listing.samples]
+    if len(set(ids)) != len(ids):
+        seen, dup = set(), None
+        for i in ids:
+            if i in seen:
+                dup = i
+                break
+            seen.add(i)
+        raise DatasetError(f"{listing.source}: sample id {dup!r} is listed twice")
+    kept, absent = natural_codes(listing, params)
+
+    order = protocol.class_order(listing.classes, params.class_order_seed)
+    sizes = protocol.task_sizes(len(order), params.tasks, params.allow_uneven)
+    label_of = {name: i for i, name in enumerate(order)}
+    task_of = protocol.task_of_label(sizes)
+
+    groups: dict[tuple[int, str], list] = defaultdict(list)
+    for s, code, image, text in kept:
+        label = label_of[s.class_name]
+        groups[(task_of[label], s.split)].append((s.id, label, s, code, image, text))
+
+    rows = []
+    tasks = []
+    first_label = 0
+    for task, size in enumerate(sizes, start=1):
+        counts = {}
+        for split in SPLITS:
+            group = sorted(groups.get((task, split), []), key=lambda g: g[0])
+            is_test = split == "test"
+            mtype = (
+                (params.test_missing_type or params.missing_type)
+                if is_test
+                else (params.missing_type)
+            )
+            rate = (
+                params.test_missing_rate
+                if (is_test and params.test_missing_rate is not None)
+                else params.missing_rate
+            )
+            natural = np.array([g[3] for g in group], dtype=np.int8)
+            codes = protocol.missing_table(
+                natural, mtype, rate, params.seed, task, split
+            )
+            t1, t2 = protocol.missing_targets(len(group), mtype, rate)
+            over = (int(np.sum(codes == 1)) > t1, int(np.sum(codes == 2)) > t2)
+            if any(over):
+                log.warning(
+                    "task %d %s: naturally missing samples exceed the table's %d/%d "
+                    "(text/image missing); got %d/%d",
+                    task,
+                    split,
+                    t1,
+                    t2,
+                    int(np.sum(codes == 1)),
+                    int(np.sum(codes == 2)),
+                )
+            for (sid, label, s, _, image, text), code in zip(group, codes, strict=True):
+                rows.append(
+                    {
+                        "id": sid,
+                        "split": split,
+                        "task": task,
+                        "label": label,
+                        "class_name": s.class_name,
+                        "image": image,
+                        "text": text,
+                        "missing": int(code),
+                    }
+                )
+            counts[split] = {
+                "total": len(group),
+                "by_missing": np.bincount(codes, minlength=3).tolist(),
+            }
+        labels = list(range(first_label, first_label + size))
+        first_label += size
+        tasks.append(
+            {
+                "task": task,
+                "labels": labels,
+                "classes": [order[i] for i in labels],
+                "counts": counts,
+            }
+        )
+    doc = {
+        "class_order": order,
+        "tasks": tasks,
+        "dropped_classes": listing.dropped_classes,
+        "absent": absent,
+        "data": dataclasses.asdict(params),
+    }
+    return rows, doc
+
+
+def write_outputs(rows: list[dict], doc: dict, out: str | Path) -> None:
+    """Write samples.jsonl and tasks.json into `out`, each via a temp file + rename."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({k: r[k] for k in KEYS}, ensure_ascii=False) for r in rows]
+    files = {
+        "samples.jsonl": "".join(line + "\n" for line in lines),
+        "tasks.json": json.dumps(doc, indent=2, ensure_ascii=False) + "\n",
+    }
+    tmps = {}
+    try:
+        for name, text in files.items():
+            tmp = out / f"{name}.tmp.{os.getpid()}"
+            tmps[name] = tmp
+            tmp.write_text(text, encoding="utf-8")
+        for name, tmp in tmps.items():
+            os.replace(tmp, out / name)
+    finally:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
+
+
+@click.command("prepare")
+@params_option
+@click.option(
+    "--out",
+    default="data/prepare",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Output folder for samples.jsonl and tasks.json.",
+)
+@clean_errors
+def cli(params_file: str, out: str) -> None:
+    """Index a dataset into samples, tasks and missing-modality tables.
+
+    Reads the `data` section: which dataset (demo, food101, n24news) at which
+    root, the number of tasks, the class-order seed and the missing-modality
+    protocol (type none/text/image/both, rate, seed; test_missing_* for test).
+    Writes <out>/samples.jsonl (one row per sample: id, split, task, label,
+    class_name, image, text, missing) and <out>/tasks.json (class order, labels
+    and counts per task, the params used). No image is opened. Same params,
+    same bytes.
+    """
+    params = load(params_file, "data")
+    rows, doc = prepare(params)
+    write_outputs(rows, doc, out)
+    n_tasks = len(doc["tasks"])
+    log.info(
+        "wrote %d samples of %d classes in %d tasks to %s",
+        len(rows),
+        len(doc["class_order"]),
+        n_tasks,
+        out,
+    )
