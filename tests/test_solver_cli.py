@@ -1,0 +1,324 @@
+"""`pal-solver solve` / `evaluate`: files, one-line errors, earlier outputs kept."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from solver.cli import main
+from solver.synthetic import make_features
+
+D = 12
+PARAMS = """\
+solve:
+  eta: 1.0
+  width: 48
+  seed: 0
+  method: gram
+  device: cpu
+  dtype: float64
+  batch_rows: 50
+"""
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pristine")
+    return make_features(
+        root / "extract", [80, 60, 70], [2, 2, 2], feature_dim=D, test_rows=15, seed=4
+    )
+
+
+@pytest.fixture
+def run(tmp_path, pristine):
+    """A working copy: features, params, and a good earlier solve + evaluate."""
+    features = tmp_path / "extract"
+    shutil.copytree(pristine, features)
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    ctx = {"root": tmp_path, "features": features, "params": tmp_path / "params.yaml"}
+    assert invoke(ctx, "solve").exit_code == 0
+    assert invoke(ctx, "evaluate").exit_code == 0
+    return ctx
+
+
+def invoke(ctx, command, *args):
+    root = ctx["root"]
+    base = ["--features", str(ctx["features"]), "--params", str(ctx["params"])]
+    if command == "solve":
+        base += ["--out", str(root / "solve")]
+    else:
+        base += [
+            "--weights",
+            str(root / "solve" / "weights.h5"),
+            "--out",
+            str(root / "results"),
+        ]
+    return CliRunner().invoke(main, [command, *base, *args])
+
+
+def assert_one_line_error(result, match):
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, result.stderr
+    assert match in errors[0], errors[0]
+    assert "Traceback" not in result.output
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit
+    )
+
+
+def test_solve_and_evaluate_write_their_files(run):
+    root = run["root"]
+    assert sorted(p.name for p in (root / "solve").iterdir()) == ["weights.h5"]
+    assert sorted(p.name for p in (root / "results").iterdir()) == [
+        "accuracy_matrix.csv",
+        "metrics.json",
+        "step_accuracy.csv",
+        "step_accuracy.png",
+    ]
+    m = json.loads((root / "results" / "metrics.json").read_text())
+    assert set(m) == {
+        "acc",
+        "fg",
+        "fg_diag",
+        "aia",
+        "last",
+        "matrix",
+        "acc_by_missing",
+        "bp",
+    }
+    assert [len(r) for r in m["matrix"]] == [1, 2, 3]
+    with h5py.File(root / "solve" / "weights.h5", "r") as f:
+        assert f.attrs["width"] == 48 and f["step_03/W"].shape == (48, 6)
+
+
+def test_cli_options_override_params(run):
+    root = run["root"]
+    r = invoke(
+        run,
+        "solve",
+        "--eta",
+        "0.5",
+        "--width",
+        "32",
+        "--seed",
+        "9",
+        "--method",
+        "woodbury",
+        "--batch-rows",
+        "17",
+    )
+    assert r.exit_code == 0, r.output
+    with h5py.File(root / "solve" / "weights.h5", "r") as f:
+        a = dict(f.attrs)
+    assert (a["eta"], a["width"], a["seed"], a["method"]) == (0.5, 32, 9, "woodbury")
+
+
+def test_cli_eta_sweep(run):
+    root = run["root"]
+    r = invoke(run, "solve", "--eta", "0.1,1,10")
+    assert r.exit_code == 0, r.output
+    names = sorted(p.name for p in (root / "solve").iterdir())
+    assert names == [
+        "weights-eta0.1.h5",
+        "weights-eta1.h5",
+        "weights-eta10.h5",
+        "weights.h5",
+    ]
+    r = CliRunner().invoke(
+        main,
+        [
+            "evaluate",
+            "--features",
+            str(run["features"]),
+            "--params",
+            str(run["params"]),
+            "--weights",
+            str(root / "solve"),
+            "--out",
+            str(root / "sweep"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (root / "sweep").glob("metrics*.json")) == [
+        "metrics-eta0.1.json",
+        "metrics-eta1.json",
+        "metrics-eta10.json",
+    ]
+
+
+def break_features(ctx, how):
+    f = ctx["features"]
+    if how == "truncated":
+        p = f / "step_02" / "train.h5"
+        p.write_bytes(p.read_bytes()[:3000])
+    elif how == "empty":
+        (f / "step_02" / "train.h5").write_bytes(b"")
+    elif how == "nan":  # found only while streaming, after two steps are solved
+        with h5py.File(f / "step_03" / "train.h5", "r+") as h:
+            h["features"][5, 0] = np.nan
+    elif how == "inf_test":
+        with h5py.File(f / "step_03" / "test.h5", "r+") as h:
+            h["task_02/features"][3, 1] = np.inf
+    elif how == "feature_dim":
+        other = make_features(
+            ctx["root"] / "other", [10, 10], [2, 2], feature_dim=D + 4, test_rows=3
+        )
+        shutil.rmtree(f / "step_02")
+        shutil.copytree(other / "step_02", f / "step_02")
+    elif how == "missing_step":
+        shutil.rmtree(f / "step_02")
+    elif how == "missing_folder":
+        shutil.rmtree(f)
+
+
+FEATURE_FAULTS = [
+    ("truncated", "step_02/train.h5: truncated or not an HDF5 file"),
+    ("empty", "step_02/train.h5: empty file"),
+    ("nan", "step_03/train.h5: features row 5 is NaN or Inf"),
+    ("feature_dim", "step_02/train.h5: feature_dim 16 differs from step 1's 12"),
+    ("missing_step", "step_02: step folder missing (found steps [1, 3])"),
+    ("missing_folder", "extract: features folder not found"),
+]
+
+
+@pytest.mark.parametrize("how, message", FEATURE_FAULTS)
+def test_bad_features_keep_the_earlier_weights(run, how, message):
+    weights = run["root"] / "solve" / "weights.h5"
+    before = weights.read_bytes()
+    break_features(run, how)
+    assert_one_line_error(invoke(run, "solve"), message)
+    assert weights.read_bytes() == before
+    assert sorted(p.name for p in weights.parent.iterdir()) == ["weights.h5"]
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        *(f for f in FEATURE_FAULTS if f[0] != "nan"),  # evaluate reads no train
+        ("inf_test", "step_03/test.h5:task_02: features row 3 is NaN or Inf"),
+    ],
+)
+def test_bad_features_keep_the_earlier_metrics(run, how, message):
+    results = run["root"] / "results"
+    before = {p.name: p.read_bytes() for p in results.iterdir()}
+    break_features(run, how)
+    assert_one_line_error(invoke(run, "evaluate"), message)
+    assert {p.name: p.read_bytes() for p in results.iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--eta", "0", "--eta must be > 0 and finite, got 0"),
+        ("--eta", "-1", "--eta must be > 0 and finite, got -1"),
+        ("--eta", "abc", "--eta: 'abc' is not a number"),
+        ("--eta", "0.1,x", "--eta: 'x' is not a number"),
+        ("--eta", "1,1", "--eta lists a value twice: 1,1"),
+        ("--width", "0", "--width must be >= 1, got 0"),
+        ("--width", "8.5", "--width must be an integer, got '8.5'"),
+        ("--seed", "-2", "--seed must be >= 0, got -2"),
+        ("--method", "cg", "--method must be one of gram, woodbury, got 'cg'"),
+        ("--device", "tpu", "--device must be one of auto, cpu, cuda, got 'tpu'"),
+    ],
+)
+def test_bad_option_values_name_the_option(run, option, value, message):
+    weights = run["root"] / "solve" / "weights.h5"
+    before = weights.read_bytes()
+    assert_one_line_error(invoke(run, "solve", option, value), message)
+    assert weights.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("eta: 0", "solve.eta must be > 0, got 0.0"),
+        ("eta: -0.5", "solve.eta must be > 0, got -0.5"),
+        ("eta: abc", "solve.eta must be a number, got 'abc'"),
+        ("eta: [0.1, -1]", "solve.eta[1] must be > 0, got -1.0"),
+        ("width: 0", "solve.width must be > 0, got 0"),
+        ("width: -3", "solve.width must be > 0, got -3"),
+        ("method: cg", "solve.method must be one of 'gram', 'woodbury', got 'cg'"),
+        ("etta: 1", "unknown key 'solve.etta'"),
+    ],
+)
+def test_bad_params_name_the_file_and_key(run, line, message):
+    key = line.split(":")[0]
+    text = "\n".join(x for x in PARAMS.splitlines() if not x.strip().startswith(key))
+    run["params"].write_text(text + f"\n  {line}\n")
+    weights = run["root"] / "solve" / "weights.h5"
+    before = weights.read_bytes()
+    result = invoke(run, "solve")
+    assert_one_line_error(result, message)
+    assert f"{run['params']}: " in result.stderr
+    assert weights.read_bytes() == before
+
+
+def test_bad_weights_keep_the_earlier_metrics(run):
+    root = run["root"]
+    results = root / "results"
+    before = {p.name: p.read_bytes() for p in results.iterdir()}
+    weights = root / "solve" / "weights.h5"
+    weights.write_bytes(weights.read_bytes()[:2000])
+    assert_one_line_error(
+        invoke(run, "evaluate"), "weights.h5: truncated or not an HDF5 file"
+    )
+    weights.unlink()
+    assert_one_line_error(invoke(run, "evaluate"), "weights.h5: weights file not found")
+    assert {p.name: p.read_bytes() for p in results.iterdir()} == before
+
+
+def test_help_explains_the_options():
+    r = CliRunner().invoke(main, ["solve", "--help"])
+    assert r.exit_code == 0
+    for text in (
+        "--features DIR",
+        "--eta X[,X…]",
+        "--width N",
+        "gram|woodbury",
+        "auto|cpu|cuda",
+        "--params FILE",
+        "weights-eta<η>.h5",
+    ):
+        assert text in r.output
+    r = CliRunner().invoke(main, ["evaluate", "--help"])
+    assert "--weights PATH" in r.output and "bp_logits" in r.output
+
+
+def test_subprocess_error_is_one_line_without_traceback(tmp_path):
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "solver",
+            "solve",
+            "--eta",
+            "-1",
+            "--params",
+            str(tmp_path / "params.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert r.stderr == "Error: --eta must be > 0 and finite, got -1\n"
+
+
+def test_solver_cli_never_imports_torch_or_transformers():
+    code = (
+        "import sys, solver.cli, solver.solve, solver.evaluate, solver.synthetic; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
