@@ -1,0 +1,311 @@
+"""The frozen ViLT backbone, run as an explicit loop so prompts can be inserted.
+
+`load_backbone(model.backbone, model.max_text_len)` loads `ViltModel` and its
+`ViltProcessor` from a local folder or a hub id in the local HF cache, freezes
+them and wraps them in `Backbone`. The encoder is run as our own loop over
+`embeddings` → `encoder.layer[i]` → `layernorm` (DESIGN §5):
+
+* token layout `[text CLS, text…, image CLS, patches…]`, T = text length;
+* each layer is pre-LN: `h += attn(LN(h)); h += MLP(LN(h))`, computed from the
+  layer's own HF submodules with a fused QKV projection and
+  `F.scaled_dot_product_attention`;
+* prompts enter a layer either as prefix keys/values (`LayerPrompt.keys` /
+  `values`, prepended to that layer's keys and values only) or as input tokens
+  (`LayerPrompt.tokens`, prepended to the sequence and replaced at each
+  prompt layer); their key mask lets a prompt be switched off per sample.
+
+With no prompts the loop equals `ViltModel.forward(...).last_hidden_state`
+(a test holds this to 1e-6; ViLT shuffles patch order with torch's RNG, so seed
+before comparing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from solver.errors import PalError
+
+log = logging.getLogger(__name__)
+
+VILT_TEXT_POSITIONS = 40  # ViLT's pre-trained text position table
+
+
+class BackboneError(PalError):
+    """The backbone folder/hub id is missing, not a ViLT, or unreadable."""
+
+
+@dataclass
+class LayerPrompt:
+    """Prompts for one encoder layer, for a batch of B samples.
+
+    Prefix style: `keys` and `values` (B, L_k, D), prepended to the layer's
+    keys and values. Input style: `tokens` (B, L_i, D), prepended to the
+    sequence. `mask` (B, L_k or L_i) bool: False switches a prompt token off
+    for that sample (it is then ignored as a key).
+    """
+
+    mask: torch.Tensor
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+
+
+class Backbone(nn.Module):
+    """A frozen `ViltModel` with a prompt-aware encoder loop.
+
+    Attributes: `vilt` (the HF model, eval mode, no gradients), `processor`
+    (its `ViltProcessor`), `hidden_size` D, `num_layers`, `max_text_len` T,
+    `image_side` (the side of the square dummy image in pixels), `name`.
+    """
+
+    def __init__(self, vilt: nn.Module, processor, name: str, max_text_len: int):
+        super().__init__()
+        self.vilt = vilt.eval().requires_grad_(False)
+        self.processor = processor
+        self.name = name
+        cfg = vilt.config
+        self.hidden_size = int(cfg.hidden_size)
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.num_heads = int(cfg.num_attention_heads)
+        self.max_text_len = int(max_text_len)
+        self.fused_attention = False  # True: F.scaled_dot_product_attention
+        if self.max_text_len > cfg.max_position_embeddings:
+            interpolate_text_positions(vilt, self.max_text_len)
+        ip = processor.image_processor
+        side = _shortest_edge(ip)
+        divisor = int(getattr(ip, "size_divisor", None) or 1)
+        self.image_side = side // divisor * divisor if side else int(cfg.image_size)
+        # Fused QKV projection per layer: one GEMM instead of three.
+        for i, layer in enumerate(vilt.encoder.layer):
+            a = layer.attention.attention
+            w = torch.cat([a.query.weight, a.key.weight, a.value.weight], 0)
+            b = torch.cat([_bias(a.query), _bias(a.key), _bias(a.value)], 0)
+            self.register_buffer(f"qkv_w{i}", w.detach().clone(), persistent=False)
+            self.register_buffer(f"qkv_b{i}", b.detach().clone(), persistent=False)
+
+    def train(self, mode: bool = True) -> Backbone:
+        """The backbone stays in eval mode (frozen)."""
+        return super().train(False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.vilt.layernorm.weight.device
+
+    def place(self, device: torch.device) -> Backbone:
+        """Move to `device`. On CUDA the frozen weights are stored in bf16 (no
+        per-call autocast casts) and attention uses the fused SDPA kernels; on
+        the CPU everything stays float32 with HF's exact arithmetic."""
+        if device.type == "cuda":
+            self.to(device=device, dtype=torch.bfloat16)
+            self.fused_attention = True
+        else:
+            self.to(device=device)
+        return self
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pixel_values: torch.Tensor,
+        pixel_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token embeddings and key mask.
+
+        input_ids, attention_mask: (B, T) int64; pixel_values: (B, 3, H, W)
+        float; pixel_mask: (B, H, W) int64. Returns h (B, T + 1 + P, D) and
+        mask (B, T + 1 + P) bool (True = attend). Consumes torch's RNG (patch
+        order).
+        """
+        h, mask = self.vilt.embeddings(
+            input_ids,
+            attention_mask,
+            None,
+            pixel_values,
+            pixel_mask,
+            None,
+            None,
+            image_token_type_idx=1,
+        )
+        return h, mask.bool()
+
+    def encode(
+        self,
+        h: torch.Tensor,
+        mask: torch.Tensor,
+        prompts: dict[int, LayerPrompt] | None = None,
+    ) -> torch.Tensor:
+        """Run the encoder layers and the final LayerNorm.
+
+        h: (B, N, D) from `embed`; mask: (B, N) bool; prompts: layer index →
+        `LayerPrompt` (None or {}: prompt-free). Returns (B, N, D): the output
+        at the input's token positions (input-style prompt tokens are dropped).
+        """
+        prompts = prompts or {}
+        n_input = 0  # input-style prompt tokens currently at the front of h
+        mask_in = None
+        for i, layer in enumerate(self.vilt.encoder.layer):
+            p = prompts.get(i)
+            key_mask = mask
+            prefix = None
+            if p is not None and p.tokens is not None:
+                h = torch.cat([p.tokens.to(h.dtype), h[:, n_input:]], 1)
+                n_input, mask_in = p.tokens.shape[1], p.mask
+            if mask_in is not None:
+                key_mask = torch.cat([mask_in, mask], 1)
+            if p is not None and p.keys is not None:
+                prefix = (p.keys, p.values)
+                key_mask = torch.cat([p.mask, key_mask], 1)
+            h = self._layer(i, layer, h, key_mask, prefix)
+        h = self.vilt.layernorm(h)
+        return h[:, n_input:]
+
+    def _layer(
+        self,
+        i: int,
+        layer: nn.Module,
+        h: torch.Tensor,
+        key_mask: torch.Tensor,
+        prefix: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        B, N, D = h.shape
+        H = self.num_heads
+        x = layer.layernorm_before(h)
+        w, b = getattr(self, f"qkv_w{i}"), getattr(self, f"qkv_b{i}")
+        q, k, v = F.linear(x, w, b).split(D, dim=-1)  # 3 × (B, N, D)
+        if prefix is not None:
+            k = torch.cat([prefix[0].to(k.dtype), k], 1)  # (B, L_k + N, D)
+            v = torch.cat([prefix[1].to(v.dtype), v], 1)
+        q = q.view(B, N, H, -1).transpose(1, 2)  # (B, H, N, d_h)
+        k = k.view(B, k.shape[1], H, -1).transpose(1, 2)
+        v = v.view(B, v.shape[1], H, -1).transpose(1, 2)
+        bias = torch.zeros(key_mask.shape, dtype=q.dtype, device=q.device)
+        bias.masked_fill_(~key_mask, torch.finfo(q.dtype).min)
+        bias = bias[:, None, None, :]  # (B, 1, 1, K)
+        if self.fused_attention:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:  # HF's eager arithmetic, bit for bit
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
+            ctx = scores.softmax(-1) @ v
+        ctx = ctx.transpose(1, 2).reshape(B, N, D)
+        h = layer.attention.output.dense(ctx) + h
+        return layer.output.dense(layer.intermediate(layer.layernorm_after(h))) + h
+
+    def queries(
+        self, h: torch.Tensor, mask: torch.Tensor, text_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt-free pass: (q_t, q_v), each (B, D) float32 — the final-LN
+        output at the text CLS (0) and at the image CLS (T)."""
+        out = self.encode(h, mask)
+        return out[:, 0].float(), out[:, text_len].float()
+
+
+def _bias(linear: nn.Linear) -> torch.Tensor:
+    if linear.bias is not None:
+        return linear.bias
+    return torch.zeros(linear.out_features, dtype=linear.weight.dtype)
+
+
+def _shortest_edge(image_processor) -> int | None:
+    size = getattr(image_processor, "size", None)
+    if size is None:
+        return None
+    value = (
+        size.get("shortest_edge")
+        if isinstance(size, dict)
+        else getattr(size, "shortest_edge", None)
+    )
+    return int(value) if value else None
+
+
+def interpolate_text_positions(vilt: nn.Module, length: int) -> None:
+    """Stretch the text position table (40, D) to (length, D) by linear
+    interpolation, as the missing-modality literature does for long texts."""
+    te = vilt.embeddings.text_embeddings
+    old = te.position_embeddings.weight.detach()  # (P, D)
+    new = F.interpolate(old.T[None], size=length, mode="linear", align_corners=False)
+    table = nn.Embedding(length, old.shape[1]).to(old.device, old.dtype)
+    table.weight.data.copy_(new[0].T)
+    table.requires_grad_(False)
+    te.position_embeddings = table
+    te.position_ids = torch.arange(length, device=old.device).expand(1, -1)
+    te.token_type_ids = torch.zeros(1, length, dtype=torch.long, device=old.device)
+
+
+def resolve_device(name: str, key: str) -> torch.device:
+    """`auto` → cuda when available, else cpu; `cuda` without a GPU is an error
+    naming `key` (e.g. `tune.device`)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PalError(f"{key} is 'cuda' but torch sees no CUDA GPU here")
+    return torch.device(name)
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA, a no-op (float32) on the CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def load_backbone(name: str, max_text_len: int) -> Backbone:
+    """Load a frozen ViLT and its processor from a folder or a cached hub id.
+
+    Raises `BackboneError` naming `model.backbone` when the folder does not
+    exist (and no cached hub model has that id), is not a ViLT, or fails to
+    load.
+    """
+    from transformers import AutoConfig, ViltModel, ViltProcessor
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    where = f"model.backbone '{name}'"
+    path = Path(name)
+    if path.exists():
+        if not path.is_dir():
+            raise BackboneError(f"{where}: is a file, expected a ViLT folder")
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise BackboneError(f"{where}: not a ViLT folder (no config.json)")
+        try:
+            model_type = json.loads(config_file.read_text()).get("model_type")
+        except (json.JSONDecodeError, OSError) as exc:
+            raise BackboneError(f"{where}: unreadable config.json ({exc})") from None
+        if model_type != "vilt":
+            raise BackboneError(
+                f"{where}: not a ViLT (config.json model_type is {model_type!r})"
+            )
+    else:
+        try:
+            model_type = AutoConfig.from_pretrained(name).model_type
+        except (OSError, ValueError):
+            raise BackboneError(
+                f"{where}: no such folder, and no hub model of that id in the local "
+                "HF cache"
+            ) from None
+        if model_type != "vilt":
+            raise BackboneError(f"{where}: not a ViLT (model_type {model_type!r})")
+    try:
+        vilt = ViltModel.from_pretrained(name)
+        processor = ViltProcessor.from_pretrained(name)
+    except Exception as exc:  # OSError, SafetensorError, ValueError…: a damaged folder
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
+        raise BackboneError(
+            f"{where}: cannot load the ViLT model or processor ({first})"
+        ) from None
+    log.debug(
+        "loaded %s: %d layers, hidden %d",
+        name,
+        vilt.config.num_hidden_layers,
+        vilt.config.hidden_size,
+    )
+    return Backbone(vilt, processor, name, max_text_len)

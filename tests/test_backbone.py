@@ -1,0 +1,157 @@
+"""The prompt-aware ViLT loop: equality with HF, prompt insertion, loading errors."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_model_fixtures import make_vilt, tiny_vilt  # noqa: F401
+
+from pipeline.backbone import BackboneError, LayerPrompt, load_backbone
+
+
+def _inputs(backbone, texts, sizes):
+    """Processor inputs for texts and random images of (h, w) sizes (padded)."""
+    rng = np.random.default_rng(0)
+    images = [
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+        for h, w in sizes
+    ]
+    out = backbone.processor(
+        images=images,
+        text=texts,
+        padding="max_length",
+        max_length=backbone.max_text_len,
+        truncation=True,
+        return_tensors="pt",
+    )
+    return (
+        out["input_ids"],
+        out["attention_mask"],
+        out["pixel_values"],
+        out["pixel_mask"],
+    )
+
+
+@pytest.fixture(scope="module")
+def backbone(tiny_vilt):  # noqa: F811
+    return load_backbone(str(tiny_vilt), 12)
+
+
+def test_loop_without_prompts_equals_vilt_forward(backbone):
+    # one text empty (missing), images of two sizes so pixel_mask pads one of them
+    ids, am, px, pm = _inputs(
+        backbone,
+        ["a red cat", "", "the big blue bird photo"],
+        [(32, 32), (32, 48), (40, 32)],
+    )
+    assert not bool(pm.all()), "the batch must contain padded pixels"
+    for seed in range(3):
+        torch.manual_seed(seed)
+        ref = backbone.vilt(
+            input_ids=ids, attention_mask=am, pixel_values=px, pixel_mask=pm
+        ).last_hidden_state
+        torch.manual_seed(seed)
+        h, mask = backbone.embed(ids, am, px, pm)
+        out = backbone.encode(h, mask)
+        # 12 text tokens, the image CLS, the largest image's 4 × 6 patches
+        assert out.shape == ref.shape == (3, 12 + 1 + 24, 32)
+        assert (out - ref).abs().max().item() <= 1e-6
+
+
+def test_fused_attention_matches_eager(backbone):
+    ids, am, px, pm = _inputs(backbone, ["a red cat", ""], [(32, 32), (32, 32)])
+    torch.manual_seed(0)
+    h, mask = backbone.embed(ids, am, px, pm)
+    eager = backbone.encode(h, mask)
+    backbone.fused_attention = True
+    try:
+        fused = backbone.encode(h, mask)
+    finally:
+        backbone.fused_attention = False
+    assert (fused - eager).abs().max().item() < 1e-5
+
+
+def test_queries_are_the_two_cls_outputs(backbone):
+    ids, am, px, pm = _inputs(backbone, ["a red cat", "dog"], [(32, 32), (32, 32)])
+    torch.manual_seed(0)
+    h, mask = backbone.embed(ids, am, px, pm)
+    q_t, q_v = backbone.queries(h, mask, ids.shape[1])
+    out = backbone.encode(h, mask)
+    assert torch.equal(q_t, out[:, 0]) and torch.equal(q_v, out[:, 12])
+
+
+def test_prefix_prompts_switched_off_change_nothing(backbone):
+    ids, am, px, pm = _inputs(backbone, ["a red cat", "dog"], [(32, 32), (32, 32)])
+    torch.manual_seed(0)
+    h, mask = backbone.embed(ids, am, px, pm)
+    plain = backbone.encode(h, mask)
+    kv = torch.randn(2, 4, 32)
+    off = {0: LayerPrompt(mask=torch.zeros(2, 4, dtype=torch.bool), keys=kv, values=kv)}
+    assert torch.allclose(backbone.encode(h, mask, off), plain, atol=1e-6)
+    on = {0: LayerPrompt(mask=torch.ones(2, 4, dtype=torch.bool), keys=kv, values=kv)}
+    changed = backbone.encode(h, mask, on)
+    assert changed.shape == plain.shape
+    assert (changed - plain).abs().max().item() > 1e-3
+
+
+def test_input_prompts_keep_the_output_layout(backbone):
+    ids, am, px, pm = _inputs(backbone, ["a red cat", "dog"], [(32, 32), (32, 32)])
+    torch.manual_seed(0)
+    h, mask = backbone.embed(ids, am, px, pm)
+    tokens = torch.randn(2, 6, 32, requires_grad=True)
+    prompts = {
+        i: LayerPrompt(mask=torch.ones(2, 6, dtype=torch.bool), tokens=tokens)
+        for i in (0, 1)
+    }
+    out = backbone.encode(h, mask, prompts)
+    assert out.shape == h.shape
+    (out[:, 0] * torch.randn(32)).sum().backward()  # a plain sum of LN output is flat
+    assert tokens.grad is not None and tokens.grad.abs().sum() > 0
+    assert all(p.grad is None for p in backbone.parameters())
+
+
+def test_long_text_interpolates_positions(tiny_vilt):  # noqa: F811
+    backbone = load_backbone(str(tiny_vilt), 50)
+    table = backbone.vilt.embeddings.text_embeddings.position_embeddings.weight
+    assert table.shape == (50, 32)
+    ids, am, px, pm = _inputs(backbone, ["a red cat " * 20], [(32, 32)])
+    assert ids.shape == (1, 50)
+    torch.manual_seed(0)
+    ref = backbone.vilt(
+        input_ids=ids, attention_mask=am, pixel_values=px, pixel_mask=pm
+    ).last_hidden_state
+    torch.manual_seed(0)
+    out = backbone.encode(*backbone.embed(ids, am, px, pm))
+    assert out.shape == (1, 50 + 1 + 16, 32)
+    assert (out - ref).abs().max().item() <= 1e-6
+
+
+def test_backbone_errors_name_the_folder(tmp_path):
+    with pytest.raises(BackboneError, match=r"model.backbone '.*nope': no such folder"):
+        load_backbone(str(tmp_path / "nope"), 40)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(
+        BackboneError, match=r"'.*empty': not a ViLT folder \(no config"
+    ):
+        load_backbone(str(empty), 40)
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(
+        BackboneError,
+        match=r"not a ViLT \(config.json model_type is "
+        r"'bert'\)",
+    ):
+        load_backbone(str(bert), 40)
+    with pytest.raises(BackboneError, match=r"no such folder, and no hub model"):
+        load_backbone("nobody/no-such-vilt", 40)
+
+
+def test_damaged_weights_are_one_error(tmp_path):
+    folder = make_vilt(tmp_path / "vilt")
+    (folder / "model.safetensors").write_bytes(b"\0" * 100)
+    with pytest.raises(BackboneError, match=r"cannot load the ViLT model or processor"):
+        load_backbone(str(folder), 40)

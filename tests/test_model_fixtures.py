@@ -1,0 +1,205 @@
+"""Tiny offline fixtures for the model tests: a ViLT folder and a prepare folder.
+
+Imported by the test_backbone/prompts/model/tune/extract modules; it holds no
+tests itself. Everything is built in a temporary folder in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+WORDS = [
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "cat",
+    "dog",
+    "bird",
+    "fish",
+    "car",
+    "tree",
+    "a",
+    "the",
+    "small",
+    "big",
+    "photo",
+    "of",
+]
+COLOURS = {
+    "red": (220, 30, 30),
+    "green": (30, 200, 40),
+    "blue": (30, 40, 220),
+    "yellow": (230, 220, 20),
+}
+CLASSES = ["red cat", "green dog", "blue bird", "yellow fish", "red car", "blue tree"]
+
+
+def make_vilt(
+    folder: Path,
+    *,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    image: int = 32,
+    patch: int = 8,
+    seed: int = 0,
+) -> Path:
+    """Save a random tiny ViLT + processor (BertTokenizer, PIL image processor)."""
+    import torch
+    from transformers import (
+        BertTokenizer,
+        ViltConfig,
+        ViltImageProcessorPil,
+        ViltModel,
+        ViltProcessor,
+    )
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    folder.mkdir(parents=True, exist_ok=True)
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (folder / "vocab.txt").write_text("\n".join(special + WORDS) + "\n")
+    cfg = ViltConfig(
+        vocab_size=len(special) + len(WORDS),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        image_size=image,
+        patch_size=patch,
+        max_position_embeddings=40,
+        max_image_length=-1,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    ViltModel(cfg).eval().save_pretrained(folder)
+    tok = BertTokenizer(
+        vocab=str(folder / "vocab.txt"), do_lower_case=True, model_max_length=40
+    )
+    ip = ViltImageProcessorPil(
+        size={"shortest_edge": image}, size_divisor=patch, do_pad=True
+    )
+    ViltProcessor(image_processor=ip, tokenizer=tok).save_pretrained(folder)
+    return folder
+
+
+def make_prepare(
+    folder: Path,
+    *,
+    n_tasks: int = 3,
+    classes: int = 6,
+    train: int = 6,
+    test: int = 3,
+    side: int = 32,
+    seed: int = 0,
+    missing_rate: float = 0.5,
+) -> Path:
+    """A dataset root with PNG images and its prepare outputs (DESIGN contract).
+
+    Class c (task c // (classes / n_tasks) + 1) has images of one colour with
+    noise and texts naming it; a seeded half of each split misses text or image.
+    """
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    root = folder / "dataset"
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    per_task = classes // n_tasks
+    rows = []
+    for split, count in (("train", train), ("test", test)):
+        for label in range(classes):
+            name = CLASSES[label]
+            colour = np.array(COLOURS[name.split()[0]], dtype=float)
+            for i in range(count):
+                sid = f"{split}-{label}-{i}"
+                pix = np.clip(
+                    colour
+                    + rng.normal(0, 25, (side, side, 3))
+                    + 60 * (label % 2) * np.eye(side)[..., None],
+                    0,
+                    255,
+                )
+                rel = f"images/{sid}.png"
+                Image.fromarray(pix.astype(np.uint8)).save(root / rel)
+                code = 0
+                if rng.random() < missing_rate:
+                    code = 1 if rng.random() < 0.5 else 2
+                rows.append(
+                    {
+                        "id": sid,
+                        "split": split,
+                        "task": label // per_task + 1,
+                        "label": label,
+                        "class_name": name,
+                        "image": rel,
+                        "text": f"a photo of the {name}",
+                        "missing": code,
+                    }
+                )
+    out = folder / "prepare"
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "samples.jsonl").open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    tasks = [
+        {"task": k + 1, "labels": list(range(k * per_task, (k + 1) * per_task))}
+        for k in range(n_tasks)
+    ]
+    (out / "tasks.json").write_text(
+        json.dumps(
+            {
+                "class_order": CLASSES[:classes],
+                "tasks": tasks,
+                "data": {"root": str(root), "tasks": n_tasks},
+            }
+        )
+    )
+    return out
+
+
+def write_params(path: Path, backbone: Path, **sections) -> Path:
+    """A params.yaml for tune/extract tests; `sections` override keys."""
+    params = {
+        "model": {"backbone": str(backbone), "max_text_len": 12},
+        "prompt": {
+            "enabled": True,
+            "pools": "modality",
+            "pool_size": 6,
+            "length": 4,
+            "layers": [0, 1],
+            "position": "prefix",
+        },
+        "tune": {
+            "epochs": 1,
+            "batch_size": 4,
+            "lr": 1e-3,
+            "recon_weight": 0.01,
+            "seed": 0,
+            "device": "cpu",
+        },
+        "extract": {"batch_size": 8, "dtype": "float32", "device": "cpu"},
+    }
+    for section, values in sections.items():
+        params[section].update(values)
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_vilt(tmp_path_factory) -> Path:
+    """Folder of a random tiny ViLT (hidden 32, 2 layers, 32-px images)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return make_vilt(tmp_path_factory.mktemp("vilt") / "vilt")
+
+
+@pytest.fixture(scope="session")
+def tiny_prepare(tmp_path_factory) -> Path:
+    """A prepare folder: 3 tasks × 2 classes, 6 train + 3 test per class."""
+    return make_prepare(tmp_path_factory.mktemp("data"))
