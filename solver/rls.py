@@ -101,13 +101,12 @@ class RidgeRLS:
     def weights(self, classes_seen: int) -> list[np.ndarray]:
         raise NotImplementedError
 
-    def _targets(self, H: Any, labels: Any, classes_seen: int) -> Any:
+    def _check(self, H: Any, classes_seen: int) -> None:
         if classes_seen > self.max_classes:
             raise ValueError(f"classes_seen {classes_seen} > {self.max_classes}")
         if H.shape[1] != self.width:
             raise ValueError(f"H has {H.shape[1]} columns, width is {self.width}")
         self.n_rows_ += H.shape[0]
-        return one_hot(labels, classes_seen, self.xp, self.dtype)
 
 
 class GramRLS(RidgeRLS):
@@ -123,9 +122,14 @@ class GramRLS(RidgeRLS):
         self._M = b.sym_empty(self.width, self.dtype)  # factor buffer, reused
 
     def partial_fit(self, H: Any, labels: Any, classes_seen: int) -> None:
-        Y = self._targets(H, labels, classes_seen)  # (r, C_k)
+        self._check(H, classes_seen)
+        if H.shape[0] == 0:
+            return
         self.backend.syrk_(self.G_, H.T)  # G += HᵀH
-        self.Q_[:, :classes_seen] += H.T @ Y  # Q += HᵀY
+        # Q += HᵀY, over the range of classes present (a chunk holds one task's)
+        lo, hi = int(labels.min()), int(labels.max()) + 1
+        Y = one_hot(labels - lo, hi - lo, self.xp, self.dtype)  # (r, hi - lo)
+        self.Q_[:, lo:hi] += H.T @ Y
 
     def weights(self, classes_seen: int) -> list[np.ndarray]:
         b, out = self.backend, []
@@ -162,7 +166,10 @@ class WoodburyRLS(RidgeRLS):
         ]
 
     def partial_fit(self, H: Any, labels: Any, classes_seen: int) -> None:
-        Y = self._targets(H, labels, classes_seen)  # (b, C_k)
+        self._check(H, classes_seen)
+        if H.shape[0] == 0:
+            return
+        Y = one_hot(labels, classes_seen, self.xp, self.dtype)  # (b, C_k)
         b = self.backend
         for eta, R, W in zip(self.etas, self.R_, self.W_, strict=True):
             P = b.symm(R, H.T)  # (d, b) = R Hᵀ
