@@ -81,6 +81,40 @@ def load_all(features: Path) -> tuple[list[np.ndarray], list[np.ndarray], list[i
 
 # ---------------------------------------------------------------- processes
 
+# Runs `pal-solver ARGS…` in this very process and, at exit, writes its own peak
+# RSS (VmHWM, kB) to a file. ru_maxrss of a child is no use here: on Linux it
+# carries the parent's (this benchmark's) high-water mark over through exec.
+_HWM_WRAPPER = """
+import atexit, sys
+def _hwm(path=sys.argv[1]):
+    with open("/proc/self/status") as f:
+        kb = next(line.split()[1] for line in f if line.startswith("VmHWM"))
+    with open(path, "w") as f:
+        f.write(kb)
+atexit.register(_hwm)
+sys.argv = ["pal-solver", *sys.argv[2:]]
+import solver.cli, solver.solve, solver.rls, solver.backend
+solver.cli.main()
+"""
+
+
+def run_cli(args: list[str], hwm: Path) -> tuple[float, int]:
+    """Wall seconds and peak RSS bytes of one `pal-solver ARGS…` process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
+    cmd = [sys.executable, "-c", _HWM_WRAPPER, str(hwm), *args]
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"pal-solver {' '.join(args)} failed:\n"
+                               f"{err.read().decode()}")  # fmt: skip
+    return wall, int(hwm.read_text()) * 1024
+
 
 def run_solve(
     features: Path,
@@ -91,45 +125,25 @@ def run_solve(
     etas: tuple[float, ...],
     batch_rows: int,
 ) -> tuple[float, int]:
-    """Wall seconds and peak RSS bytes of one `python -m solver solve` process."""
+    """Wall seconds and peak RSS bytes of one `pal-solver solve` process."""
     out.parent.mkdir(parents=True, exist_ok=True)
     params = out.parent / "params.yaml"
     params.write_text(
         "solve:\n  eta: 1.0\n  width: 8\n  seed: 0\n  method: gram\n"
         "  device: cpu\n  dtype: float64\n  batch_rows: 4096\n"
     )
-    cmd = [
-        sys.executable, "-m", "solver", "solve",
-        "--features", str(features), "--out", str(out), "--params", str(params),
-        "--eta", ",".join(f"{e:g}" for e in etas), "--width", str(width),
-        "--method", method, "--device", device, "--batch-rows", str(batch_rows),
+    args = [
+        "solve", "--features", str(features), "--out", str(out),
+        "--params", str(params), "--eta", ",".join(f"{e:g}" for e in etas),
+        "--width", str(width), "--method", method, "--device", device,
+        "--batch-rows", str(batch_rows),
     ]  # fmt: skip
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), env.get("PYTHONPATH")])
-    )
-    with tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{err.read().decode()}")
-    return wall, usage.ru_maxrss * 1024  # Linux reports KiB
+    return run_cli(args, out.parent / f"hwm-{out.name}.txt")
 
 
-def baseline_rss() -> int:
-    """Peak RSS bytes of a process that only imports the solver (the interpreter)."""
-    code = "import solver.cli, solver.solve, solver.rls, solver.backend"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), env.get("PYTHONPATH")])
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
-    _, _, usage = os.wait4(proc.pid, 0)
-    return usage.ru_maxrss * 1024
+def baseline_rss(work: Path) -> int:
+    """Peak RSS bytes of `pal-solver --help` after importing the solver modules."""
+    return run_cli(["--help"], work / "hwm-baseline.txt")[1]
 
 
 def best_solve(repeat: int, *args: object) -> tuple[float, int]:
@@ -249,7 +263,8 @@ def floor(
     M = k.zeros_sym(width)
 
     def factor_and_solve(c: int) -> object:
-        M[...] = G
+        # cuSOLVER is handed the full symmetric matrix, LAPACK reads the lower half
+        M[...] = xp.tril(G) + xp.tril(G, -1).T if k.device == "cuda" else G
         M[xp.arange(width), xp.arange(width)] += ETA
         k.sync()
         start = time.perf_counter()
@@ -341,7 +356,7 @@ def main() -> None:
     X, y = np.concatenate(Xs), np.concatenate(ys)
     k = Kernels(a.device)
     warm_up(k)
-    base_rss = baseline_rss()
+    base_rss = baseline_rss(work)
     print(
         f"# solver bench: {platform.node()}, {os.cpu_count()} CPUs, device {a.device}"
         f"{' (' + gpu_name() + ')' if a.device == 'cuda' else ''}, "
