@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 from solver.errors import ShardError
+from solver.outputs import atomic_path
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 1024  # HDF5 chunk rows; (1024, D) float32 is 3 MB at D = 768
@@ -103,25 +104,22 @@ def write_test(path: str | Path, tasks: Mapping[int, Block], attrs: ShardAttrs) 
 
 
 def _atomic_write(path: Path, attrs: ShardAttrs, fill) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:
-        # track_order keeps attribute order stable; no timestamps are written
-        with h5py.File(tmp, "w", track_order=True) as f:
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["step"] = int(attrs.step)
-            f.attrs["classes_seen"] = int(attrs.classes_seen)
-            f.attrs["feature_dim"] = int(attrs.feature_dim)
-            for key in sorted(attrs.provenance):
-                value = attrs.provenance[key]
-                if not isinstance(value, (str, int, float)):
-                    value = json.dumps(value, sort_keys=True)
-                f.attrs[key] = value
-            fill(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        with atomic_path(path) as tmp:
+            # track_order keeps attribute order stable; no timestamps are written
+            with h5py.File(tmp, "w", track_order=True) as f:
+                f.attrs["format_version"] = FORMAT_VERSION
+                f.attrs["step"] = int(attrs.step)
+                f.attrs["classes_seen"] = int(attrs.classes_seen)
+                f.attrs["feature_dim"] = int(attrs.feature_dim)
+                for key in sorted(attrs.provenance):
+                    value = attrs.provenance[key]
+                    if not isinstance(value, (str, int, float)):
+                        value = json.dumps(value, sort_keys=True)
+                    f.attrs[key] = value
+                fill(f)
+    except OSError as exc:
+        raise ShardError(f"{path}: cannot write ({hdf5_reason(exc)})") from None
     return path
 
 
@@ -222,8 +220,9 @@ class BlockReader:
                         mc = m[start:stop]
                         bc = bp[start:stop] if bp is not None else None
                     except OSError as exc:
+                        reason = hdf5_reason(exc)
                         raise ShardError(
-                            f"{where}: unreadable rows {start}:{stop} ({_reason(exc)})"
+                            f"{where}: unreadable rows {start}:{stop} ({reason})"
                         ) from None
                     for name, arr in (("features", xc), ("bp_logits", bc)):
                         if arr is None:
@@ -259,7 +258,7 @@ class BlockReader:
                     ids = g["sample_ids"][()]
                 except OSError as exc:
                     raise ShardError(
-                        f"{path}: unreadable sample_ids ({_reason(exc)})"
+                        f"{path}: unreadable sample_ids ({hdf5_reason(exc)})"
                     ) from None
                 out.extend(s.decode() if isinstance(s, bytes) else str(s) for s in ids)
         return out
@@ -367,10 +366,10 @@ def _open(path: Path) -> h5py.File:
         reason = "truncated or not an HDF5 file"
         if os.path.getsize(path) == 0:
             reason = "empty file"
-        raise ShardError(f"{path}: {reason} ({_reason(exc)})") from None
+        raise ShardError(f"{path}: {reason} ({hdf5_reason(exc)})") from None
 
 
-def _reason(exc: BaseException) -> str:
+def hdf5_reason(exc: BaseException) -> str:
     """The innermost parenthesised reason of an HDF5 error, on one line."""
     text = " ".join(str(exc).split())
     return text.split("(")[-1].rstrip(")") if "(" in text else text
@@ -449,7 +448,7 @@ def _check_datasets(g: h5py.Group, where: str, dim: int, classes: int) -> int:
             labels, missing = g["labels"][()], g["missing"][()]
         except OSError as exc:
             raise ShardError(
-                f"{where}: unreadable labels/missing ({_reason(exc)})"
+                f"{where}: unreadable labels/missing ({hdf5_reason(exc)})"
             ) from None
         _check_values(labels, missing, classes, where)
     if "bp_logits" in g:

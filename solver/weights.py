@@ -25,7 +25,7 @@ import numpy as np
 
 from solver.errors import PalError
 from solver.outputs import temp_path
-from solver.shards import step_dir_name
+from solver.shards import hdf5_reason, step_dir_name
 
 FORMAT_VERSION = 1
 WEIGHTS_NAME = "weights.h5"
@@ -73,7 +73,9 @@ class WeightsWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file: h5py.File | None = h5py.File(self._tmp, "w", track_order=True)
         except OSError as exc:
-            raise WeightsError(f"{self.path}: cannot write ({_short(exc)})") from None
+            raise WeightsError(
+                f"{self.path}: cannot write ({hdf5_reason(exc)})"
+            ) from None
         a = self._file.attrs
         a["format_version"] = FORMAT_VERSION
         a["eta"] = float(info.eta)
@@ -130,7 +132,7 @@ class WeightsFile:
                 if self.path.stat().st_size == 0
                 else ("truncated or not an HDF5 file")
             )
-            raise WeightsError(f"{where}: {reason} ({_short(exc)})") from None
+            raise WeightsError(f"{where}: {reason} ({hdf5_reason(exc)})") from None
         with f:
             a = f.attrs
             for key in (*_ATTRS, "n_steps"):
@@ -171,7 +173,7 @@ class WeightsFile:
                 W = f[name][()]
         except OSError as exc:
             raise WeightsError(
-                f"{self.path}: unreadable {name} ({_short(exc)})"
+                f"{self.path}: unreadable {name} ({hdf5_reason(exc)})"
             ) from None
         if not np.isfinite(W).all():
             raise WeightsError(f"{self.path}: {name} holds NaN or Inf")
@@ -180,7 +182,3 @@ class WeightsFile:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _short(exc: Exception) -> str:
-    return str(exc).split("(")[-1].rstrip(")")
