@@ -11,8 +11,10 @@ On synthetic shards (default: D = 768, 20,000 training rows over 10 steps,
   and its triangular solves (the Cholesky taken on the final G + ηI);
 - the ratio solve / floor (target for gram: ≤ 1.3 on the 2-core CPU);
 - peak memory of each solve process (ru_maxrss from wait4) against the budget
-  2.5·d²·8 bytes + one chunk (batch_rows·d·8), and gram's peak with half the
-  rows, which must be the same (memory independent of the row count);
+  2.5·d²·8 bytes + one chunk (batch_rows·d·8), above the fixed size of a
+  solver process (interpreter, imports, BLAS buffers); and gram's peak for n
+  and n/2 rows at an equal chunk size (--mem-chunk rows), which must match:
+  memory does not grow with the row count;
 - the relative error (Frobenius) of the final W against the joint ridge
   solution computed here from all rows;
 - ACIL's reference update in this process: per batch of ≤ 4096 rows within a
@@ -89,8 +91,11 @@ import atexit, sys
 def _hwm(path=sys.argv[1]):
     with open("/proc/self/status") as f:
         kb = next(line.split()[1] for line in f if line.startswith("VmHWM"))
+    pool = 0  # CuPy's pool keeps what it ever held: about the peak on the GPU
+    if "cupy" in sys.modules:
+        pool = sys.modules["cupy"].get_default_memory_pool().total_bytes()
     with open(path, "w") as f:
-        f.write(kb)
+        f.write(f"{kb} {pool}")
 atexit.register(_hwm)
 sys.argv = ["pal-solver", *sys.argv[2:]]
 import solver.cli, solver.solve, solver.rls, solver.backend
@@ -113,7 +118,9 @@ def run_cli(args: list[str], hwm: Path) -> tuple[float, int]:
             err.seek(0)
             raise RuntimeError(f"pal-solver {' '.join(args)} failed:\n"
                                f"{err.read().decode()}")  # fmt: skip
-    return wall, int(hwm.read_text()) * 1024
+    kb, pool = hwm.read_text().split()
+    run_cli.gpu_pool_bytes = int(pool)  # the last run's, for the GPU table
+    return wall, int(kb) * 1024
 
 
 def run_solve(
@@ -141,12 +148,37 @@ def run_solve(
     return run_cli(args, out.parent / f"hwm-{out.name}.txt")
 
 
-def baseline_rss(work: Path) -> int:
-    """Peak RSS bytes of `pal-solver --help` after importing the solver modules."""
-    return run_cli(["--help"], work / "hwm-baseline.txt")[1]
+_BASELINE = """
+import numpy as np, solver.cli, solver.solve, solver.rls, solver.backend
+from scipy.linalg import blas, lapack
+a = np.random.default_rng(0).random((2048, 2048))
+a @ a  # NumPy's OpenBLAS and SciPy's each keep per-thread work buffers
+g = blas.dsyrk(1.0, a)
+g[np.arange(2048), np.arange(2048)] += 2048.0
+lapack.dpotrf(g)
+del a, g
+with open("/proc/self/status") as f:
+    print(next(line.split()[1] for line in f if line.startswith("VmRSS")))
+"""
+
+
+def baseline_rss() -> int:
+    """Fixed RSS bytes of a solver process: interpreter, imports, BLAS buffers.
+
+    Measured as the resident size after importing the solver and running one
+    GEMM, SYRK and Cholesky through both OpenBLAS copies, their arrays freed.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
+    out = subprocess.run([sys.executable, "-c", _BASELINE], env=env, check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    return int(out.split()[-1]) * 1024
 
 
 def best_solve(repeat: int, *args: object) -> tuple[float, int]:
+    """Best wall time and largest peak RSS over `repeat` runs."""
     runs = [run_solve(*args) for _ in range(repeat)]
     return min(r[0] for r in runs), max(r[1] for r in runs)
 
@@ -338,7 +370,9 @@ def main() -> None:
     ap.add_argument("--methods", default="gram,woodbury")
     ap.add_argument("--no-acil", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--no-half", action="store_true", help="skip the n/2 memory run")
+    ap.add_argument("--no-half", action="store_true", help="skip the n vs n/2 runs")
+    ap.add_argument("--mem-chunk", type=int, default=500,
+                    help="batch rows of the n vs n/2 memory runs")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run each")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--workdir", type=Path, help="keep shards and weights here")
@@ -356,14 +390,14 @@ def main() -> None:
     X, y = np.concatenate(Xs), np.concatenate(ys)
     k = Kernels(a.device)
     warm_up(k)
-    base_rss = baseline_rss(work)
+    base_rss = baseline_rss()
     print(
         f"# solver bench: {platform.node()}, {os.cpu_count()} CPUs, device {a.device}"
         f"{' (' + gpu_name() + ')' if a.device == 'cuda' else ''}, "
         f"n={len(y)} rows / {a.steps} steps, C={seen[-1]}, D={a.dim}, eta={ETA}, "
         f"batch_rows={a.batch_rows}, best of {a.repeat}, "
         f"load {os.getloadavg()[0]:.1f}, "
-        f"interpreter + imports RSS {base_rss / 2**20:.0f} MiB",
+        f"fixed RSS (interpreter, imports, BLAS buffers) {base_rss / 2**20:.0f} MiB",
         flush=True,
     )
     results = []
@@ -391,14 +425,17 @@ def main() -> None:
                 "peak_rss_bytes": rss,
                 "rss_over_budget": rss / budget,
                 "rel_err_vs_joint": rel(W, fl["W_joint"]),
+                "gpu_pool_bytes": run_cli.gpu_pool_bytes,
             }
             print(f"  d={width} {method}: {wall:.2f} s, floor {fl['floor_s']:.2f} s, "
                   f"peak {rss / 2**20:.0f} MiB", flush=True)  # fmt: skip
         if not a.no_half and "gram" in methods:
-            _, rss_half = run_solve(
-                half, out / "half", width, "gram", a.device, (ETA,), a.batch_rows
-            )
-            row["gram"]["peak_rss_half_rows_bytes"] = rss_half
+            for key, data in (("n", features), ("half", half)):
+                _, rss = run_solve(
+                    data, out / f"mem-{key}", width, "gram", a.device, (ETA,),
+                    a.mem_chunk,
+                )  # fmt: skip
+                row["gram"][f"peak_rss_{key}_rows_chunk{a.mem_chunk}_bytes"] = rss
         if not a.no_acil:
             runs = [
                 acil_reference(k, Xs, ys, seen, width) for _ in range(a.acil_repeat)
@@ -458,10 +495,15 @@ def print_table(results: list[dict], a: argparse.Namespace) -> None:
                 continue
             x = r[m]
             extra = (x["peak_rss_bytes"] - r["baseline_rss_bytes"]) / mib
-            peak = (f"{x['peak_rss_bytes'] / mib:.0f}, above imports {extra:.0f} "
+            peak = (f"{x['peak_rss_bytes'] / mib:.0f}, above fixed {extra:.0f} "
                     f"({r['budget_bytes'] / mib:.0f})")  # fmt: skip
-            if "peak_rss_half_rows_bytes" in x:
-                peak += f"; n/2 rows: {x['peak_rss_half_rows_bytes'] / mib:.0f}"
+            mem = [v for k, v in sorted(x.items()) if k.startswith("peak_rss_")
+                   and "_rows_chunk" in k]  # fmt: skip
+            if mem:  # sorted keys: half, then n
+                peak += (f"; chunk {a.mem_chunk}: n rows {mem[1] / mib:.0f}, "
+                         f"n/2 rows {mem[0] / mib:.0f}")  # fmt: skip
+            if x.get("gpu_pool_bytes"):
+                peak += f"; GPU pool {x['gpu_pool_bytes'] / mib:.0f}"
             print(f"| {r['width']} | {m} | {x['wall_s']:.2f} | {fl} | "
                   f"{x['ratio_to_floor']:.2f} | {peak} | "
                   f"{x['rel_err_vs_joint']:.1e} |")  # fmt: skip
