@@ -178,6 +178,7 @@ def _score_group(
                     if final:
                         _count_missing(bp, hit_bp, m)
                 bar.update(len(y))
+                del H  # before the next chunk's is made
             for j in range(len(members)):
                 rows[j][0].append(correct[j])
                 rows[j][1].append(block.n_rows)

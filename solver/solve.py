@@ -85,8 +85,8 @@ def solve(
             for shards in steps:
                 bar.set_postfix(step=shards.step)
                 for X, y, _, _ in shards.train.iter_chunks(params.batch_rows):
-                    H = expand(X)  # (r, d)
-                    rls.partial_fit(H, backend.asarray(y), shards.classes_seen)
+                    # H = expand(X): (r, d), freed before the next chunk's
+                    rls.partial_fit(expand(X), backend.asarray(y), shards.classes_seen)
                     bar.update(len(y))
                 for writer, W in zip(
                     writers, rls.weights(shards.classes_seen), strict=True
