@@ -65,6 +65,7 @@ FILLERS = (
 )  # fmt: skip
 PUNCTUATION = (".", ",", "!")
 
+MIN_CLASSES = 4  # two looks and two flavours at least, so that the chain closes
 MAX_CLASSES = 2 * len(FLAVOURS)
 
 
@@ -123,8 +124,10 @@ class DemoClass:
 
 def demo_classes(n_classes: int) -> list[DemoClass]:
     """The chained (look, flavour) classes described in the module docstring."""
-    if not 2 <= n_classes <= MAX_CLASSES:
-        raise ValueError(f"n_classes must lie in [2, {MAX_CLASSES}], got {n_classes}")
+    if not MIN_CLASSES <= n_classes <= MAX_CLASSES:
+        raise ValueError(
+            f"n_classes must lie in [{MIN_CLASSES}, {MAX_CLASSES}], got {n_classes}"
+        )
     n_groups = math.ceil(n_classes / 2)
     return [
         DemoClass(c, look_of(c // 2), ((c + 1) // 2) % n_groups)

@@ -19,7 +19,7 @@ class DemoParams:
     """`demo:` — the synthetic image–text dataset and tiny ViLT of `pal demo`."""
 
     seed: int = 0  # everything the demo draws comes from this seed
-    n_classes: int = 20  # classes of the demo dataset, 2..32
+    n_classes: int = 20  # classes of the demo dataset, 4..32
     train_per_class: int = 40  # training samples per class
     val_per_class: int = 0  # validation samples per class
     test_per_class: int = 20  # test samples per class
@@ -42,8 +42,8 @@ class DemoParams:
                     "pretrain_batch"):
             value = getattr(self, key)
             check(value > 0, f"demo.{key}", f"must be > 0, got {value}")
-        check(2 <= self.n_classes <= 32, "demo.n_classes",
-              f"must lie in [2, 32], got {self.n_classes}")
+        check(4 <= self.n_classes <= 32, "demo.n_classes",
+              f"must lie in [4, 32], got {self.n_classes}")
         check(self.val_per_class >= 0, "demo.val_per_class", "must be >= 0")
         check(self.pretrain_steps >= 0, "demo.pretrain_steps", "must be >= 0")
         check(self.pretrain_lr > 0, "demo.pretrain_lr", "must be > 0")

@@ -13,6 +13,10 @@ test), then id, with exactly the keys
     text        str; "" when there is none
     missing     int, 0 complete, 1 text missing, 2 image missing
 
+`image` and `text` say what the dataset has; `missing` says what the model may
+see: a consumer replaces the missing modality by its dummy (empty text, white
+image) whatever the row holds. Only a naturally absent modality is null / "".
+
 `tasks.json`:
     class_order      class names by label
     tasks            per task: `task`, `labels`, `classes`, and `counts` per split:
@@ -219,9 +223,9 @@ def write_outputs(rows: list[dict], doc: dict, out: str | Path) -> None:
     """Write samples.jsonl and tasks.json into `out`, each via a temp file + rename."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({k: r[k] for k in KEYS}, ensure_ascii=False) for r in rows]
+    encode = json.JSONEncoder(ensure_ascii=False).encode  # one encoder for all rows
     files = {
-        "samples.jsonl": "".join(line + "\n" for line in lines),
+        "samples.jsonl": "".join(encode({k: r[k] for k in KEYS}) + "\n" for r in rows),
         "tasks.json": json.dumps(doc, indent=2, ensure_ascii=False) + "\n",
     }
     tmps = {}

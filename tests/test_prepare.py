@@ -1,0 +1,333 @@
+"""`pal prepare` end to end on fake trees: files, counts, determinism, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from test_readers import (
+    SMALLEST,
+    TEST,
+    TRAIN,
+    VAL,
+    make_food101_split_json,
+    make_food101_titles_csv,
+    make_n24news,
+)
+
+from pipeline.cli import main
+
+KEYS = ["id", "split", "task", "label", "class_name", "image", "text", "missing"]
+
+
+def run_prepare(tmp_path: Path, out: Path, **data):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"data": data}))
+    return CliRunner().invoke(
+        main, ["prepare", "--params", str(params), "--out", str(out)]
+    )
+
+
+def read_out(out: Path):
+    rows = [
+        json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()
+    ]
+    return rows, json.loads((out / "tasks.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def food_a(tmp_path_factory) -> Path:
+    return make_food101_split_json(tmp_path_factory.mktemp("food_a"))
+
+
+def test_food101_outputs(tmp_path, food_a):
+    out = tmp_path / "out"
+    r = run_prepare(
+        tmp_path,
+        out,
+        dataset="food101",
+        root=str(food_a),
+        tasks=10,
+        missing_type="both",
+        missing_rate=0.7,
+    )
+    assert r.exit_code == 0, r.output
+    rows, doc = read_out(out)
+    assert all(list(row) == KEYS for row in rows)
+    assert len(rows) == 100 * (TRAIN + VAL + TEST)
+    assert len({row["id"] for row in rows}) == len(rows)
+    assert len(doc["class_order"]) == 100 and SMALLEST not in doc["class_order"]
+    assert doc["dropped_classes"] == [SMALLEST]
+    assert doc["data"]["root"] == str(food_a) and doc["data"]["tasks"] == 10
+    # contiguous label ranges per task, labels follow the class order
+    for t in doc["tasks"]:
+        k = t["task"]
+        assert t["labels"] == list(range(10 * (k - 1), 10 * k))
+        assert t["classes"] == doc["class_order"][10 * (k - 1) : 10 * k]
+    for row in rows:
+        assert row["task"] == row["label"] // 10 + 1
+        assert doc["class_order"][row["label"]] == row["class_name"]
+    # rows ordered by task, split, id
+    split_rank = {"train": 0, "val": 1, "test": 2}
+    keys = [(row["task"], split_rank[row["split"]], row["id"]) for row in rows]
+    assert keys == sorted(keys)
+    # per (task, split): 30 train, 10 val, 20 test; int(n*0.7) missing, half image
+    for t in doc["tasks"]:
+        for split, n in (("train", 10 * TRAIN), ("val", 10 * VAL), ("test", 10 * TEST)):
+            m = int(n * 0.7)
+            expected = [n - m, m - m // 2, m // 2]
+            assert t["counts"][split] == {"total": n, "by_missing": expected}
+            got = Counter(
+                row["missing"]
+                for row in rows
+                if row["task"] == t["task"] and row["split"] == split
+            )
+            assert [got[c] for c in range(3)] == expected
+
+
+@pytest.mark.parametrize(
+    ("mtype", "rate", "test_type", "test_rate"),
+    [
+        ("text", 0.3, None, None),
+        ("image", 0.5, None, None),
+        ("both", 1.0, None, None),
+        ("none", 0.7, None, None),
+        ("both", 0.7, "image", 0.9),
+        ("text", 0.4, None, 0.0),
+    ],
+)
+def test_exact_missing_counts(tmp_path, food_a, mtype, rate, test_type, test_rate):
+    out = tmp_path / "out"
+    extra = {}
+    if test_type is not None:
+        extra["test_missing_type"] = test_type
+    if test_rate is not None:
+        extra["test_missing_rate"] = test_rate
+    r = run_prepare(
+        tmp_path,
+        out,
+        dataset="food101",
+        root=str(food_a),
+        tasks=5,
+        missing_type=mtype,
+        missing_rate=rate,
+        **extra,
+    )
+    assert r.exit_code == 0, r.output
+    rows, doc = read_out(out)
+    for t in doc["tasks"]:
+        for split, per_class in (("train", TRAIN), ("val", VAL), ("test", TEST)):
+            n = 20 * per_class
+            typ = (test_type or mtype) if split == "test" else mtype
+            rt = test_rate if (split == "test" and test_rate is not None) else rate
+            m = 0 if typ == "none" else int(n * rt)
+            expected = {
+                "none": [n, 0, 0],
+                "text": [n - m, m, 0],
+                "image": [n - m, 0, m],
+                "both": [n - m, m - m // 2, m // 2],
+            }[typ]
+            got = Counter(
+                row["missing"]
+                for row in rows
+                if row["task"] == t["task"] and row["split"] == split
+            )
+            assert [got[c] for c in range(3)] == expected
+            assert t["counts"][split]["by_missing"] == expected
+
+
+def test_same_params_same_bytes_other_seed_other_tables(tmp_path, food_a):
+    args = dict(dataset="food101", root=str(food_a), tasks=4, missing_rate=0.5)
+    for name in ("a", "b"):
+        assert run_prepare(tmp_path, tmp_path / name, **args).exit_code == 0
+    for f in ("samples.jsonl", "tasks.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    assert run_prepare(tmp_path, tmp_path / "c", seed=1, **args).exit_code == 0
+    rows_a, doc_a = read_out(tmp_path / "a")
+    rows_c, doc_c = read_out(tmp_path / "c")
+    assert doc_a["class_order"] == doc_c["class_order"]  # seed moves only the tables
+    assert [r["missing"] for r in rows_a] != [r["missing"] for r in rows_c]
+    assert [t["counts"] for t in doc_a["tasks"]] == [
+        t["counts"] for t in doc_c["tasks"]
+    ]
+    assert (
+        run_prepare(tmp_path, tmp_path / "d", class_order_seed=1, **args).exit_code == 0
+    )
+    assert read_out(tmp_path / "d")[1]["class_order"] != doc_a["class_order"]
+
+
+def test_titles_csv_layout(tmp_path):
+    root = make_food101_titles_csv(tmp_path / "food_b")
+    out = tmp_path / "out"
+    r = run_prepare(tmp_path, out, dataset="food101", root=str(root), tasks=10)
+    assert r.exit_code == 0, r.output
+    rows, doc = read_out(out)
+    assert len(rows) == 100 * (TRAIN + TEST)
+    assert all(
+        t["counts"]["val"] == {"total": 0, "by_missing": [0, 0, 0]}
+        for t in doc["tasks"]
+    )
+
+
+def test_n24news(tmp_path):
+    root = make_n24news(tmp_path / "n24")
+    out = tmp_path / "out"
+    r = run_prepare(
+        tmp_path,
+        out,
+        dataset="n24news",
+        root=str(root),
+        tasks=6,
+        text_field="headline+caption",
+        missing_type="text",
+        missing_rate=0.5,
+    )
+    assert r.exit_code == 0, r.output
+    rows, doc = read_out(out)
+    assert len(doc["class_order"]) == 24 and len(doc["tasks"]) == 6
+    assert all(len(t["labels"]) == 4 for t in doc["tasks"])
+    # 4 classes per task: train 16, val 4, test 8 samples
+    assert [
+        doc["tasks"][0]["counts"][s]["total"] for s in ("train", "val", "test")
+    ] == [16, 4, 8]
+    # the table only marks text missing; the row still says what the dataset has
+    assert all(r["text"].startswith("head ") for r in rows if r["missing"] == 1)
+    complete = next(r for r in rows if r["missing"] == 0)
+    image_id = complete["id"].split("/")[1]
+    assert complete["text"] == f"head {image_id} cap {image_id}"
+
+
+def test_absent_image_kept_as_missing(tmp_path):
+    root = make_food101_split_json(tmp_path / "food", no_text=("dish_003_0.jpg",))
+    (root / "images" / "test" / "dish_005" / "dish_005_4.jpg").unlink()
+    out = tmp_path / "out"
+    r = run_prepare(
+        tmp_path, out, dataset="food101", root=str(root), tasks=10, missing_type="none"
+    )
+    assert r.exit_code == 0, r.output
+    assert (
+        "1 samples have no image file, kept as missing it (first: test/dish_005_4.jpg)"
+        in (r.output)
+    )
+    rows, doc = read_out(out)
+    by_id = {row["id"]: row for row in rows}
+    assert by_id["test/dish_005_4.jpg"]["missing"] == 2
+    assert by_id["test/dish_005_4.jpg"]["image"] is None
+    assert by_id["train/dish_003_0.jpg"]["missing"] == 1
+    assert by_id["train/dish_003_0.jpg"]["text"] == ""
+    assert doc["absent"]["image"] == {"count": 1, "first_ids": ["test/dish_005_4.jpg"]}
+    assert doc["absent"]["text"] == {"count": 1, "first_ids": ["train/dish_003_0.jpg"]}
+    assert sum(row["missing"] != 0 for row in rows) == 2  # type none adds nothing
+
+
+def _earlier_output(tmp_path: Path, root: Path) -> tuple[Path, dict[str, bytes]]:
+    out = tmp_path / "out"
+    r = run_prepare(tmp_path, out, dataset="food101", root=str(root), tasks=10)
+    assert r.exit_code == 0, r.output
+    return out, {f: (out / f).read_bytes() for f in ("samples.jsonl", "tasks.json")}
+
+
+def _assert_clean_failure(r, match: str, out: Path, before: dict[str, bytes]) -> None:
+    assert r.exit_code == 1, r.output
+    assert "Traceback" not in r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith("Error: ")
+    assert match in last, last
+    assert {f: (out / f).read_bytes() for f in before} == before
+    assert sorted(p.name for p in out.iterdir()) == ["samples.jsonl", "tasks.json"]
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (
+            {"root": "{tmp}/nowhere"},
+            "data.root: dataset folder {tmp}/nowhere not found",
+        ),
+        ({"tasks": 3}, "data.tasks: 3 does not divide the 100 classes evenly"),
+        ({"missing_rate": 1.5}, "data.missing_rate must lie in [0, 1], got 1.5"),
+        (
+            {"test_missing_rate": -0.1},
+            "data.test_missing_rate must lie in [0, 1], got -0.1",
+        ),
+        ({"missing_type": "audio"}, "data.missing_type must be one of"),
+        (
+            {"dataset": "imagenet"},
+            "data.dataset must be one of 'demo', 'food101', 'n24news'",
+        ),
+        ({"text_field": "title"}, "data.text_field must be one of headline"),
+        ({"tasks": 0}, "data.tasks must be > 0, got 0"),
+        ({"colour": 1}, "unknown key 'data.colour'"),
+    ],
+)
+def test_bad_params(tmp_path, food_a, data, match):
+    out, before = _earlier_output(tmp_path, food_a)
+    args = {"dataset": "food101", "root": str(food_a), "tasks": 10}
+    args.update(
+        {
+            k: v.format(tmp=tmp_path) if isinstance(v, str) else v
+            for k, v in data.items()
+        }
+    )
+    r = run_prepare(tmp_path, out, **args)
+    _assert_clean_failure(r, match.format(tmp=tmp_path), out, before)
+
+
+def test_bad_files(tmp_path):
+    root = make_food101_split_json(tmp_path / "food")
+    out, before = _earlier_output(tmp_path, root)
+    args = {"dataset": "food101", "root": str(root), "tasks": 10}
+
+    text = (root / "text.json").read_text()
+    (root / "text.json").write_text(text[:-5])
+    _assert_clean_failure(
+        run_prepare(tmp_path, out, **args),
+        "text.json: malformed JSON at line 1",
+        out,
+        before,
+    )
+    (root / "text.json").write_text(text)
+
+    (root / "images" / "train" / "dish_009" / "dish_009_1.jpg").unlink()
+    r = run_prepare(tmp_path, out, absent="reject", **args)
+    _assert_clean_failure(
+        r,
+        "1 samples have no image file (first: train/dish_009_1.jpg); "
+        "set data.absent: missing",
+        out,
+        before,
+    )
+
+    csv_root = make_food101_titles_csv(tmp_path / "food_b")
+    with (csv_root / "texts" / "train_titles.csv").open("a") as f:
+        f.write("x_1.jpg,a dish,pizza\n")
+    r = run_prepare(tmp_path, out, dataset="food101", root=str(csv_root), tasks=10)
+    _assert_clean_failure(
+        r, "unknown class 'pizza' (no folder images/train/pizza)", out, before
+    )
+
+
+def test_prepare_does_not_import_torch(tmp_path, food_a):
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        yaml.safe_dump(
+            {"data": {"dataset": "food101", "root": str(food_a), "tasks": 10}}
+        )
+    )
+    code = (
+        "import sys\n"
+        "from pipeline.params import load\n"
+        "from pipeline.prepare import prepare, write_outputs\n"
+        f"rows, doc = prepare(load({str(params)!r}, 'data'))\n"
+        f"write_outputs(rows, doc, {str(tmp_path / 'out')!r})\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert 'transformers' not in sys.modules, 'transformers imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert (tmp_path / "out" / "samples.jsonl").exists()
