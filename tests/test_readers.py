@@ -315,3 +315,51 @@ def test_file_index_lists_each_folder_once(tmp_path, monkeypatch):
     assert [index.exists(f"a/{i}.jpg") for i in range(6)] == [True] * 5 + [False]
     assert not index.exists("b/0.jpg")
     assert len(calls) == 2
+
+
+def _demo_manifest(root: Path, samples: list[dict]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    classes = [{"name": "a"}, {"name": "b"}]
+    doc = {"format": "pal-demo", "version": 1, "classes": classes, "samples": samples}
+    (root / "captions.json").write_text(json.dumps(doc))
+    return root
+
+
+def test_demo_reader(tmp_path):
+    rows = [
+        {
+            "id": "t1",
+            "split": "train",
+            "class_name": "b",
+            "image": "i/t1.png",
+            "text": "x",
+        },
+        {"id": "t2", "split": "test", "class_name": "a", "image": None, "text": "y"},
+    ]
+    listing = _read("demo", _demo_manifest(tmp_path, rows))
+    assert listing.classes == ["a", "b"]
+    assert [(s.id, s.split, s.class_name, s.image) for s in listing.samples] == [
+        ("t1", "train", "b", "i/t1.png"),
+        ("t2", "test", "a", None),
+    ]
+
+
+def test_demo_reader_errors(tmp_path):
+    with pytest.raises(DatasetError, match=r"not found \(`pal demo` makes it\)"):
+        _read("demo", tmp_path / "nowhere")
+    bad = [
+        {"id": "t1", "split": "train", "class_name": "c", "image": None, "text": "x"}
+    ]
+    with pytest.raises(
+        DatasetError, match=r"captions.json: samples\[0\] has unknown class 'c'"
+    ):
+        _read("demo", _demo_manifest(tmp_path / "u", bad))
+    bad[0].update(class_name="a", split="dev")
+    with pytest.raises(
+        DatasetError, match=r"samples\[0\] has split 'dev', expected train"
+    ):
+        _read("demo", _demo_manifest(tmp_path / "s", bad))
+    (tmp_path / "j").mkdir()
+    (tmp_path / "j" / "captions.json").write_text("[1, 2")
+    with pytest.raises(DatasetError, match=r"captions.json: malformed JSON at line 1"):
+        _read("demo", tmp_path / "j")

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from pipeline.datasets.base import (
     SPLITS,
+    DatasetError,
     Listing,
     RawSample,
     expect,
     read_json,
-    require_root,
 )
 
 FORMAT = "pal-demo"
@@ -18,7 +18,10 @@ FORMAT = "pal-demo"
 
 def read(root: Path) -> Listing:
     """List the demo's samples; see `pipeline.demo` for the file layout."""
-    require_root(root)
+    if not root.is_dir():
+        raise DatasetError(
+            f"data.root: dataset folder {root} not found (`pal demo` makes it)"
+        )
     path = root / "captions.json"
     doc = read_json(path)
     expect(
