@@ -36,7 +36,7 @@ from solver.errors import PalError
 
 log = logging.getLogger(__name__)
 
-VILT_TEXT_POSITIONS = 40  # ViLT's pre-trained text position table
+SMALL_MODEL_WIDTH = 256  # CPU: below this hidden size, run single-threaded
 
 
 class BackboneError(PalError):
@@ -109,6 +109,10 @@ class Backbone(nn.Module):
             self.fused_attention = True
         else:
             self.to(device=device)
+            # Small matrices gain nothing from threads, and spinning OpenMP
+            # threads slow down badly when other processes share the cores.
+            if self.hidden_size < SMALL_MODEL_WIDTH:
+                torch.set_num_threads(1)
         return self
 
     def embed(

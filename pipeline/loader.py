@@ -8,8 +8,9 @@ workers. Missing text → the empty string; missing image → an all-white image
 1.0 after ViLT's normalisation, of `image_side`² pixels (DESIGN §5).
 
 `Collate` pads images to the batch's largest height/width (with `pixel_mask`)
-and, for training, appends the text-dropped and image-dropped copies of the
-batch's complete samples. An unreadable image does not raise inside a worker
+and texts to the batch's longest (at most `max_text_len`) and, for training,
+appends the text-dropped and image-dropped copies of the batch's complete
+samples. An unreadable image does not raise inside a worker
 (that would print a multi-line traceback); the batch becomes the error line,
 which `model.check_batch` raises in the main process.
 """
@@ -283,9 +284,13 @@ class Collate:
             + [self.empty_mask] * c
             + [items[i]["attention_mask"] for i in comp]
         )
+        ids, am = torch.stack(ids), torch.stack(am)
+        # pad text only to the batch's longest: padded keys are masked, so this
+        # changes nothing but float noise, and saves most of the text tokens
+        T = int(am.sum(1).max())
         return Batch(
-            input_ids=torch.stack(ids),
-            attention_mask=torch.stack(am),
+            input_ids=ids[:, :T].contiguous(),
+            attention_mask=am[:, :T].contiguous(),
             pixel_values=pixel_values,
             pixel_mask=pixel_mask,
             index=torch.tensor([it["index"] for it in items]),

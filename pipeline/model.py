@@ -38,6 +38,7 @@ from pipeline.backbone import Backbone
 from pipeline.params import ModelParams, PromptParams, TuneParams
 from pipeline.prompts import Prompts, check_prompt_params
 from solver.errors import PalError
+from solver.shards import step_dir_name
 
 CHECKPOINT_FORMAT = 1
 
@@ -375,6 +376,11 @@ def check_batch(batch: Any) -> None:
 
 
 # ---------------------------------------------------------------- checkpoints
+
+
+def checkpoint_path(tune_dir: str | Path, step: int) -> Path:
+    """`<tune_dir>/step_XX.pt`."""
+    return Path(tune_dir) / f"{step_dir_name(step)}.pt"
 
 
 def params_record(

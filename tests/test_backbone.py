@@ -1,5 +1,7 @@
 """The prompt-aware ViLT loop: equality with HF, prompt insertion, loading errors."""
 
+# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
+
 import json
 
 import numpy as np
@@ -35,7 +37,7 @@ def _inputs(backbone, texts, sizes):
 
 
 @pytest.fixture(scope="module")
-def backbone(tiny_vilt):  # noqa: F811
+def backbone(tiny_vilt):
     return load_backbone(str(tiny_vilt), 12)
 
 
@@ -112,7 +114,7 @@ def test_input_prompts_keep_the_output_layout(backbone):
     assert all(p.grad is None for p in backbone.parameters())
 
 
-def test_long_text_interpolates_positions(tiny_vilt):  # noqa: F811
+def test_long_text_interpolates_positions(tiny_vilt):
     backbone = load_backbone(str(tiny_vilt), 50)
     table = backbone.vilt.embeddings.text_embeddings.position_embeddings.weight
     assert table.shape == (50, 32)

@@ -203,3 +203,22 @@ def tiny_vilt(tmp_path_factory) -> Path:
 def tiny_prepare(tmp_path_factory) -> Path:
     """A prepare folder: 3 tasks × 2 classes, 6 train + 3 test per class."""
     return make_prepare(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def tuned(tmp_path_factory, tiny_vilt, tiny_prepare):
+    """(params file, prepare folder, tune folder) of one complete `tune` run."""
+    from pipeline import params as pparams
+    from pipeline.tune import tune
+
+    folder = tmp_path_factory.mktemp("tuned")
+    params = write_params(folder / "params.yaml", tiny_vilt)
+    load = pparams.load
+    tune(
+        tiny_prepare,
+        folder / "tune",
+        load(params, "model"),
+        load(params, "prompt"),
+        load(params, "tune"),
+    )
+    return params, tiny_prepare, folder / "tune"

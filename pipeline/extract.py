@@ -1,0 +1,354 @@
+"""`pal extract`: dump prompted joint embeddings into feature shards (DESIGN §3).
+
+For each step k, step k's model is rebuilt from `step_XX.pt` and run over
+task k's training samples (`step_XX/train.h5`) and the test samples of tasks
+1..k (`step_XX/test.h5`, one group per task, with `bp_logits` (n, C_k): the BP
+head's logits over the classes seen). Shards go through `solver.shards`, so
+they are validated and renamed into place atomically.
+
+Deterministic: ViLT draws the patch order from torch's RNG, so the RNG is
+reseeded before every batch; the same checkpoint and samples give the same
+bytes. A step whose shards exist and carry the same `extract_key` (checkpoint
+hash, samples.jsonl hash, stored dtype, part layout) is skipped.
+
+Several GPUs: run under `torchrun --nproc-per-node N`; rank r takes the r-th
+contiguous share of every block and writes `train-0000r.h5` / `test-0000r.h5`.
+
+Reads params `extract` (and the params recorded in the checkpoints).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+import h5py
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from pipeline import params as pparams
+from pipeline.backbone import Backbone, autocast, load_backbone, resolve_device
+from pipeline.loader import (
+    Sample,
+    SampleDataset,
+    Tasks,
+    make_loader,
+    read_prepare,
+    select,
+)
+from pipeline.model import (
+    CheckpointError,
+    PalModel,
+    check_batch,
+    checkpoint_path,
+    load_checkpoint,
+    model_from_checkpoint,
+    params_diff,
+)
+from solver.cliutil import clean_errors, params_option
+from solver.errors import PalError
+from solver.shards import Block, ShardAttrs, step_dir_name, write_test, write_train
+
+log = logging.getLogger(__name__)
+
+KEY_VERSION = 1  # bump when the extraction arithmetic changes
+
+
+def parse_steps(text: str | None, n_tasks: int) -> list[int]:
+    """`None`/"all" → 1..K; "2" / "1,3" / "2-4" → those steps (checked)."""
+    if text is None or text.strip() == "all":
+        return list(range(1, n_tasks + 1))
+    steps: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            steps.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise PalError(f"--steps {text!r}: expected e.g. 2, 1,3 or 2-4") from None
+    bad = [s for s in sorted(steps) if not 1 <= s <= n_tasks]
+    if bad or not steps:
+        raise PalError(f"--steps {text!r}: steps must lie in 1..{n_tasks}")
+    return sorted(steps)
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment, (0, 1) otherwise."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def extract(
+    prepare_dir: str | Path,
+    tune_dir: str | Path,
+    out_dir: str | Path,
+    params: pparams.ExtractParams,
+    steps: Sequence[int] | str | None = None,
+) -> list[Path]:
+    """Write the shards of `steps` (default: all; a string as for `--steps`);
+    returns the step folders."""
+    samples, tasks = read_prepare(prepare_dir)
+    samples_hash = _file_hash(Path(prepare_dir) / "samples.jsonl")
+    if steps is None or isinstance(steps, str):
+        steps = parse_steps(steps, tasks.n_tasks)
+    rank, world = rank_and_world()
+    device = resolve_device(params.device, "extract.device")
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    tune_dir, out = Path(tune_dir), Path(out_dir)
+    first = load_checkpoint(checkpoint_path(tune_dir, 1))
+    backbone: Backbone | None = None
+    folders = []
+    for step in steps:
+        path = checkpoint_path(tune_dir, step)
+        ckpt = first if step == 1 else load_checkpoint(path)
+        _check_checkpoint(path, ckpt, step, tasks, first)
+        key = _extract_key(ckpt["hash"], samples_hash, params.dtype, world)
+        folder = out / step_dir_name(step)
+        names = _shard_names(world, rank)
+        folders.append(folder)
+        if all(_has_key(folder / n, key) for n in names):
+            log.info(
+                "%s: up to date (checkpoint %s), skipped", folder, ckpt["hash"][:12]
+            )
+            continue
+        if backbone is None:
+            m = ckpt["params"]["model"]
+            backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
+        model = model_from_checkpoint(ckpt, backbone)
+        _extract_step(
+            model,
+            step,
+            samples,
+            tasks,
+            params,
+            folder,
+            names,
+            _provenance(ckpt, key, samples_hash, params),
+            rank,
+            world,
+        )
+        if rank == 0:
+            _remove_stale(folder, world)
+    return folders
+
+
+def _check_checkpoint(
+    path: Path, ckpt: dict, step: int, tasks: Tasks, first: dict
+) -> None:
+    if ckpt["step"] != step:
+        raise CheckpointError(f"{path}: holds step {ckpt['step']}, expected {step}")
+    if ckpt["tasks"] != tasks.record():
+        raise CheckpointError(
+            f"{path}: checkpoint from other data (its class order or "
+            "task split differs from tasks.json); rerun `pal tune`"
+        )
+    diff = params_diff(ckpt["params"], first["params"])
+    if diff is not None:
+        raise CheckpointError(
+            f"{path}: checkpoint from other params than "
+            f"{checkpoint_path(path.parent, 1)} ({diff}); rerun "
+            "`pal tune`"
+        )
+
+
+def _extract_key(ckpt_hash: str, samples_hash: str, dtype: str, world: int) -> str:
+    text = json.dumps([KEY_VERSION, ckpt_hash, samples_hash, dtype, world])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _file_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _shard_names(world: int, rank: int) -> tuple[str, str]:
+    if world == 1:
+        return "train.h5", "test.h5"
+    return f"train-{rank:05d}.h5", f"test-{rank:05d}.h5"
+
+
+def _has_key(path: Path, key: str) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        with h5py.File(path, "r") as f:
+            return f.attrs.get("extract_key") == key
+    except OSError:
+        return False
+
+
+def _remove_stale(folder: Path, world: int) -> None:
+    """Drop files of another part layout, so readers see one layout only."""
+    for split in ("train", "test"):
+        if world > 1:
+            (folder / f"{split}.h5").unlink(missing_ok=True)
+        for part in folder.glob(f"{split}-[0-9][0-9][0-9][0-9][0-9].h5"):
+            if world == 1 or int(part.stem.split("-")[1]) >= world:
+                part.unlink()
+
+
+def _provenance(
+    ckpt: dict, key: str, samples_hash: str, params: pparams.ExtractParams
+) -> dict[str, str | int | float]:
+    return {
+        "backbone": ckpt["params"]["model"]["backbone"],
+        "checkpoint_hash": ckpt["hash"],
+        "extract_key": key,
+        "feature": "prompted text CLS after the final LayerNorm",
+        "params": json.dumps(ckpt["params"], sort_keys=True),
+        "samples_sha256": samples_hash,
+        "stored_dtype": params.dtype,
+    }
+
+
+def _share(items: list, rank: int, world: int) -> list:
+    n = len(items)
+    return items[rank * n // world : (rank + 1) * n // world]
+
+
+def _extract_step(
+    model: PalModel,
+    step: int,
+    samples: list[Sample],
+    tasks: Tasks,
+    params: pparams.ExtractParams,
+    folder: Path,
+    names: tuple[str, str],
+    provenance: dict,
+    rank: int,
+    world: int,
+) -> None:
+    train = _share(select(samples, "train", [step]), rank, world)
+    test = {
+        t: _share(select(samples, "test", [t]), rank, world) for t in range(1, step + 1)
+    }
+    every = train + [s for t in range(1, step + 1) for s in test[t]]
+    x, logits = embed_samples(model, every, tasks, params, f"step {step}")
+    x = x.astype(params.dtype)
+    classes_seen = sum(tasks.classes_per_task[:step])
+    attrs = ShardAttrs(
+        step=step,
+        classes_seen=classes_seen,
+        feature_dim=x.shape[1],
+        provenance=provenance,
+    )
+
+    def block(lo: int, hi: int, part: list[Sample], with_logits: bool) -> Block:
+        return Block(
+            features=np.ascontiguousarray(x[lo:hi]),
+            labels=np.array([s.label for s in part], dtype=np.int64),
+            missing=np.array([s.missing for s in part], dtype=np.int8),
+            sample_ids=[s.id for s in part],
+            bp_logits=np.ascontiguousarray(logits[lo:hi]) if with_logits else None,
+        )
+
+    write_train(folder / names[0], block(0, len(train), train, False), attrs)
+    groups, lo = {}, len(train)
+    for t in range(1, step + 1):
+        groups[t] = block(lo, lo + len(test[t]), test[t], True)
+        lo += len(test[t])
+    write_test(folder / names[1], groups, attrs)
+    log.info(
+        "%s: %d train, %d test samples (classes seen %d)",
+        folder,
+        len(train),
+        lo - len(train),
+        classes_seen,
+    )
+
+
+def embed_samples(
+    model: PalModel,
+    samples: list[Sample],
+    tasks: Tasks,
+    params: pparams.ExtractParams,
+    desc: str = "extract",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Joint embeddings (n, D) float32 and head logits (n, C_k) float32."""
+    backbone = model.backbone
+    D, C = backbone.hidden_size, sum(model.classes_per_task[: model.step])
+    if not samples:
+        return np.zeros((0, D), np.float32), np.zeros((0, C), np.float32)
+    device = backbone.device
+    dataset = SampleDataset(
+        samples,
+        tasks.root,
+        backbone.processor,
+        backbone.max_text_len,
+        backbone.image_side,
+    )
+    loader = make_loader(
+        dataset, params.batch_size, num_workers=params.num_workers, device=device
+    )
+    xs, ls = [], []
+    with (
+        torch.inference_mode(),
+        autocast(device),
+        tqdm(
+            total=len(dataset), desc=desc, unit="sample", disable=None, leave=False
+        ) as bar,
+    ):
+        for b, batch in enumerate(loader):
+            check_batch(batch)
+            torch.manual_seed(b)  # ViLT's patch order: same batch, same bytes
+            x, logits = model.features(batch)
+            xs.append(x.float())
+            ls.append(logits.float())
+            bar.update(batch.n)
+    return torch.cat(xs).cpu().numpy(), torch.cat(ls).cpu().numpy()
+
+
+@click.command("extract")
+@params_option
+@click.option(
+    "--prepare",
+    "prepare_dir",
+    default="data/prepare",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder written by `pal prepare`.",
+)
+@click.option(
+    "--tune",
+    "tune_dir",
+    default="data/tune",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder written by `pal tune`.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="data/extract",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for step_XX/{train,test}.h5.",
+)
+@click.option(
+    "--steps",
+    default=None,
+    metavar="LIST",
+    help="Only these steps, e.g. 2, 1,3 or 2-4 (default: all).",
+)
+@clean_errors
+def cli(
+    params_file: str, prepare_dir: str, tune_dir: str, out_dir: str, steps: str | None
+) -> None:
+    """Dump prompted joint embeddings into HDF5 feature shards.
+
+    Step k's checkpoint embeds task k's training samples (step_XX/train.h5)
+    and the test samples of tasks 1..k (step_XX/test.h5, with the BP head's
+    logits over the classes seen). Steps whose shards already match their
+    checkpoint are skipped. Reads params section extract; under torchrun each
+    rank writes its own part files.
+    """
+    params = pparams.load(params_file, "extract")
+    extract(prepare_dir, tune_dir, out_dir, params, steps)

@@ -1,0 +1,349 @@
+"""`pal tune`: train the prompt pools and the BP head task by task (DESIGN §5).
+
+For k = 1..K: add task k's prompt slices (Gram–Schmidt init, earlier slices
+frozen) and head rows, cache the frozen queries of task k's training samples
+and of their reconstruction copies, then train with AdamW (betas 0.9/0.98,
+linear warm-up then cosine decay over the task's steps) on
+CE(task k's classes) + λ·L_r. After each task, `step_XX.pt` is written
+atomically with everything needed to rebuild step k's model; a rerun resumes
+after the last complete step with the same result as an uninterrupted run
+(every task reseeds its own RNG streams).
+
+Reads params `model`, `prompt`, `tune` and the task split from tasks.json.
+Writes `<out>/step_XX.pt` and `<out>/log.jsonl` (one line per task and epoch:
+loss parts, train accuracy, and `seconds` — the only field that differs
+between identical runs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import torch
+from tqdm import tqdm
+
+from pipeline import params as pparams
+from pipeline.backbone import autocast, load_backbone, resolve_device
+from pipeline.loader import SampleDataset, Tasks, make_loader, read_prepare, select
+from pipeline.model import (
+    Batch,
+    CheckpointError,
+    PalModel,
+    build_cache,
+    check_batch,
+    checkpoint_path,
+    load_checkpoint,
+    params_diff,
+    params_record,
+    save_checkpoint,
+)
+from solver.cliutil import clean_errors, params_option
+
+log = logging.getLogger(__name__)
+
+BETAS = (0.9, 0.98)
+CACHE_BATCH = 64  # samples per batch of the frozen query pass
+
+
+def task_seed(seed: int, task: int) -> int:
+    """The seed of task `task`'s RNG streams (init, batch order, patch order)."""
+    return seed * 1_000_003 + task
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def tune(
+    prepare_dir: str | Path,
+    out_dir: str | Path,
+    model_p: pparams.ModelParams,
+    prompt_p: pparams.PromptParams,
+    tune_p: pparams.TuneParams,
+    fresh: bool = False,
+) -> list[Path]:
+    """Run prompt tuning for all tasks; returns the checkpoint paths."""
+    samples, tasks = read_prepare(prepare_dir)
+    out = Path(out_dir)
+    record = params_record(model_p, prompt_p, tune_p, tasks.n_tasks)
+    device = resolve_device(tune_p.device, "tune.device")
+    backbone = load_backbone(model_p.backbone, model_p.max_text_len).place(device)
+    model = PalModel(backbone, prompt_p, tasks.classes_per_task).to(device)
+    if fresh:
+        for k in range(1, tasks.n_tasks + 1):
+            checkpoint_path(out, k).unlink(missing_ok=True)
+        (out / "log.jsonl").unlink(missing_ok=True)
+    done = _resume(model, out, record, tasks)
+    entries = [e for e in _read_log(out) if e.get("task", 0) <= done]
+    if done:
+        log.info("resuming after step %d (%s)", done, checkpoint_path(out, done))
+    paths = [checkpoint_path(out, k) for k in range(1, done + 1)]
+    for task in range(done + 1, tasks.n_tasks + 1):
+        train = select(samples, "train", [task])
+        entries += train_task(model, task, train, tasks, tune_p)
+        paths.append(checkpoint_path(out, task))
+        digest = save_checkpoint(
+            paths[-1], task, record, tasks.record(), model.tuned_state()
+        )
+        _write_log(out, entries)
+        log.info("wrote %s (%s)", paths[-1], digest[:12])
+    if not paths:
+        _write_log(out, entries)
+    return paths
+
+
+def _resume(model: PalModel, out: Path, record: dict, tasks: Tasks) -> int:
+    """Load the last complete checkpoint of these params; returns its step."""
+    done, state = 0, None
+    for k in range(1, tasks.n_tasks + 1):
+        path = checkpoint_path(out, k)
+        if not path.exists():
+            break
+        ckpt = load_checkpoint(path)
+        diff = params_diff(ckpt["params"], record)
+        if diff is None and ckpt["tasks"] != tasks.record():
+            diff = "tasks.json (class order or task split)"
+        if diff is not None or ckpt["step"] != k:
+            raise CheckpointError(
+                f"{path}: checkpoint from other params ({diff or 'step'}); pass "
+                "--fresh to discard it, or choose another --out"
+            )
+        done, state = k, ckpt["state"]
+    if done:
+        generator = torch.Generator().manual_seed(0)  # values replaced below
+        for _ in range(done):
+            model.add_task(generator)
+        model.to(model.backbone.device)
+        model.load_state_dict(state, strict=False)
+    return done
+
+
+def train_task(
+    model: PalModel,
+    task: int,
+    train: list,
+    tasks: Tasks,
+    tune_p: pparams.TuneParams,
+) -> list[dict]:
+    """Train step `task` in place; returns its log entries (one per epoch)."""
+    if not train:
+        raise CheckpointError(f"task {task} has no training samples")
+    device = model.backbone.device
+    seed = task_seed(tune_p.seed, task)
+    torch.manual_seed(seed)  # patch order of the ViLT embeddings
+    model.add_task(torch.Generator().manual_seed(seed))
+    model.to(device)
+    backbone = model.backbone
+    dataset = SampleDataset(
+        train,
+        tasks.root,
+        backbone.processor,
+        backbone.max_text_len,
+        backbone.image_side,
+    )
+    copies = model.prompts is not None and tune_p.recon_weight > 0
+    t0 = time.perf_counter()
+    cache_loader = make_loader(
+        dataset,
+        CACHE_BATCH,
+        copies=copies,
+        num_workers=tune_p.num_workers,
+        device=device,
+    )
+    with (
+        autocast(device),
+        tqdm(
+            total=len(dataset),
+            desc=f"task {task} queries",
+            unit="sample",
+            disable=None,
+            leave=False,
+        ) as bar,
+    ):
+        cache = build_cache(model, cache_loader, len(dataset), bar)
+    log.debug(
+        "task %d: cached queries of %d samples in %.1f s",
+        task,
+        len(dataset),
+        time.perf_counter() - t0,
+    )
+
+    head = [p for p in model.head.parameters() if p.requires_grad]
+    prompts = [p for p in model.trainable_parameters() if all(p is not h for h in head)]
+    groups = [{"params": head, "lr": tune_p.head_lr or tune_p.lr}]
+    if prompts:
+        groups.append({"params": prompts, "lr": tune_p.lr})
+    optimiser = torch.optim.AdamW(groups, betas=BETAS, weight_decay=tune_p.weight_decay)
+    per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
+    total = per_epoch * tune_p.epochs
+    warmup = int(tune_p.warmup * total)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: lr_factor(s, total, warmup)
+    )
+    loader = make_loader(
+        dataset,
+        tune_p.batch_size,
+        copies=copies,
+        shuffle=True,
+        seed=seed,
+        num_workers=tune_p.num_workers,
+        device=device,
+    )
+    labels = torch.tensor([s.label for s in train])
+    model.train()
+    entries = []
+    for epoch in range(1, tune_p.epochs + 1):
+        t0 = time.perf_counter()
+        sums = torch.zeros(3, dtype=torch.float64, device=device)  # ce, recon, correct
+        n_seen = n_complete = 0
+        batches = (
+            loader
+            if model.prompts is not None
+            else _index_batches(labels, tune_p.batch_size, seed, epoch)
+        )
+        bar = tqdm(
+            batches,
+            total=per_epoch,
+            desc=f"task {task} epoch {epoch}",
+            unit="batch",
+            disable=None,
+            leave=False,
+        )
+        for i, batch in enumerate(bar):
+            check_batch(batch)
+            with autocast(device):
+                loss, parts = model.loss(batch, cache, task, tune_p.recon_weight)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            scheduler.step()
+            sums += torch.stack(
+                [
+                    parts["ce"] * batch.n,
+                    parts["recon"] * len(batch.complete),
+                    parts["correct"],
+                ]
+            ).double()
+            n_seen += batch.n
+            n_complete += len(batch.complete)
+            if i % 20 == 19 or i == per_epoch - 1:
+                bar.set_postfix(loss=f"{sums[0].item() / n_seen:.4f}")
+        bar.close()
+        ce, recon, correct = sums.tolist()
+        entry = {
+            "task": task,
+            "epoch": epoch,
+            "steps": per_epoch,
+            "samples": n_seen,
+            "ce": round(ce / n_seen, 6),
+            "recon": round(recon / n_complete, 6) if n_complete else 0.0,
+            "train_acc": round(100.0 * correct / n_seen, 4),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        entry["loss"] = round(entry["ce"] + tune_p.recon_weight * entry["recon"], 6)
+        entries.append(entry)
+        log.info(
+            "task %d epoch %d: ce %.4f recon %.4f train acc %.1f%% (%.1f s)",
+            task,
+            epoch,
+            entry["ce"],
+            entry["recon"],
+            entry["train_acc"],
+            entry["seconds"],
+        )
+    model.eval()
+    return entries
+
+
+def _index_batches(
+    labels: torch.Tensor, batch_size: int, seed: int, epoch: int
+) -> Iterator[Batch]:
+    """Batches of indices and labels only (the head-only run of
+    `prompt.enabled: false` trains on cached queries, no images needed)."""
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = torch.randperm(len(labels), generator=g)
+    empty = torch.zeros(0, dtype=torch.int64)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        yield Batch(
+            input_ids=empty,
+            attention_mask=empty,
+            pixel_values=empty,
+            pixel_mask=empty,
+            index=idx,
+            missing=torch.zeros_like(idx),
+            labels=labels[idx],
+            complete=empty,
+            ids=[""] * len(idx),
+        )
+
+
+def _read_log(out: Path) -> list[dict]:
+    path = out / "log.jsonl"
+    if not path.is_file():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a damaged log line is rewritten from the checkpoints' runs
+    return entries
+
+
+def _write_log(out: Path, entries: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "log.jsonl"
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    os.replace(tmp, path)
+
+
+@click.command("tune")
+@params_option
+@click.option(
+    "--prepare",
+    "prepare_dir",
+    default="data/prepare",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder written by `pal prepare`.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="data/tune",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for step_XX.pt and log.jsonl.",
+)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Discard checkpoints already in --out instead of resuming after them.",
+)
+@clean_errors
+def cli(params_file: str, prepare_dir: str, out_dir: str, fresh: bool) -> None:
+    """Tune the prompt pools and the BP head, task by task.
+
+    For each task k the new prompt slices and head rows are trained on task k's
+    training samples (CE over its classes + tune.recon_weight × reconstruction
+    loss); step_XX.pt holds everything needed to rebuild step k's model. An
+    interrupted run resumes after its last complete step. Reads params
+    sections model, prompt and tune.
+    """
+    model_p = pparams.load(params_file, "model")
+    prompt_p = pparams.load(params_file, "prompt")
+    tune_p = pparams.load(params_file, "tune")
+    tune(prepare_dir, out_dir, model_p, prompt_p, tune_p, fresh=fresh)

@@ -1,0 +1,197 @@
+"""`pal extract`: valid shards, determinism, skipping, parts, errors."""
+
+# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from test_model_fixtures import tiny_prepare, tiny_vilt, tuned  # noqa: F401
+
+from pipeline import params as pparams
+from pipeline.extract import cli, extract, parse_steps
+from pipeline.loader import read_prepare, select
+from pipeline.model import checkpoint_path
+from solver.shards import open_features
+
+
+def _digests(folder):
+    return {
+        p.relative_to(folder).as_posix(): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*.h5"))
+    }
+
+
+@pytest.fixture(scope="module")
+def extracted(tuned, tmp_path_factory):
+    params, prepare, tune_dir = tuned
+    out = tmp_path_factory.mktemp("extract") / "extract"
+    extract(prepare, tune_dir, out, pparams.load(params, "extract"))
+    return out
+
+
+def test_shards_pass_the_solver_validator(extracted, tuned):
+    _, prepare, tune_dir = tuned
+    samples, tasks = read_prepare(prepare)
+    steps = open_features(extracted)
+    assert [s.step for s in steps] == [1, 2, 3]
+    for s in steps:
+        lo = sum(tasks.classes_per_task[: s.step - 1])
+        assert s.classes_seen == lo + tasks.classes_per_task[s.step - 1]
+        assert s.feature_dim == 32
+        x, y, m, _ = s.train.read_all()
+        train = select(samples, "train", [s.step])
+        assert s.train.sample_ids() == [t.id for t in train]
+        assert y.tolist() == [t.label for t in train]
+        assert m.tolist() == [t.missing for t in train]
+        assert lo <= y.min() and y.max() < s.classes_seen
+        assert sorted(s.test) == list(range(1, s.step + 1))
+        for task, block in s.test.items():
+            xt, yt, mt, bp = block.read_all(with_bp_logits=True)
+            assert bp.shape == (len(yt), s.classes_seen) and np.isfinite(bp).all()
+            assert set(yt.tolist()) <= set(range(*_range(tasks, task)))
+        import h5py
+
+        with h5py.File(s.train.files[0]) as f:
+            ckpt = json.loads(f.attrs["params"])
+            assert ckpt["prompt"]["enabled"] is True
+            assert f.attrs["checkpoint_hash"] != ""
+            assert f.attrs["backbone"] == ckpt["model"]["backbone"]
+    assert checkpoint_path(tune_dir, 3).is_file()
+
+
+def _range(tasks, task):
+    lo = sum(tasks.classes_per_task[: task - 1])
+    return lo, lo + tasks.classes_per_task[task - 1]
+
+
+def test_same_checkpoint_same_bytes_and_skip(extracted, tuned, tmp_path):
+    params, prepare, tune_dir = tuned
+    again = tmp_path / "again"
+    extract(prepare, tune_dir, again, pparams.load(params, "extract"))
+    assert _digests(again) == _digests(extracted)
+    stamps = {p: p.stat().st_mtime_ns for p in again.rglob("*.h5")}
+    extract(prepare, tune_dir, again, pparams.load(params, "extract"))  # all skipped
+    assert {p: p.stat().st_mtime_ns for p in again.rglob("*.h5")} == stamps
+    (again / "step_02" / "test.h5").unlink()
+    extract(prepare, tune_dir, again, pparams.load(params, "extract"), steps="2")
+    assert _digests(again) == _digests(extracted)
+    assert (again / "step_01" / "train.h5").stat().st_mtime_ns == stamps[
+        again / "step_01" / "train.h5"
+    ]
+
+
+def test_batch_size_changes_only_float_noise(extracted, tuned, tmp_path):
+    params, prepare, tune_dir = tuned
+    other = pparams.ExtractParams(batch_size=3, device="cpu")
+    extract(prepare, tune_dir, tmp_path / "x", other, steps=[3])
+    a = open_features(extracted)[2].test[1].read_all()[0]
+    b = open_step_3(tmp_path / "x").test[1].read_all()[0]
+    assert np.abs(a - b).max() < 1e-5
+
+
+def open_step_3(folder):
+    from solver.shards import open_step
+
+    return open_step(folder / "step_03", 3)
+
+
+def test_rank_parts_read_as_one_shard(extracted, tuned, tmp_path, monkeypatch):
+    params, prepare, tune_dir = tuned
+    out = tmp_path / "parts"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        extract(prepare, tune_dir, out, pparams.load(params, "extract"))
+    assert sorted(p.name for p in (out / "step_02").iterdir()) == [
+        "test-00000.h5",
+        "test-00001.h5",
+        "train-00000.h5",
+        "train-00001.h5",
+    ]
+    parts, whole = open_features(out), open_features(extracted)
+    for p, w in zip(parts, whole, strict=True):
+        assert p.train.sample_ids() == w.train.sample_ids()
+        assert np.abs(p.train.read_all()[0] - w.train.read_all()[0]).max() < 1e-5
+        for task in p.test:
+            assert p.test[task].sample_ids() == w.test[task].sample_ids()
+
+
+def test_float16_features(tuned, tmp_path):
+    params, prepare, tune_dir = tuned
+    extract(
+        prepare,
+        tune_dir,
+        tmp_path / "h",
+        pparams.ExtractParams(dtype="float16", device="cpu"),
+        steps=[1],
+    )
+    import h5py
+
+    with h5py.File(tmp_path / "h" / "step_01" / "train.h5") as f:
+        assert f["features"].dtype == np.float16
+
+
+def test_parse_steps():
+    assert parse_steps(None, 4) == [1, 2, 3, 4]
+    assert parse_steps("1,3-4", 4) == [1, 3, 4]
+    with pytest.raises(Exception, match=r"--steps '5': steps must lie in 1\.\.4"):
+        parse_steps("5", 4)
+    with pytest.raises(Exception, match=r"--steps 'x': expected e\.g\."):
+        parse_steps("x", 4)
+
+
+def _cli(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    return result.exit_code, result.output.strip()
+
+
+def test_checkpoint_errors_are_one_line(tuned, tmp_path):
+    params, prepare, tune_dir = tuned
+    import shutil
+
+    tune2 = tmp_path / "tune"
+    shutil.copytree(tune_dir, tune2)
+    out = tmp_path / "out"
+    checkpoint_path(tune2, 2).write_bytes(b"garbage")
+    code, output = _cli(
+        "--params", params, "--prepare", prepare, "--tune", tune2, "--out", out
+    )
+    assert code == 1 and output.startswith(
+        f"Error: {tune2}/step_02.pt: not a readable tune checkpoint"
+    )
+    assert "\n" not in output
+    checkpoint_path(tune2, 2).unlink()
+    code, output = _cli(
+        "--params",
+        params,
+        "--prepare",
+        prepare,
+        "--tune",
+        tune2,
+        "--out",
+        out,
+        "--steps",
+        "2",
+    )
+    assert (code, output) == (
+        1,
+        f"Error: {tune2}/step_02.pt: tune checkpoint missing (run `pal tune`)",
+    )
+    # a prepare folder with another class order: the checkpoints do not fit it
+    other = tmp_path / "prepare"
+    shutil.copytree(prepare, other)
+    doc = json.loads((other / "tasks.json").read_text())
+    doc["class_order"] = doc["class_order"][::-1]
+    (other / "tasks.json").write_text(json.dumps(doc))
+    code, output = _cli(
+        "--params", params, "--prepare", other, "--tune", tune_dir, "--out", out
+    )
+    assert (code, output) == (
+        1,
+        f"Error: {tune_dir}/step_01.pt: checkpoint from other "
+        "data (its class order or task split differs from "
+        "tasks.json); rerun `pal tune`",
+    )

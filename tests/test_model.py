@@ -1,0 +1,222 @@
+"""PAL model: gradients, reconstruction, variants, features, checkpoints."""
+
+# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
+
+import pytest
+import torch
+from test_model_fixtures import tiny_prepare, tiny_vilt  # noqa: F401
+
+from pipeline.backbone import load_backbone
+from pipeline.loader import SampleDataset, make_loader, read_prepare, select
+from pipeline.model import (
+    CheckpointError,
+    PalModel,
+    build_cache,
+    load_checkpoint,
+    model_from_checkpoint,
+    save_checkpoint,
+)
+from pipeline.params import PromptParams
+
+
+@pytest.fixture(scope="module")
+def data(tiny_prepare):
+    return read_prepare(tiny_prepare)
+
+
+@pytest.fixture(scope="module")
+def backbone(tiny_vilt):
+    return load_backbone(str(tiny_vilt), 12)
+
+
+def _model(backbone, tasks, steps=1, **prompt):
+    defaults = {"pool_size": 6, "length": 4, "layers": (0, 1)}
+    model = PalModel(
+        backbone, PromptParams(**{**defaults, **prompt}), tasks.classes_per_task
+    )
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        model.add_task(g)
+    return model
+
+
+def _task_data(backbone, samples, tasks, task, batch_size=4, copies=True):
+    train = select(samples, "train", [task])
+    ds = SampleDataset(train, tasks.root, backbone.processor, 12, backbone.image_side)
+    return ds, make_loader(ds, batch_size, copies=copies)
+
+
+def _batch_with(loader, want_complete: bool):
+    for batch in loader:
+        if (len(batch.complete) > 0) == want_complete and (batch.missing != 0).any():
+            return batch
+    raise AssertionError("fixture has no such batch")
+
+
+def test_only_active_slice_and_head_get_gradients(backbone, data):
+    samples, tasks = data
+    model = _model(backbone, tasks, steps=2)
+    ds, loader = _task_data(backbone, samples, tasks, 2)
+    cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
+    loss, _ = model.loss(_batch_with(loader, True), cache, 2, recon_weight=0.01)
+    loss.backward()
+    named = dict(model.named_parameters())
+    for pool in ("text", "image"):
+        for name in ("P", "E", "A"):
+            assert named[f"prompts.{pool}.{name}.0"].grad is None
+            grad = named[f"prompts.{pool}.{name}.1"].grad
+            assert grad is not None and grad.abs().sum() > 0, (pool, name)
+    assert named["head.W.0"].grad is None and named["head.b.0"].grad is None
+    assert named["head.W.1"].grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.backbone.parameters())
+    trainable = {n for n, p in named.items() if p.requires_grad}
+    assert trainable == {
+        f"prompts.{m}.{n}.1" for m in ("text", "image") for n in "PEA"
+    } | {"head.W.1", "head.b.1"}
+
+
+def test_reconstruction_only_from_complete_samples_copies(backbone, data, monkeypatch):
+    samples, tasks = data
+    model = _model(backbone, tasks)
+    ds, loader = _task_data(backbone, samples, tasks, 1)
+    cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
+    rows, joint_q = [], []
+    reconstruct, joint = model.reconstruct, model.joint
+    monkeypatch.setattr(
+        model,
+        "reconstruct",
+        lambda h, *a: rows.append(h.shape[0]) or reconstruct(h, *a),
+    )
+    monkeypatch.setattr(
+        model,
+        "joint",
+        lambda h, m, q_t, q_v: joint_q.append((q_t, q_v)) or joint(h, m, q_t, q_v),
+    )
+
+    missing_only = [s for s in select(samples, "train", [1]) if s.missing]
+    ds_m = SampleDataset(
+        missing_only, tasks.root, backbone.processor, 12, backbone.image_side
+    )
+    cache_m = build_cache(model, make_loader(ds_m, 16, copies=True), len(ds_m))
+    no_complete = _batch_with(make_loader(ds_m, 4, copies=True), False)
+    _, parts = model.loss(no_complete, cache_m, 1, recon_weight=0.01)
+    assert parts["recon"].item() == 0.0
+    assert rows == [int((no_complete.missing != 0).sum())]  # only the missing samples
+
+    rows.clear()
+    joint_q.clear()
+    batch = _batch_with(loader, True)
+    c, n_missing = len(batch.complete), int((batch.missing != 0).sum())
+    assert batch.input_ids.shape[0] == batch.n + 2 * c
+    _, parts = model.loss(batch, cache, 1, recon_weight=0.01)
+    assert parts["recon"].item() > 0
+    assert rows == [n_missing + 2 * c]  # missing samples + two copies per complete
+    # reconstruct, then query: a missing modality's query is replaced, the rest kept
+    q_t, q_v = joint_q[0]
+    frozen = cache.q[batch.index]
+    for i, code in enumerate(batch.missing.tolist()):
+        assert torch.equal(q_t[i], frozen[i, 0]) == (code != 1)
+        assert torch.equal(q_v[i], frozen[i, 1]) == (code != 2)
+
+
+def test_reconstruction_loss_goes_down_over_an_epoch(backbone, data):
+    samples, tasks = data
+    model = _model(backbone, tasks)
+    ds, loader = _task_data(backbone, samples, tasks, 1)
+    cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
+    full = list(make_loader(ds, len(ds), copies=True))[0]
+
+    def recon() -> float:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return model.loss(full, cache, 1, recon_weight=1.0)[1]["recon"].item()
+
+    before = recon()
+    opt = torch.optim.AdamW(model.trainable_parameters(), lr=3e-2)
+    for batch in loader:  # one epoch, reconstruction only (λ large)
+        loss, _ = model.loss(batch, cache, 1, recon_weight=1.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert recon() < 0.9 * before
+
+
+def test_prompts_off_features_are_the_frozen_text_cls(backbone, data):
+    samples, tasks = data
+    model = _model(backbone, tasks, enabled=False)
+    assert model.prompts is None
+    ds, _ = _task_data(backbone, samples, tasks, 1)
+    batch = list(make_loader(ds, 8))[0]
+    torch.manual_seed(0)
+    x, logits = model.features(batch)
+    torch.manual_seed(0)
+    q_t, _ = model.batch_queries(batch)
+    assert torch.equal(x, q_t)
+    assert logits.shape == (8, tasks.classes_per_task[0])
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        {"pools": "modality"},
+        {"pools": "shared"},
+        {"pools": "vector"},
+        {"position": "input"},
+        {"enabled": False},
+    ],
+)
+def test_every_variant_trains_and_extracts(backbone, data, prompt):
+    samples, tasks = data
+    model = _model(backbone, tasks, **prompt)
+    ds, loader = _task_data(backbone, samples, tasks, 1)
+    cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
+    batch = _batch_with(loader, True)
+    loss, parts = model.loss(batch, cache, 1, recon_weight=0.01)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert any(p.grad is not None for p in model.trainable_parameters())
+    model.add_task(torch.Generator().manual_seed(1))
+    x, logits = model.features(batch)
+    assert x.shape == (batch.n, 32) and torch.isfinite(x).all()
+    assert logits.shape == (batch.n, sum(tasks.classes_per_task[:2]))
+
+
+def test_checkpoint_round_trip_and_damage(backbone, data, tmp_path):
+    samples, tasks = data
+    model = _model(backbone, tasks, steps=2)
+    params = {
+        "prompt": {
+            "enabled": True,
+            "pools": "modality",
+            "pool_size": 6,
+            "length": 4,
+            "layers": [0, 1],
+            "position": "prefix",
+        }
+    }
+    path = tmp_path / "step_02.pt"
+    digest = save_checkpoint(path, 2, params, tasks.record(), model.tuned_state())
+    again = save_checkpoint(
+        tmp_path / "again.pt", 2, params, tasks.record(), model.tuned_state()
+    )
+    assert digest == again and path.read_bytes() == (tmp_path / "again.pt").read_bytes()
+    ckpt = load_checkpoint(path)
+    rebuilt = model_from_checkpoint(ckpt, backbone)
+    for key, value in model.tuned_state().items():
+        assert torch.equal(rebuilt.tuned_state()[key], value), key
+    ds, _ = _task_data(backbone, samples, tasks, 1)
+    batch = list(make_loader(ds, 8))[0]
+    torch.manual_seed(0)
+    a = model.features(batch)[0]
+    torch.manual_seed(0)
+    assert torch.equal(a, rebuilt.features(batch)[0])
+
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(
+        CheckpointError,
+        match=r"step_02\.pt: not a readable tune "
+        r"checkpoint",
+    ):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r"step_09\.pt: tune checkpoint missing"):
+        load_checkpoint(tmp_path / "step_09.pt")

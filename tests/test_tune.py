@@ -1,0 +1,177 @@
+"""`pal tune`: frozen earlier slices, determinism, resume, CLI errors."""
+
+# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
+
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+from test_model_fixtures import (  # noqa: F401
+    make_prepare,
+    tiny_prepare,
+    tiny_vilt,
+    tuned,
+    write_params,
+)
+
+from pipeline import params as pparams
+from pipeline.model import checkpoint_path, load_checkpoint
+from pipeline.tune import cli, lr_factor, tune
+
+
+def _run(params, prepare, out, **kw):
+    load = pparams.load
+    return tune(
+        prepare,
+        out,
+        load(params, "model"),
+        load(params, "prompt"),
+        load(params, "tune"),
+        **kw,
+    )
+
+
+def _cli(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def test_checkpoints_log_and_frozen_earlier_slices(tuned):
+    _, _, out = tuned
+    states = [load_checkpoint(checkpoint_path(out, k))["state"] for k in (1, 2, 3)]
+    assert "prompts.text.P.2" in states[2] and "prompts.text.P.1" not in states[0]
+    for k in range(2):  # everything of tasks ≤ k+1 is bit-identical at step k+2
+        for key, value in states[k].items():
+            assert torch.equal(states[k + 1][key], value), key
+    # the slice trained at step k moved away from nothing: it differs per task
+    assert not torch.equal(states[2]["prompts.text.P.2"], states[2]["prompts.text.P.1"])
+    lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [(e["task"], e["epoch"]) for e in lines] == [(1, 1), (2, 1), (3, 1)]
+    assert {"ce", "recon", "loss", "train_acc", "seconds", "samples"} <= set(lines[0])
+    assert all(e["recon"] > 0 for e in lines)
+
+
+def test_same_params_same_bytes_and_resume(tuned, tmp_path):
+    params, prepare, out = tuned
+    # an interrupted run: step 3 missing (and a stale log line of step 3)
+    half = tmp_path / "half"
+    shutil.copytree(out, half)
+    checkpoint_path(half, 3).unlink()
+    _run(params, prepare, half)
+    for k in (1, 2, 3):
+        assert (
+            checkpoint_path(half, k).read_bytes()
+            == checkpoint_path(out, k).read_bytes()
+        )
+
+    def strip(path):
+        return [
+            {k: v for k, v in json.loads(x).items() if k != "seconds"}
+            for x in path.read_text().splitlines()
+        ]
+
+    assert strip(half / "log.jsonl") == strip(out / "log.jsonl")
+
+
+def test_checkpoint_from_other_params_is_refused(tuned, tmp_path):
+    params, prepare, out = tuned
+    other = tmp_path / "tune"
+    shutil.copytree(out, other)
+    before = checkpoint_path(other, 1).read_bytes()
+    changed = write_params(
+        tmp_path / "p.yaml",
+        pparams.load(params, "model").backbone,
+        prompt={"length": 2},
+    )
+    code, output = _cli("--params", changed, "--prepare", prepare, "--out", other)
+    assert code == 1 and "Traceback" not in output
+    assert output.strip().splitlines() == [
+        f"Error: {other}/step_01.pt: checkpoint from other params (prompt.length: 4 "
+        "vs 2); pass --fresh to discard it, or choose another --out"
+    ]
+    assert checkpoint_path(other, 1).read_bytes() == before  # nothing lost
+    code, output = _cli(
+        "--params", changed, "--prepare", prepare, "--out", other, "--fresh"
+    )
+    assert code == 0, output
+    assert load_checkpoint(checkpoint_path(other, 3))["params"]["prompt"]["length"] == 2
+
+
+@pytest.mark.parametrize(
+    "section, values, match",
+    [
+        (
+            "model",
+            {"backbone": "{tmp}/nope"},
+            r"^Error: model\.backbone '.*nope': no such folder, and no hub model of "
+            r"that id in the local HF cache$",
+        ),
+        (
+            "model",
+            {"backbone": "{tmp}"},
+            r"^Error: model\.backbone '.*': not a ViLT folder \(no config\.json\)$",
+        ),
+        (
+            "prompt",
+            {"layers": [0, 2]},
+            r"^Error: prompt\.layers \[0, 2\]: layer 2 is beyond the backbone's 2 "
+            r"layers \(0\.\.1\)$",
+        ),
+        (
+            "prompt",
+            {"pool_size": 2},
+            r"^Error: prompt\.pool_size 2 is smaller than the number of tasks "
+            r"\(3\): each task needs ≥ 1 component$",
+        ),
+        ("tune", {"epochs": 0}, r"^Error: .*p\.yaml: tune\.epochs must be > 0, got 0$"),
+    ],
+)
+def test_bad_input_is_one_line(
+    tmp_path,
+    tiny_vilt,
+    tiny_prepare,
+    section,
+    values,
+    match,
+):
+    values = {
+        k: v.format(tmp=tmp_path) if isinstance(v, str) else v
+        for k, v in values.items()
+    }
+    params = write_params(tmp_path / "p.yaml", tiny_vilt, **{section: values})
+    code, output = _cli(
+        "--params", params, "--prepare", tiny_prepare, "--out", tmp_path / "tune"
+    )
+    assert code == 1 and "Traceback" not in output
+    assert len(output.strip().splitlines()) == 1
+    assert output.strip() == output.strip().splitlines()[0]
+    import re
+
+    assert re.match(match, output.strip()), output
+    assert not (tmp_path / "tune" / "step_01.pt").exists()
+
+
+def test_corrupt_image_names_sample_and_file(tmp_path, tiny_vilt):
+    prepare = make_prepare(
+        tmp_path, n_tasks=1, classes=2, train=2, test=1, missing_rate=0.0
+    )
+    bad = tmp_path / "dataset" / "images" / "train-1-0.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    params = write_params(tmp_path / "p.yaml", tiny_vilt, prompt={"pool_size": 2})
+    code, output = _cli(
+        "--params", params, "--prepare", prepare, "--out", tmp_path / "tune"
+    )
+    assert code == 1 and "Traceback" not in output
+    assert output.strip().splitlines() == [
+        f"Error: sample 'train-1-0': cannot read image {bad} (cannot identify image "
+        f"file '{bad}')"
+    ]
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    f = [lr_factor(s, 100, 10) for s in range(100)]
+    assert f[0] == pytest.approx(1 / 11) and f[9] == pytest.approx(10 / 11)
+    assert f[10] == 1.0 and all(a >= b for a, b in zip(f[10:], f[11:], strict=False))
+    assert lr_factor(100, 100, 10) == pytest.approx(0.0)
