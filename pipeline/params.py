@@ -143,6 +143,7 @@ class TuneParams:
     epochs: int = 3  # epochs per task
     batch_size: int = 4  # samples per optimiser step (before reconstruction copies)
     lr: float = 1e-4  # AdamW learning rate
+    head_lr: float | None = None  # the head's learning rate (None: same as lr)
     weight_decay: float = 0.0  # AdamW weight decay (active slice and head only)
     warmup: float = 0.1  # fraction of a task's steps spent in linear warm-up
     recon_weight: float = 0.01  # λ, weight of the reconstruction loss
@@ -154,6 +155,8 @@ class TuneParams:
         check(self.epochs > 0, "tune.epochs", f"must be > 0, got {self.epochs}")
         check(self.batch_size > 0, "tune.batch_size", f"must be > 0, got {self.batch_size}")
         check(self.lr > 0, "tune.lr", f"must be > 0, got {self.lr}")
+        check(self.head_lr is None or self.head_lr > 0, "tune.head_lr",
+              f"must be > 0, got {self.head_lr}")
         check(self.weight_decay >= 0, "tune.weight_decay", "must be >= 0")
         check(0.0 <= self.warmup < 1.0, "tune.warmup", "must lie in [0, 1)")
         check(self.recon_weight >= 0, "tune.recon_weight", "must be >= 0")
