@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,8 +103,28 @@ solver.cli.main()
 """
 
 
-def run_cli(args: list[str], hwm: Path) -> tuple[float, int]:
-    """Wall seconds and peak RSS bytes of one `pal-solver ARGS…` process."""
+@dataclass(frozen=True)
+class Run:
+    """One measured run: wall and CPU seconds (all threads), peak memory."""
+
+    wall: float
+    cpu: float
+    rss: int = 0  # peak RSS bytes of the process
+    gpu_pool: int = 0  # bytes held by CuPy's memory pool at exit
+
+    @staticmethod
+    def best(runs: list[Run]) -> Run:
+        """Best time over runs (wall and CPU each), largest memory."""
+        return Run(
+            min(r.wall for r in runs),
+            min(r.cpu for r in runs),
+            max(r.rss for r in runs),
+            max(r.gpu_pool for r in runs),
+        )
+
+
+def run_cli(args: list[str], hwm: Path) -> Run:
+    """Measure one `pal-solver ARGS…` process."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), env.get("PYTHONPATH")])
@@ -112,15 +132,16 @@ def run_cli(args: list[str], hwm: Path) -> tuple[float, int]:
     cmd = [sys.executable, "-c", _HWM_WRAPPER, str(hwm), *args]
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)  # CPU times of this child only
         wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             err.seek(0)
             raise RuntimeError(f"pal-solver {' '.join(args)} failed:\n"
                                f"{err.read().decode()}")  # fmt: skip
     kb, pool = hwm.read_text().split()
-    run_cli.gpu_pool_bytes = int(pool)  # the last run's, for the GPU table
-    return wall, int(kb) * 1024
+    return Run(wall, usage.ru_utime + usage.ru_stime, int(kb) * 1024, int(pool))
 
 
 def run_solve(
@@ -131,8 +152,8 @@ def run_solve(
     device: str,
     etas: tuple[float, ...],
     batch_rows: int,
-) -> tuple[float, int]:
-    """Wall seconds and peak RSS bytes of one `pal-solver solve` process."""
+) -> Run:
+    """Measure one `pal-solver solve` process."""
     out.parent.mkdir(parents=True, exist_ok=True)
     params = out.parent / "params.yaml"
     params.write_text(
@@ -175,12 +196,6 @@ def baseline_rss() -> int:
     out = subprocess.run([sys.executable, "-c", _BASELINE], env=env, check=True,
                          capture_output=True, text=True).stdout  # fmt: skip
     return int(out.split()[-1]) * 1024
-
-
-def best_solve(repeat: int, *args: object) -> tuple[float, int]:
-    """Best wall time and largest peak RSS over `repeat` runs."""
-    runs = [run_solve(*args) for _ in range(repeat)]
-    return min(r[0] for r in runs), max(r[1] for r in runs)
 
 
 # ---------------------------------------------------------------- kernels
@@ -242,15 +257,13 @@ class Kernels:
         return W
 
 
-def timed(k: Kernels, fn, repeat: int) -> tuple[float, object]:
-    best, out = math.inf, None
-    for _ in range(repeat):
-        k.sync()
-        start = time.perf_counter()
-        out = fn()
-        k.sync()
-        best = min(best, time.perf_counter() - start)
-    return best, out
+def timed(k: Kernels, fn) -> tuple[Run, object]:
+    """Wall and CPU (this process, all threads) seconds of fn(), and its result."""
+    k.sync()
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    k.sync()
+    return Run(time.perf_counter() - wall, time.process_time() - cpu), out
 
 
 def warm_up(k: Kernels) -> None:
@@ -265,58 +278,68 @@ def warm_up(k: Kernels) -> None:
     k.sync()
 
 
-def floor(
-    k: Kernels, X: np.ndarray, y: np.ndarray, seen: list[int], width: int, repeat: int
-) -> dict[str, object]:
-    """Time GEMM + one SYRK over all rows + one (Cholesky + solves) per step."""
-    xp = k.xp
-    W_up = k.asarray(upsampling_matrix(X.shape[1], width, 0))
-    X64 = k.asarray(X.astype(np.float64))
-    t_gemm, H = timed(k, lambda: X64 @ W_up, repeat)
-    xp.maximum(H, 0, out=H)
-    G = k.zeros_sym(width)
+class Floor:
+    """The unavoidable BLAS work at the solve's sizes, measured in this process.
 
-    def syrk() -> None:
-        G.fill(0)
-        k.syrk(G, H)
+    GEMM X·W_up over all rows + one SYRK over all rows + per step one Cholesky
+    of G + ηI (the final G) and its two triangular solves with C_k columns.
+    `measure()` times every part once; call it between the solve runs so the
+    floor and the solves see the same machine load, and keep each part's best.
+    """
 
-    t_syrk = {}
-    kernels = ("syrk", "gemm") if k.device == "cuda" else ("syrk",)
-    for kernel in kernels:
-        k.gram_kernel = kernel
-        t_syrk[kernel], _ = timed(k, syrk, repeat)
-    k.gram_kernel = min(t_syrk, key=t_syrk.get)
-    syrk()
-    C = int(seen[-1])
-    Y = xp.zeros((len(y), C))
-    Y[xp.arange(len(y)), k.asarray(y)] = 1.0
-    Q = H.T @ Y
-    H = None  # free the (n, d) block before the factorisations
-    M = k.zeros_sym(width)
+    def __init__(self, k: Kernels, X: np.ndarray, y: np.ndarray, seen: list[int],
+                 width: int) -> None:  # fmt: skip
+        xp = self.xp = k.xp
+        self.k, self.width, self.seen = k, width, seen
+        self.W_up = k.asarray(upsampling_matrix(X.shape[1], width, 0))
+        self.X64 = k.asarray(X.astype(np.float64))
+        H = xp.maximum(self.X64 @ self.W_up, 0)
+        self.G = k.zeros_sym(width)
+        k.syrk(self.G, H)
+        Y = xp.zeros((len(y), seen[-1]))
+        Y[xp.arange(len(y)), k.asarray(y)] = 1.0
+        self.Q = H.T @ Y
+        self.H = H
+        self.M = k.zeros_sym(width)
+        self.runs: list[dict[str, Run]] = []
+        self.syrk_kernels: dict[str, float] = {}
+        if k.device == "cuda":  # cuBLAS syrk or a full GEMM: keep the faster
+            for kernel in ("syrk", "gemm"):
+                k.gram_kernel = kernel
+                self.syrk_kernels[kernel] = min(self._syrk()[0].wall for _ in range(3))
+            k.gram_kernel = min(self.syrk_kernels, key=self.syrk_kernels.get)
+        self.W_joint = k.host(self._chol(seen[-1])[1])
 
-    def factor_and_solve(c: int) -> object:
+    def _syrk(self) -> tuple[Run, object]:
+        G = self.k.zeros_sym(self.width)
+        return timed(self.k, lambda: self.k.syrk(G, self.H))
+
+    def _chol(self, c: int) -> tuple[Run, object]:
+        xp, M, w = self.xp, self.M, self.width
         # cuSOLVER is handed the full symmetric matrix, LAPACK reads the lower half
-        M[...] = xp.tril(G) + xp.tril(G, -1).T if k.device == "cuda" else G
-        M[xp.arange(width), xp.arange(width)] += ETA
-        k.sync()
-        start = time.perf_counter()
-        W = k.chol_solve(M, Q[:, :c])
-        k.sync()
-        return time.perf_counter() - start, W
+        M[...] = (
+            xp.tril(self.G) + xp.tril(self.G, -1).T
+            if self.k.device == "cuda"
+            else self.G
+        )
+        M[xp.arange(w), xp.arange(w)] += ETA
+        return timed(self.k, lambda: self.k.chol_solve(M, self.Q[:, :c]))
 
-    t_chol = 0.0
-    for c in seen:  # one Cholesky + solves per step, each best of `repeat`
-        runs = [factor_and_solve(c) for _ in range(repeat)]
-        t_chol += min(r[0] for r in runs)
-        W_joint = runs[-1][1]
-    return {
-        "gemm_s": t_gemm,
-        "syrk_s": t_syrk[k.gram_kernel],
-        "syrk_kernels_s": t_syrk,
-        "chol_s": t_chol,
-        "floor_s": t_gemm + t_syrk[k.gram_kernel] + t_chol,
-        "W_joint": k.host(W_joint),
-    }
+    def measure(self) -> None:
+        gemm, _ = timed(self.k, lambda: self.X64 @ self.W_up)
+        syrk, _ = self._syrk()
+        chols = [self._chol(c)[0] for c in self.seen]
+        chol = Run(sum(r.wall for r in chols), sum(r.cpu for r in chols))
+        self.runs.append({"gemm": gemm, "syrk": syrk, "chol": chol})
+
+    def best(self) -> dict[str, Run]:
+        """Per part, the best of the measured runs; 'floor' is their sum."""
+        parts = {
+            p: Run.best([r[p] for r in self.runs]) for p in ("gemm", "syrk", "chol")
+        }
+        parts["floor"] = Run(sum(r.wall for r in parts.values()),
+                             sum(r.cpu for r in parts.values()))  # fmt: skip
+        return parts
 
 
 def acil_reference(
@@ -326,13 +349,13 @@ def acil_reference(
     seen: list[int],
     width: int,
     batch: int = 4096,
-) -> tuple[float, np.ndarray]:
+) -> tuple[Run, np.ndarray]:
     """ACIL's RecursiveLinear.fit as written, per ≤ 4096-row batch within a step."""
     xp = k.xp
     W_up = k.asarray(upsampling_matrix(Xs[0].shape[1], width, 0))
     d = width
     k.sync()
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     R = xp.eye(d) / ETA
     W = xp.zeros((d, 0))
     for X_k, y_k, c in zip(Xs, ys, seen, strict=True):
@@ -346,7 +369,8 @@ def acil_reference(
             R -= R @ X.T @ K @ X @ R
             W += R @ X.T @ (Y - X @ W)
     k.sync()
-    return time.perf_counter() - start, k.host(W)
+    run = Run(time.perf_counter() - wall, time.process_time() - cpu)
+    return run, k.host(W)
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -403,75 +427,86 @@ def main() -> None:
     results = []
     for width in widths:
         out = work / f"solve-{width}"
-        chunk = a.batch_rows * width * 8
-        budget = 2.5 * width * width * 8 + chunk
-        run_solve(features, out / "warm", width, "gram", a.device, (ETA,), a.batch_rows)
-        fl = floor(k, X, y, seen, width, a.repeat)
+
+        def solve_run(
+            method: str,
+            etas: tuple[float, ...],
+            name: str,
+            data: Path = features,
+            rows: int = a.batch_rows,
+            out: Path = out,
+            width: int = width,
+        ) -> Run:
+            return run_solve(data, out / name, width, method, a.device, etas, rows)
+
+        solve_run("gram", (ETA,), "warm")
+        floor = Floor(k, X, y, seen, width)
+        runs: dict[str, list[Run]] = {m: [] for m in methods}
+        sweep_runs: list[Run] = []
+        for i in range(a.repeat):  # interleaved: floor and solves share the load
+            floor.measure()
+            for method in methods:
+                runs[method].append(solve_run(method, (ETA,), method))
+                print(f"  d={width} {method} run {i + 1}: "
+                      f"{runs[method][-1].wall:.2f} s", flush=True)  # fmt: skip
+            if not a.no_sweep and "gram" in methods:
+                sweep_runs.append(solve_run("gram", SWEEP, "sweep"))
+                print(f"  d={width} sweep run {i + 1}: {sweep_runs[-1].wall:.2f} s",
+                      flush=True)  # fmt: skip
+        fl = floor.best()
+        print(f"  d={width} floor: {fl['floor'].wall:.2f} s", flush=True)
+        budget = 2.5 * width * width * 8 + a.batch_rows * width * 8
         row: dict[str, object] = {
             "width": width,
             "budget_bytes": budget,
-            "baseline_rss_bytes": base_rss,
-            **{key: v for key, v in fl.items() if key != "W_joint"},
+            "fixed_rss_bytes": base_rss,
+            "floor": {p: asdict(r) for p, r in fl.items()},
+            "gpu_gram_kernels_s": floor.syrk_kernels,
         }
         for method in methods:
-            wall, rss = best_solve(
-                a.repeat, features, out / method, width, method, a.device, (ETA,),
-                a.batch_rows,
-            )  # fmt: skip
+            best = Run.best(runs[method])
             W = WeightsFile(out / method / "weights.h5").W(a.steps)
             row[method] = {
-                "wall_s": wall,
-                "ratio_to_floor": wall / fl["floor_s"],
-                "peak_rss_bytes": rss,
-                "rss_over_budget": rss / budget,
-                "rel_err_vs_joint": rel(W, fl["W_joint"]),
-                "gpu_pool_bytes": run_cli.gpu_pool_bytes,
+                **asdict(best),
+                "wall_over_floor": best.wall / fl["floor"].wall,
+                "cpu_over_floor": best.cpu / fl["floor"].cpu,
+                "rss_above_fixed_over_budget": (best.rss - base_rss) / budget,
+                "rel_err_vs_joint": rel(W, floor.W_joint),
             }
-            print(f"  d={width} {method}: {wall:.2f} s, floor {fl['floor_s']:.2f} s, "
-                  f"peak {rss / 2**20:.0f} MiB", flush=True)  # fmt: skip
         if not a.no_half and "gram" in methods:
-            for key, data in (("n", features), ("half", half)):
-                _, rss = run_solve(
-                    data, out / f"mem-{key}", width, "gram", a.device, (ETA,),
-                    a.mem_chunk,
-                )  # fmt: skip
-                row["gram"][f"peak_rss_{key}_rows_chunk{a.mem_chunk}_bytes"] = rss
+            row["gram"]["rss_equal_chunk"] = {
+                key: solve_run("gram", (ETA,), f"mem-{key}", data, a.mem_chunk).rss
+                for key, data in (("n_rows", features), ("half_rows", half))
+            }
+        if sweep_runs:
+            best = Run.best(sweep_runs)
+            gram = row["gram"]
+            W = WeightsFile(out / "sweep" / weights_name(ETA, True)).W(a.steps)
+            row["sweep"] = {
+                **asdict(best),
+                "etas": list(SWEEP),
+                "wall_over_five_separate": best.wall / (5 * gram["wall"]),
+                "cpu_over_five_separate": best.cpu / (5 * gram["cpu"]),
+                "rel_err_eta1_vs_joint": rel(W, floor.W_joint),
+            }
         if not a.no_acil:
-            runs = [
+            acil = [
                 acil_reference(k, Xs, ys, seen, width) for _ in range(a.acil_repeat)
             ]
-            t_acil = min(r[0] for r in runs)
+            best = Run.best([r[0] for r in acil])
             row["acil"] = {
-                "in_process_s": t_acil,
-                "rel_err_vs_joint": rel(runs[-1][1], fl["W_joint"]),
-                "over_gram_process": t_acil / row["gram"]["wall_s"]
-                if "gram" in methods
-                else None,
+                **asdict(best),
+                "rel_err_vs_joint": rel(acil[-1][1], floor.W_joint),
             }
-            print(f"  d={width} acil: {t_acil:.2f} s", flush=True)
-        if not a.no_sweep and "gram" in methods:
-            wall, rss = best_solve(
-                a.repeat, features, out / "sweep", width, "gram", a.device, SWEEP,
-                a.batch_rows,
-            )  # fmt: skip
-            errs = []
-            for eta in SWEEP:
-                W = WeightsFile(out / "sweep" / weights_name(eta, True)).W(a.steps)
-                if eta == ETA:
-                    errs.append(rel(W, fl["W_joint"]))
-            row["sweep"] = {
-                "etas": list(SWEEP),
-                "wall_s": wall,
-                "five_separate_s": 5 * row["gram"]["wall_s"],
-                "ratio": wall / (5 * row["gram"]["wall_s"]),
-                "peak_rss_bytes": rss,
-                "rel_err_eta1_vs_joint": errs[0],
-            }
-            print(f"  d={width} sweep x5: {wall:.2f} s", flush=True)
+            if "gram" in methods:
+                row["acil"]["over_gram_wall"] = best.wall / row["gram"]["wall"]
+                row["acil"]["over_gram_cpu"] = best.cpu / row["gram"]["cpu"]
+            print(f"  d={width} acil: {best.wall:.2f} s", flush=True)
+        del floor
         results.append(row)
-    print_table(results, a)
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        print_table(results, a)
+        if a.json:
+            a.json.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
 
 
 def gpu_name() -> str:
@@ -482,47 +517,54 @@ def gpu_name() -> str:
 
 
 def print_table(results: list[dict], a: argparse.Namespace) -> None:
+    """One markdown table: times (wall / CPU), ratios, memory, error."""
     mib = 2**20
     print()
-    print("| d | method | solve process s | BLAS floor s (GEMM + SYRK + K×chol) "
-          "| ratio | peak RSS MiB (budget) | rel. err vs joint |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| d | run | wall s | CPU s | floor wall s (GEMM + SYRK + K·chol) | "
+          "floor CPU s | ratio wall / CPU | peak RSS MiB: total, above fixed "
+          "(budget) | rel. err vs joint |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        fl = (f"{r['floor_s']:.2f} ({r['gemm_s']:.2f} + {r['syrk_s']:.2f} + "
-              f"{r['chol_s']:.2f})")  # fmt: skip
+        f = r["floor"]
+        fl_wall = (f"{f['floor']['wall']:.2f} ({f['gemm']['wall']:.2f} + "
+                   f"{f['syrk']['wall']:.2f} + {f['chol']['wall']:.2f})")  # fmt: skip
+        fl_cpu = f"{f['floor']['cpu']:.2f}"
+        budget = r["budget_bytes"] / mib
         for m in ("gram", "woodbury"):
             if m not in r:
                 continue
             x = r[m]
-            extra = (x["peak_rss_bytes"] - r["baseline_rss_bytes"]) / mib
-            peak = (f"{x['peak_rss_bytes'] / mib:.0f}, above fixed {extra:.0f} "
-                    f"({r['budget_bytes'] / mib:.0f})")  # fmt: skip
-            mem = [v for k, v in sorted(x.items()) if k.startswith("peak_rss_")
-                   and "_rows_chunk" in k]  # fmt: skip
-            if mem:  # sorted keys: half, then n
-                peak += (f"; chunk {a.mem_chunk}: n rows {mem[1] / mib:.0f}, "
-                         f"n/2 rows {mem[0] / mib:.0f}")  # fmt: skip
-            if x.get("gpu_pool_bytes"):
-                peak += f"; GPU pool {x['gpu_pool_bytes'] / mib:.0f}"
-            print(f"| {r['width']} | {m} | {x['wall_s']:.2f} | {fl} | "
-                  f"{x['ratio_to_floor']:.2f} | {peak} | "
-                  f"{x['rel_err_vs_joint']:.1e} |")  # fmt: skip
-        if "acil" in r:
-            x = r["acil"]
-            over = x["over_gram_process"]
-            print(f"| {r['width']} | ACIL update (in-process, no I/O) | "
-                  f"{x['in_process_s']:.2f} | | "
-                  f"{'' if over is None else f'{over:.2f}× gram'} | | "
+            above = (x["rss"] - r["fixed_rss_bytes"]) / mib
+            peak = f"{x['rss'] / mib:.0f}, {above:.0f} ({budget:.0f})"
+            if "rss_equal_chunk" in x:
+                e = x["rss_equal_chunk"]
+                peak += (f"; chunk {a.mem_chunk}: n rows {e['n_rows'] / mib:.0f}, "
+                         f"n/2 rows {e['half_rows'] / mib:.0f}")  # fmt: skip
+            if x.get("gpu_pool"):
+                peak += f"; GPU pool {x['gpu_pool'] / mib:.0f}"
+            print(f"| {r['width']} | {m} (process) | {x['wall']:.2f} | "
+                  f"{x['cpu']:.2f} | {fl_wall} | {fl_cpu} | "
+                  f"{x['wall_over_floor']:.2f} / {x['cpu_over_floor']:.2f} | {peak} | "
                   f"{x['rel_err_vs_joint']:.1e} |")  # fmt: skip
         if "sweep" in r:
             x = r["sweep"]
-            print(f"| {r['width']} | gram, 5-η sweep (one process) | {x['wall_s']:.2f} "
-                  f"| 5 separate: {x['five_separate_s']:.2f} | {x['ratio']:.2f} | "
-                  f"{x['peak_rss_bytes'] / mib:.0f} | "
+            g = r["gram"]
+            print(f"| {r['width']} | gram, 5-η sweep (process) | {x['wall']:.2f} | "
+                  f"{x['cpu']:.2f} | 5 separate: {5 * g['wall']:.2f} | "
+                  f"{5 * g['cpu']:.2f} | {x['wall_over_five_separate']:.2f} / "
+                  f"{x['cpu_over_five_separate']:.2f} | {x['rss'] / mib:.0f} | "
                   f"{x['rel_err_eta1_vs_joint']:.1e} |")  # fmt: skip
-        if "syrk_kernels_s" in r and len(r["syrk_kernels_s"]) > 1:
-            ks = ", ".join(f"{n} {t:.3f} s" for n, t in r["syrk_kernels_s"].items())
-            print(f"| {r['width']} | Gram kernel on the GPU | {ks} | | | | |")
+        if "acil" in r:
+            x = r["acil"]
+            ratio = ""
+            if "over_gram_wall" in x:
+                ratio = f"{x['over_gram_wall']:.2f} / {x['over_gram_cpu']:.2f} × gram"
+            print(f"| {r['width']} | ACIL update (in-process, no I/O) | "
+                  f"{x['wall']:.2f} | {x['cpu']:.2f} | | | {ratio} | | "
+                  f"{x['rel_err_vs_joint']:.1e} |")  # fmt: skip
+        if r.get("gpu_gram_kernels_s"):
+            ks = ", ".join(f"{n} {t:.3f} s" for n, t in r["gpu_gram_kernels_s"].items())
+            print(f"| {r['width']} | Gram kernel on the GPU: {ks} | | | | | | | |")
 
 
 if __name__ == "__main__":
