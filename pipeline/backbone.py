@@ -80,7 +80,7 @@ class Backbone(nn.Module):
         self.fused_attention = False  # True: F.scaled_dot_product_attention
         if self.max_text_len > cfg.max_position_embeddings:
             interpolate_text_positions(vilt, self.max_text_len)
-        ip = processor.image_processor
+        ip = processor.image_processor if processor is not None else None
         side = _shortest_edge(ip)
         divisor = int(getattr(ip, "size_divisor", None) or 1)
         self.image_side = side // divisor * divisor if side else int(cfg.image_size)
@@ -156,28 +156,37 @@ class Backbone(nn.Module):
         prompts = prompts or {}
         n_input = 0  # input-style prompt tokens currently at the front of h
         mask_in = None
+        biases: dict[tuple[int, int], torch.Tensor] = {}  # one per distinct key mask
         for i, layer in enumerate(self.vilt.encoder.layer):
             p = prompts.get(i)
-            key_mask = mask
-            prefix = None
             if p is not None and p.tokens is not None:
                 h = torch.cat([p.tokens.to(h.dtype), h[:, n_input:]], 1)
                 n_input, mask_in = p.tokens.shape[1], p.mask
-            if mask_in is not None:
-                key_mask = torch.cat([mask_in, mask], 1)
-            if p is not None and p.keys is not None:
-                prefix = (p.keys, p.values)
-                key_mask = torch.cat([p.mask, key_mask], 1)
-            h = self._layer(i, layer, h, key_mask, prefix)
+            prefix = (
+                (p.keys, p.values) if p is not None and p.keys is not None else None
+            )
+            key = (id(p.mask) if prefix else 0, 0 if mask_in is None else id(mask_in))
+            if key not in biases:
+                parts = [p.mask] if prefix else []
+                parts += [mask_in, mask] if mask_in is not None else [mask]
+                biases[key] = self._bias(torch.cat(parts, 1), h.dtype)
+            h = self._layer(i, layer, h, biases[key], prefix)
         h = self.vilt.layernorm(h)
         return h[:, n_input:]
+
+    def _bias(self, key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Additive attention mask (B, 1, 1, K): 0 to attend, dtype's min not to."""
+        if torch.is_autocast_enabled(key_mask.device.type):
+            dtype = torch.get_autocast_dtype(key_mask.device.type)
+        bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device)
+        return bias.masked_fill_(~key_mask, torch.finfo(dtype).min)[:, None, None, :]
 
     def _layer(
         self,
         i: int,
         layer: nn.Module,
         h: torch.Tensor,
-        key_mask: torch.Tensor,
+        bias: torch.Tensor,
         prefix: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         B, N, D = h.shape
@@ -191,11 +200,8 @@ class Backbone(nn.Module):
         q = q.view(B, N, H, -1).transpose(1, 2)  # (B, H, N, d_h)
         k = k.view(B, k.shape[1], H, -1).transpose(1, 2)
         v = v.view(B, v.shape[1], H, -1).transpose(1, 2)
-        bias = torch.zeros(key_mask.shape, dtype=q.dtype, device=q.device)
-        bias.masked_fill_(~key_mask, torch.finfo(q.dtype).min)
-        bias = bias[:, None, None, :]  # (B, 1, 1, K)
         if self.fused_attention:
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
         else:  # HF's eager arithmetic, bit for bit
             scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
             ctx = scores.softmax(-1) @ v

@@ -106,11 +106,16 @@ class PromptPool(nn.Module):
         return dot / norm
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
-        """Prompts (J, B, L_p, D) float32 for queries q (B, D)."""
-        w = self.weights(q)  # (J, B, N_k)
-        P = torch.cat(list(self.P), 1).float()  # (J, N_k, L_p, D)
-        J, N, L, D = P.shape
-        return torch.bmm(w, P.view(J, N, L * D)).view(J, -1, L, D)
+        """Prompts (J, B, L_p, D) float32 for queries q (B, D).
+
+        Computed in float32 even under autocast: the pool is small, and the
+        cosine's norms lose too much in bf16.
+        """
+        with torch.autocast(q.device.type, enabled=False):
+            w = self.weights(q)  # (J, B, N_k)
+            P = torch.cat(list(self.P), 1).float()  # (J, N_k, L_p, D)
+            J, N, L, D = P.shape
+            return torch.bmm(w, P.view(J, N, L * D)).view(J, -1, L, D)
 
 
 class PromptVector(nn.Module):

@@ -1,0 +1,226 @@
+"""Throughput of the prompted ViLT forward: a training step and extraction.
+
+    PYTHONPATH=. python bench/extract.py                        # demo model, CPU
+    PYTHONPATH=. python bench/extract.py --device cuda --config vilt-b32
+
+`--config demo` loads the demo backbone (data/demo/vilt, or `--backbone`) or,
+when absent, a random model of the demo's sizes; `--config vilt-b32` builds a
+random `ViltConfig` with ViLT-B/32's sizes (768 wide, 12 layers, 384-px
+images → 144 patches + 40 text tokens). Prompts as in the paper: pools of 128,
+length 8, layers 0–7 (demo: the params.yaml defaults), 10 tasks, the last
+step's components all active. Batches are synthetic tensors with the 70 %
+"both" missing protocol (35 % text, 35 % image missing), already collated:
+image decoding is the DataLoader workers' job and is not timed.
+
+Prints samples/s of
+- train: one optimiser step at `--train-batch` samples (4) plus the two
+  reconstruction copies of each complete sample, queries from a cache, as in
+  `pal tune` (forward, backward, AdamW);
+- extract: `model.features` at `--batch` samples under inference_mode, as in
+  `pal extract` (query pass, reconstruction pass, classification pass).
+On CUDA both run in bf16 autocast with bf16 frozen weights and fused attention.
+`--compile` wraps each encoder layer in torch.compile (experimental).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+# bench/ holds scripts named like the project's packages (solver.py):
+# import those from the repository root, not from this folder
+sys.path[:] = [p for p in sys.path if Path(p).resolve() != Path(__file__).parent]
+
+import torch  # noqa: E402
+
+from pipeline.backbone import Backbone, autocast, load_backbone  # noqa: E402
+from pipeline.model import Batch, PalModel, QueryCache  # noqa: E402
+from pipeline.params import PromptParams  # noqa: E402
+
+N_TASKS = 10
+
+
+def build_backbone(config: str, backbone: str | None) -> Backbone:
+    from transformers import ViltConfig, ViltModel
+
+    if config == "demo":
+        folder = backbone or "data/demo/vilt"
+        if Path(folder).is_dir():
+            return load_backbone(folder, 40)
+        cfg = ViltConfig(
+            hidden_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=256,
+            image_size=64,
+            patch_size=8,
+        )
+    else:
+        cfg = ViltConfig(max_image_length=-1)  # ViLT-B/32: 768 × 12, 384 px, 32 px
+    torch.manual_seed(0)
+    return Backbone(ViltModel(cfg), None, f"random {config}", 40)
+
+
+def synthetic_batch(n: int, backbone: Backbone, copies: bool, seed: int) -> Batch:
+    """n collated samples (35 % text, 35 % image missing) and, optionally, the
+    copies of the complete ones."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = backbone.vilt.config
+    T, S = backbone.max_text_len, backbone.image_side
+    missing = torch.zeros(n, dtype=torch.int64)
+    r = torch.rand(n, generator=g)
+    missing[r < 0.35] = 1
+    missing[(r >= 0.35) & (r < 0.7)] = 2
+    complete = (
+        torch.nonzero(missing == 0).flatten()
+        if copies
+        else torch.zeros(0, dtype=torch.int64)
+    )
+    rows = n + 2 * len(complete)
+    ids = torch.randint(5, cfg.vocab_size, (rows, T), generator=g)
+    lengths = torch.randint(4, T + 1, (rows,), generator=g)
+    am = (torch.arange(T)[None] < lengths[:, None]).long()
+    text_dropped = torch.cat(
+        [
+            missing == 1,
+            torch.ones(len(complete), dtype=torch.bool),
+            torch.zeros(len(complete), dtype=torch.bool),
+        ]
+    )
+    am[text_dropped] = 0
+    am[text_dropped, :2] = 1  # [CLS] [SEP]
+    px = torch.randn(rows, 3, S, S, generator=g)
+    image_dropped = torch.cat(
+        [
+            missing == 2,
+            torch.zeros(len(complete), dtype=torch.bool),
+            torch.ones(len(complete), dtype=torch.bool),
+        ]
+    )
+    px[image_dropped] = 1.0
+    return Batch(
+        input_ids=ids,
+        attention_mask=am,
+        pixel_values=px,
+        pixel_mask=torch.ones(rows, S, S, dtype=torch.int64),
+        index=torch.arange(n),
+        missing=missing,
+        labels=torch.randint(10 * (N_TASKS - 1), 10 * N_TASKS, (n,), generator=g),
+        complete=complete,
+        ids=[str(i) for i in range(n)],
+    )
+
+
+def timed(fn, device: torch.device, warmup: int, seconds: float) -> tuple[float, int]:
+    """(seconds per call, calls) after `warmup` calls, for at least `seconds`."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        if device.type == "cuda" and calls % 5:
+            continue
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return elapsed / calls, calls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--config", default="demo", choices=["demo", "vilt-b32"])
+    ap.add_argument("--backbone", default=None, help="demo backbone folder")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="extraction batch (default 32 on CPU, 256 on CUDA)",
+    )
+    ap.add_argument("--train-batch", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=5.0, help="time per measurement")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the layers")
+    args = ap.parse_args()
+
+    device = torch.device(args.device)
+    backbone = build_backbone(args.config, args.backbone).place(device)
+    if args.config == "vilt-b32":
+        prompt = PromptParams(pool_size=128, length=8, layers=tuple(range(8)))
+    else:
+        prompt = PromptParams(pool_size=20, length=8, layers=(0, 1))
+    model = PalModel(backbone, prompt, [10] * N_TASKS).to(device)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(N_TASKS):
+        model.add_task(g)
+    model.to(device)
+    if args.compile:
+        backbone._layer = torch.compile(backbone._layer, dynamic=True)
+    D = backbone.hidden_size
+    print(
+        f"{backbone.name}: D={D}, {backbone.num_layers} layers, "
+        f"{backbone.image_side}-px images, {backbone.max_text_len} text tokens; "
+        f"device {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+        + f", torch {torch.__version__}, threads {torch.get_num_threads()}"
+    )
+
+    # ---- training step: batch of train_batch samples + copies, cached queries
+    B = args.train_batch
+    batches = [synthetic_batch(B, backbone, copies=True, seed=s) for s in range(16)]
+    if device.type == "cuda":
+        batches = [b.pin_memory() for b in batches]
+    cache = QueryCache(
+        torch.randn(B, 2, D, device=device), torch.randn(B, 2, D, device=device)
+    )
+    params = model.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.0)
+    model.train()
+    state = {"i": 0}
+
+    def train_step() -> None:
+        batch = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        with autocast(device):
+            loss, _ = model.loss(batch, cache, N_TASKS, recon_weight=0.01)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    per_step, calls = timed(train_step, device, 5, args.seconds)
+    rows = sum(b.input_ids.shape[0] for b in batches) / len(batches)
+    print(
+        f"train   batch {B} (+copies: {rows:.1f} rows on average): "
+        f"{per_step * 1e3:.2f} ms/step, {B / per_step:.0f} samples/s "
+        f"({calls} steps)"
+    )
+
+    # ---- extraction
+    model.eval()
+    n = args.batch or (256 if device.type == "cuda" else 32)
+    ex = [synthetic_batch(n, backbone, copies=False, seed=100 + s) for s in range(4)]
+    if device.type == "cuda":
+        ex = [b.pin_memory() for b in ex]
+    state["i"] = 0
+
+    def extract_step() -> None:
+        batch = ex[state["i"] % len(ex)]
+        state["i"] += 1
+        with torch.inference_mode(), autocast(device):
+            x, logits = model.features(batch)
+            x.cpu()
+
+    per_batch, calls = timed(extract_step, device, 2, args.seconds)
+    print(
+        f"extract batch {n}: {per_batch * 1e3:.1f} ms/batch, {n / per_batch:.0f} "
+        f"samples/s ({calls} batches)"
+    )
+
+
+if __name__ == "__main__":
+    main()
