@@ -386,11 +386,14 @@ def checkpoint_path(tune_dir: str | Path, step: int) -> Path:
 def params_record(
     model: ModelParams, prompt: PromptParams, tune: TuneParams, n_tasks: int
 ) -> dict[str, Any]:
-    """The params a tune checkpoint depends on, as plain JSON-able data."""
+    """The params a tune checkpoint depends on, as plain JSON-able data
+    (`tune.num_workers` left out: it changes speed, not results)."""
+    tune_record = dataclasses.asdict(tune)
+    del tune_record["num_workers"]
     return {
         "model": dataclasses.asdict(model),
         "prompt": dataclasses.asdict(prompt),
-        "tune": dataclasses.asdict(tune),
+        "tune": tune_record,
         "data": {"tasks": n_tasks},
     }
 

@@ -98,8 +98,6 @@ def tune(
         )
         _write_log(out, entries)
         log.info("wrote %s (%s)", paths[-1], digest[:12])
-    if not paths:
-        _write_log(out, entries)
     return paths
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_model_fixtures import tiny_prepare, tiny_vilt  # noqa: F401
 
-from pipeline.backbone import load_backbone
+from pipeline.backbone import autocast, load_backbone
 from pipeline.loader import SampleDataset, make_loader, read_prepare, select
 from pipeline.model import (
     CheckpointError,
@@ -220,3 +220,25 @@ def test_checkpoint_round_trip_and_damage(backbone, data, tmp_path):
         load_checkpoint(path)
     with pytest.raises(CheckpointError, match=r"step_09\.pt: tune checkpoint missing"):
         load_checkpoint(tmp_path / "step_09.pt")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bf16_matches_cpu_float32(tiny_vilt, data):
+    samples, tasks = data
+    ds = None
+    out = {}
+    for name in ("cpu", "cuda"):
+        device = torch.device(name)
+        backbone = load_backbone(str(tiny_vilt), 12).place(device)
+        model = _model(backbone, tasks, steps=2).to(device)
+        if ds is None:
+            ds, _ = _task_data(backbone, samples, tasks, 2)
+        batch = list(make_loader(ds, 12, device=device))[0]
+        torch.manual_seed(0)
+        with torch.inference_mode(), autocast(device):
+            x, logits = model.features(batch)
+        out[name] = (x.float().cpu(), logits.float().cpu())
+    cos = torch.nn.functional.cosine_similarity(out["cpu"][0], out["cuda"][0])
+    assert cos.min().item() > 0.99
+    assert (out["cpu"][1] - out["cuda"][1]).abs().max().item() < 0.1
