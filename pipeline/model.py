@@ -24,7 +24,6 @@ import dataclasses
 import hashlib
 import io
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from pipeline.backbone import Backbone
 from pipeline.params import ModelParams, PromptParams, TuneParams
 from pipeline.prompts import Prompts, check_prompt_params
 from solver.errors import PalError
+from solver.outputs import write_bytes_atomic
 from solver.shards import step_dir_name
 
 CHECKPOINT_FORMAT = 1
@@ -428,14 +428,7 @@ def save_checkpoint(
     digest = state_hash(meta, state)
     buf = io.BytesIO()
     torch.save({**meta, "state": dict(state), "hash": digest}, buf)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(path, buf.getvalue())
     return digest
 
 

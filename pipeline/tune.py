@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +44,7 @@ from pipeline.model import (
     save_checkpoint,
 )
 from solver.cliutil import clean_errors, params_option
+from solver.outputs import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -301,11 +301,8 @@ def _read_log(out: Path) -> list[dict]:
 
 
 def _write_log(out: Path, entries: list[dict]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "log.jsonl"
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text("".join(json.dumps(e) + "\n" for e in entries))
-    os.replace(tmp, path)
+    text = "".join(json.dumps(e) + "\n" for e in entries)
+    write_bytes_atomic(out / "log.jsonl", text.encode())
 
 
 @click.command("tune")
