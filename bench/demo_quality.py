@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `pal demo`; before torch loads
 BUILD_BUDGET_S = 120.0
 
 

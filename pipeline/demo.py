@@ -192,4 +192,7 @@ def cli(params_file: str, out: str) -> None:
     Reads the `demo` section of the params file.
     """
     params = load(params_file, "demo")
+    # Read by OpenMP when torch loads (below, lazily): spinning worker threads
+    # slow pre-training several-fold when the cores are shared with other work.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     make_demo(params, out)

@@ -32,7 +32,7 @@ class DemoParams:
     num_heads: int = 4  # tiny ViLT attention heads
     intermediate_size: int = 128  # tiny ViLT MLP width
     pretrain_steps: int = 300  # optimiser steps of the backbone pre-training (0: none)
-    pretrain_batch: int = 48  # samples per pre-training step
+    pretrain_batch: int = 32  # samples per pre-training step
     pretrain_lr: float = 2.0e-3  # AdamW learning rate of the pre-training
     pretrain_drop: float = 0.15  # per modality: chance a pre-training sample lacks it
 
