@@ -88,10 +88,10 @@ def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
         else:
             kept.append((s, protocol.COMPLETE, s.image, s.text))
     report = {k: v.report() for k, v in absent.items()}
-    for kind, what in (
-        ("image", "image file"),
-        ("text", "text"),
-        ("both", "image or text"),
+    for kind, what, then in (
+        ("image", "have no image file", "keep them"),
+        ("text", "have no text", "keep them"),
+        ("both", "have neither image nor text", "drop them"),
     ):
         r = report[kind]
         if not r["count"]:
@@ -99,8 +99,8 @@ def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
         first = ", ".join(r["first_ids"])
         if params.absent == "reject":
             raise DatasetError(
-                f"{listing.root}: {r['count']} samples have no {what} "
-                f"(first: {first}); set data.absent: missing to keep them"
+                f"{listing.root}: {r['count']} samples {what} (first: {first}); "
+                f"set data.absent: missing to {then}"
             )
         if kind == "both":
             log.warning(
@@ -110,12 +110,29 @@ def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
             )
         else:
             log.warning(
-                "%d samples have no %s, kept as missing it (first: %s)",
+                "%d samples %s, kept as missing it (first: %s)",
                 r["count"],
                 what,
                 first,
             )
     return kept, report
+
+
+def split_protocol(params: DataParams, split: str) -> tuple[str, float]:
+    """(missing type, missing rate) of `split`; test_missing_* apply to test only."""
+    if split != "test":
+        return params.missing_type, params.missing_rate
+    mtype = params.test_missing_type or params.missing_type
+    rate = params.test_missing_rate
+    return mtype, params.missing_rate if rate is None else rate
+
+
+def _check_unique_ids(listing: Listing) -> None:
+    seen: set[str] = set()
+    for s in listing.samples:
+        if s.id in seen:
+            raise DatasetError(f"{listing.source}: sample id {s.id!r} is listed twice")
+        seen.add(s.id)
 
 
 def prepare(params: DataParams) -> tuple[list[dict], dict]:
@@ -126,15 +143,7 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
         document.
     """
     listing = read_dataset(params)
-    ids = [s.id for s in listing.samples]
-    if len(set(ids)) != len(ids):
-        seen, dup = set(), None
-        for i in ids:
-            if i in seen:
-                dup = i
-                break
-            seen.add(i)
-        raise DatasetError(f"{listing.source}: sample id {dup!r} is listed twice")
+    _check_unique_ids(listing)
     kept, absent = natural_codes(listing, params)
 
     order = protocol.class_order(listing.classes, params.class_order_seed)
@@ -154,17 +163,7 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
         counts = {}
         for split in SPLITS:
             group = sorted(groups.get((task, split), []), key=lambda g: g[0])
-            is_test = split == "test"
-            mtype = (
-                (params.test_missing_type or params.missing_type)
-                if is_test
-                else (params.missing_type)
-            )
-            rate = (
-                params.test_missing_rate
-                if (is_test and params.test_missing_rate is not None)
-                else params.missing_rate
-            )
+            mtype, rate = split_protocol(params, split)
             natural = np.array([g[3] for g in group], dtype=np.int8)
             codes = protocol.missing_table(
                 natural, mtype, rate, params.seed, task, split

@@ -331,3 +331,35 @@ def test_prepare_does_not_import_torch(tmp_path, food_a):
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert (tmp_path / "out" / "samples.jsonl").exists()
+
+
+def test_duplicate_listing_is_an_error(tmp_path):
+    root = make_food101_split_json(tmp_path / "food")
+    splits = json.loads((root / "split.json").read_text())
+    splits["train"].append(splits["train"][0])
+    (root / "split.json").write_text(json.dumps(splits))
+    r = run_prepare(
+        tmp_path, tmp_path / "out", dataset="food101", root=str(root), tasks=10
+    )
+    assert r.exit_code == 1
+    assert "split.json: sample id 'train/dish_000_0.jpg' is listed twice" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_sample_lacking_both_modalities_is_dropped_and_reported(tmp_path):
+    root = make_food101_split_json(tmp_path / "food", no_text=("dish_001_0.jpg",))
+    (root / "images" / "train" / "dish_001" / "dish_001_0.jpg").unlink()
+    out = tmp_path / "out"
+    r = run_prepare(tmp_path, out, dataset="food101", root=str(root), tasks=10)
+    assert r.exit_code == 0, r.output
+    assert "dropping 1 samples with neither image nor text" in r.output
+    rows, doc = read_out(out)
+    assert len(rows) == 100 * (TRAIN + VAL + TEST) - 1
+    assert doc["absent"]["both"] == {"count": 1, "first_ids": ["train/dish_001_0.jpg"]}
+    r = run_prepare(tmp_path, out, dataset="food101", root=str(root), tasks=10,
+                    absent="reject")  # fmt: skip
+    assert r.exit_code == 1
+    assert (
+        "1 samples have neither image nor text (first: train/dish_001_0.jpg); "
+        "set data.absent: missing to drop them" in r.output
+    )
