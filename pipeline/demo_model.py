@@ -11,6 +11,7 @@ missing inputs. Only the `ViltModel` weights are saved; the heads are dropped.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +129,9 @@ def _pretrain_batch(
         "input_ids": enc["input_ids"],
         "attention_mask": enc["attention_mask"],
         "pixel_values": to_pixel_values(images),
+        "pixel_mask": torch.ones(
+            b, params.image_size, params.image_size, dtype=torch.long
+        ),
         "shape": torch.tensor([lk.shape for lk in looks]),
         "colour": torch.tensor([lk.colour for lk in looks]),
         "texture": torch.tensor([lk.texture for lk in looks]),
@@ -135,6 +139,12 @@ def _pretrain_batch(
         "has_text": torch.from_numpy(has_text),
         "has_image": torch.from_numpy(has_image),
     }
+
+
+def _lr_factor(step: int, total: int) -> float:
+    """Linear warm-up over the first 10 % of the steps, then cosine decay to 0."""
+    warmup = max(1, total // 10)
+    return min((step + 1) / warmup, 0.5 * (1.0 + math.cos(math.pi * step / total)))
 
 
 def build_backbone(params: DemoParams, tokenizer: BertTokenizer) -> ViltModel:
@@ -155,12 +165,8 @@ def build_backbone(params: DemoParams, tokenizer: BertTokenizer) -> ViltModel:
         lr=params.pretrain_lr,
         weight_decay=0.01,
     )
-    warmup = max(1, params.pretrain_steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        optim,
-        lambda s: min(
-            (s + 1) / warmup, 0.5 * (1 + np.cos(np.pi * s / params.pretrain_steps))
-        ),
+        optim, lambda step: _lr_factor(step, params.pretrain_steps)
     )
     ce = nn.CrossEntropyLoss(reduction="none")
     model.train()
@@ -171,12 +177,7 @@ def build_backbone(params: DemoParams, tokenizer: BertTokenizer) -> ViltModel:
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
             pixel_values=batch["pixel_values"],
-            pixel_mask=torch.ones(
-                batch["pixel_values"].shape[0],
-                params.image_size,
-                params.image_size,
-                dtype=torch.long,
-            ),
+            pixel_mask=batch["pixel_mask"],
         ).last_hidden_state[:, 0]  # (B, D) text CLS after the final LN
         img = batch["has_image"].float()
         txt = batch["has_text"].float()

@@ -258,8 +258,9 @@ def cli(params_file: str, out: str) -> None:
     protocol (type none/text/image/both, rate, seed; test_missing_* for test).
     Writes <out>/samples.jsonl (one row per sample: id, split, task, label,
     class_name, image, text, missing) and <out>/tasks.json (class order, labels
-    and counts per task, the params used). No image is opened. Same params,
-    same bytes.
+    and counts per task, the params used). No image is opened; a listed image
+    file that is absent, or an empty text, is kept as naturally missing or
+    rejected, per data.absent. Same params, same bytes.
     """
     params = load(params_file, "data")
     rows, doc = prepare(params)
