@@ -6,15 +6,28 @@ section and its output folder. Subcommands load lazily so `pal --help` is fast.
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from solver.cliutil import LazyGroup, setup_logging
 
+# Idle OpenMP threads sleep instead of spinning: on shared or small machines a
+# spinning torch thread pool was measured to slow training steps several-fold.
+# Set before any subcommand imports torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 COMMANDS = {
     "demo": ("pipeline.demo:cli", "Make the offline demo dataset and tiny ViLT."),
-    "prepare": ("pipeline.prepare:cli", "Index a dataset into samples, tasks, missing tables."),
+    "prepare": (
+        "pipeline.prepare:cli",
+        "Index a dataset into samples, tasks, missing tables.",
+    ),
     "tune": ("pipeline.tune:cli", "Tune the prompt pools and BP head, task by task."),
-    "extract": ("pipeline.extract:cli", "Dump prompted joint embeddings into HDF5 shards."),
+    "extract": (
+        "pipeline.extract:cli",
+        "Dump prompted joint embeddings into HDF5 shards.",
+    ),
 }
 
 

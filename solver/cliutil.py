@@ -1,4 +1,4 @@
-"""Shared CLI plumbing for `pal` and `pal-solver`: logging, clean errors, lazy commands."""
+"""CLI plumbing for `pal` and `pal-solver`: logging, clean errors, lazy commands."""
 
 from __future__ import annotations
 
@@ -39,9 +39,10 @@ def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except PalError as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
-            raise click.ClickException("interrupted; outputs already renamed into "
-                                       "place are complete, nothing partial was kept"
-                                       ) from None
+            raise click.ClickException(
+                "interrupted; outputs already renamed into "
+                "place are complete, nothing partial was kept"
+            ) from None
 
     return wrapper
 
@@ -67,7 +68,9 @@ class LazyGroup(click.Group):
             return getattr(importlib.import_module(module), attr)
         return super().get_command(ctx, name)
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(
+        self, ctx: click.Context, formatter: click.HelpFormatter
+    ) -> None:
         rows = [(name, self._lazy[name][1]) for name in sorted(self._lazy)]
         if rows:
             with formatter.section("Commands"):

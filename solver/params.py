@@ -55,7 +55,7 @@ def load_section(path: str | Path, section: str, cls: type[T]) -> T:
 
 
 def section_from_mapping(cls: type[T], section: str, raw: Any) -> T:
-    """Build `cls` from a mapping, checking keys and types; errors name `section.key`."""
+    """Build `cls` from a mapping, checking keys and types (errors name section.key)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
