@@ -28,22 +28,27 @@ solve:
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
+    """Features, params, and a good solve + evaluate, made once per module."""
     root = tmp_path_factory.mktemp("pristine")
-    return make_features(
+    make_features(
         root / "extract", [80, 60, 70], [2, 2, 2], feature_dim=D, test_rows=15, seed=4
     )
+    (root / "params.yaml").write_text(PARAMS)
+    ctx = context(root)
+    assert invoke(ctx, "solve").exit_code == 0
+    assert invoke(ctx, "evaluate").exit_code == 0
+    return root
+
+
+def context(root):
+    return {"root": root, "features": root / "extract", "params": root / "params.yaml"}
 
 
 @pytest.fixture
 def run(tmp_path, pristine):
-    """A working copy: features, params, and a good earlier solve + evaluate."""
-    features = tmp_path / "extract"
-    shutil.copytree(pristine, features)
-    (tmp_path / "params.yaml").write_text(PARAMS)
-    ctx = {"root": tmp_path, "features": features, "params": tmp_path / "params.yaml"}
-    assert invoke(ctx, "solve").exit_code == 0
-    assert invoke(ctx, "evaluate").exit_code == 0
-    return ctx
+    """A working copy of `pristine`: the earlier outputs each test must keep."""
+    shutil.copytree(pristine, tmp_path, dirs_exist_ok=True)
+    return context(tmp_path)
 
 
 def invoke(ctx, command, *args):
