@@ -63,7 +63,9 @@ def build_backbone(config: str, backbone: str | None) -> Backbone:
     return Backbone(ViltModel(cfg), None, f"random {config}", 40)
 
 
-def synthetic_batch(n: int, backbone: Backbone, copies: bool, seed: int) -> Batch:
+def synthetic_batch(
+    n: int, backbone: Backbone, copies: bool, seed: int, max_words: int
+) -> Batch:
     """n collated samples (35 % text, 35 % image missing) and, optionally, the
     copies of the complete ones."""
     g = torch.Generator().manual_seed(seed)
@@ -80,7 +82,7 @@ def synthetic_batch(n: int, backbone: Backbone, copies: bool, seed: int) -> Batc
     )
     rows = n + 2 * len(complete)
     ids = torch.randint(5, cfg.vocab_size, (rows, T), generator=g)
-    lengths = torch.randint(4, T + 1, (rows,), generator=g)
+    lengths = torch.randint(4, max_words + 1, (rows,), generator=g)
     am = (torch.arange(T)[None] < lengths[:, None]).long()
     text_dropped = torch.cat(
         [
@@ -100,9 +102,10 @@ def synthetic_batch(n: int, backbone: Backbone, copies: bool, seed: int) -> Batc
         ]
     )
     px[image_dropped] = 1.0
+    T = int(am.sum(1).max())  # padded to the batch's longest, as `Collate` does
     return Batch(
-        input_ids=ids,
-        attention_mask=am,
+        input_ids=ids[:, :T].contiguous(),
+        attention_mask=am[:, :T].contiguous(),
         pixel_values=px,
         pixel_mask=torch.ones(rows, S, S, dtype=torch.int64),
         index=torch.arange(n),
@@ -146,14 +149,23 @@ def main() -> None:
     ap.add_argument("--train-batch", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=5.0, help="time per measurement")
     ap.add_argument("--compile", action="store_true", help="torch.compile the layers")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: the pipeline's choice)",
+    )
     args = ap.parse_args()
 
     device = torch.device(args.device)
     backbone = build_backbone(args.config, args.backbone).place(device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.config == "vilt-b32":
         prompt = PromptParams(pool_size=128, length=8, layers=tuple(range(8)))
     else:
         prompt = PromptParams(pool_size=20, length=8, layers=(0, 1))
+    words = 40 if args.config == "vilt-b32" else 14  # the demo's captions: ≤ 14 tokens
     model = PalModel(backbone, prompt, [10] * N_TASKS).to(device)
     g = torch.Generator().manual_seed(0)
     for _ in range(N_TASKS):
@@ -172,7 +184,10 @@ def main() -> None:
 
     # ---- training step: batch of train_batch samples + copies, cached queries
     B = args.train_batch
-    batches = [synthetic_batch(B, backbone, copies=True, seed=s) for s in range(16)]
+    batches = [
+        synthetic_batch(B, backbone, copies=True, seed=s, max_words=words)
+        for s in range(16)
+    ]
     if device.type == "cuda":
         batches = [b.pin_memory() for b in batches]
     cache = QueryCache(
@@ -203,7 +218,10 @@ def main() -> None:
     # ---- extraction
     model.eval()
     n = args.batch or (256 if device.type == "cuda" else 32)
-    ex = [synthetic_batch(n, backbone, copies=False, seed=100 + s) for s in range(4)]
+    ex = [
+        synthetic_batch(n, backbone, copies=False, seed=100 + s, max_words=words)
+        for s in range(4)
+    ]
     if device.type == "cuda":
         ex = [b.pin_memory() for b in ex]
     state["i"] = 0
