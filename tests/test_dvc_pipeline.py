@@ -144,3 +144,61 @@ def test_eta_change_reruns_only_the_analytic_stages(
     out = _run([str(BIN / "dvc"), "repro"], path, env)
     assert _ran(out) == {"solve", "evaluate"}, out
     assert (path / "data/extract/step_01/train.h5").read_bytes() == before
+
+
+def test_queued_grid_reuses_cached_features(repo: tuple[Path, dict[str, str]]) -> None:
+    path, env = repo
+    dvc = str(BIN / "dvc")
+    _run(["git", "add", "-A"], path, env)
+    _run(["git", "commit", "-qm", "eta 0.1"], path, env)
+    _run(
+        [
+            dvc,
+            "exp",
+            "run",
+            "--queue",
+            "-S",
+            "solve.eta=0.5,2",
+            "-S",
+            "solve.width=128,256",
+        ],
+        path,
+        env,
+    )
+    out = _run([dvc, "exp", "run", "--run-all"], path, env)
+    assert out.count("Running stage 'solve'") == 4, out
+    assert "Running stage 'extract'" not in out and "Running stage 'tune'" not in out
+    table = _run(
+        [
+            dvc,
+            "exp",
+            "show",
+            "--csv",
+            "--drop",
+            ".*",
+            "--keep",
+            "solve.eta|solve.width|^acc$",
+        ],
+        path,
+        env,
+    )
+    rows = [line.split(",") for line in table.strip().splitlines()[1:]]
+    # rows: the workspace, HEAD (eta 0.1, width 256), then the four experiments
+    grid = {(r[-2], r[-1]): float(r[0]) for r in rows}
+    for point in [("0.5", "128"), ("0.5", "256"), ("2", "128"), ("2", "256")]:
+        assert 0.0 <= grid[point] <= 100.0, table
+    assert len(rows) == 6, table
+
+
+def test_shared_cache_lets_a_clone_skip_every_stage(
+    repo: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    path, env = repo
+    dvc = str(BIN / "dvc")
+    _run(["git", "checkout", "-q", "--", "."], path, env)
+    clone = tmp_path / "clone"
+    _run(["git", "clone", "-q", str(path), str(clone)], tmp_path, env)
+    _run([dvc, "cache", "dir", "--local", str(path / ".dvc" / "cache")], clone, env)
+    out = _run([dvc, "repro"], clone, dict(env, PYTHONPATH=str(clone)))
+    assert _ran(out) == set(), out
+    assert (clone / "data/extract/step_02/test.h5").is_file()
