@@ -171,10 +171,9 @@ def solve_cmd(
     "weights",
     multiple=True,
     metavar="PATH",
-    default=("data/solve/weights.h5",),
-    show_default=True,
-    help="Weights file from `solve`; repeat for several. A folder means "
-    "all its weights-eta*.h5 files (an η sweep).",
+    help="Weights file from `solve`; repeat for several. A folder means all its "
+    "weights-eta*.h5 files (an η sweep). Default: data/solve/weights.h5, or "
+    "data/solve/weights-eta<η>.h5 for each η when solve.eta is a list.",
 )
 @click.option(
     "--out",
@@ -204,10 +203,14 @@ def evaluate_cmd(
     """
     from solver.backend import get_backend
     from solver.evaluate import evaluate
+    from solver.weights import weights_name
 
     params = apply_overrides(
         load_section(params_file, "solve", SolveParams), device=device
     )
+    if not weights:
+        names = [weights_name(eta, params.is_sweep) for eta in params.etas]
+        weights = tuple(str(Path("data/solve") / name) for name in names)
     evaluate(
         features,
         [Path(w) for w in weights],

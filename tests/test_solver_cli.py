@@ -327,3 +327,21 @@ def test_solver_cli_never_imports_torch_or_transformers():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_defaults_follow_params_in_the_working_folder(tmp_path, pristine, monkeypatch):
+    """No path options: data/extract -> data/solve -> results, sweep from params."""
+    shutil.copytree(pristine / "extract", tmp_path / "data" / "extract")
+    (tmp_path / "params.yaml").write_text(PARAMS.replace("eta: 1.0", "eta: [0.5, 2]"))
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(main, ["solve"]).exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "data" / "solve").iterdir()) == [
+        "weights-eta0.5.h5",
+        "weights-eta2.h5",
+    ]
+    r = CliRunner().invoke(main, ["evaluate"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "results").glob("*.json")) == [
+        "metrics-eta0.5.json",
+        "metrics-eta2.json",
+    ]
