@@ -18,7 +18,9 @@ Prints samples/s of
   `pal tune` (forward, backward, AdamW);
 - extract: `model.features` at `--batch` samples under inference_mode, as in
   `pal extract` (query pass, reconstruction pass, classification pass).
-On CUDA both run in bf16 autocast with bf16 frozen weights and fused attention.
+On CUDA both run in bf16 autocast with bf16 frozen weights (float32
+LayerNorms) and fused attention. Timing starts after every batch shape
+has run once (warm-up), as in a long `pal tune`/`pal extract` run.
 `--compile` wraps each encoder layer in torch.compile (experimental).
 """
 
@@ -194,7 +196,13 @@ def main() -> None:
         torch.randn(B, 2, D, device=device), torch.randn(B, 2, D, device=device)
     )
     params = model.trainable_parameters()
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.0)
+    opt = torch.optim.AdamW(
+        params,
+        lr=1e-4,
+        betas=(0.9, 0.98),
+        weight_decay=0.0,
+        fused=device.type == "cuda",
+    )
     model.train()
     state = {"i": 0}
 
@@ -207,7 +215,8 @@ def main() -> None:
         loss.backward()
         opt.step()
 
-    per_step, calls = timed(train_step, device, 5, args.seconds)
+    # warm-up: every batch shape once (kernel plans, allocator), as in a long run
+    per_step, calls = timed(train_step, device, len(batches), args.seconds)
     rows = sum(b.input_ids.shape[0] for b in batches) / len(batches)
     print(
         f"train   batch {B} (+copies: {rows:.1f} rows on average): "
@@ -233,7 +242,7 @@ def main() -> None:
             x, logits = model.features(batch)
             x.cpu()
 
-    per_batch, calls = timed(extract_step, device, 2, args.seconds)
+    per_batch, calls = timed(extract_step, device, len(ex), args.seconds)
     print(
         f"extract batch {n}: {per_batch * 1e3:.1f} ms/batch, {n / per_batch:.0f} "
         f"samples/s ({calls} batches)"

@@ -14,6 +14,9 @@ them and wraps them in `Backbone`. The encoder is run as our own loop over
   (`LayerPrompt.tokens`, prepended to the sequence and replaced at each
   prompt layer); their key mask lets a prompt be switched off per sample.
 
+On CUDA, batches of full (unpadded) images are embedded without HF's
+per-sample loops (`Backbone._embed_full`, patches in raster order).
+
 With no prompts the loop equals `ViltModel.forward(...).last_hidden_state`
 (a test holds this to 1e-6; ViLT shuffles patch order with torch's RNG, so seed
 before comparing).
@@ -31,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from solver.errors import PalError
 
@@ -78,6 +82,8 @@ class Backbone(nn.Module):
         self.num_heads = int(cfg.num_attention_heads)
         self.max_text_len = int(max_text_len)
         self.fused_attention = False  # True: F.scaled_dot_product_attention
+        self.fast_embed = False  # True: `_embed_full` for batches of full images
+        self.attention_backends: list | None = None  # SDPA kernels allowed
         if self.max_text_len > cfg.max_position_embeddings:
             interpolate_text_positions(vilt, self.max_text_len)
         ip = processor.image_processor if processor is not None else None
@@ -106,7 +112,20 @@ class Backbone(nn.Module):
         the CPU everything stays float32 with HF's exact arithmetic."""
         if device.type == "cuda":
             self.to(device=device, dtype=torch.bfloat16)
+            # LayerNorm runs in float32 under autocast: float32 parameters
+            # spare two casts per LayerNorm call (and keep the residual exact)
+            for module in self.modules():
+                if isinstance(module, nn.LayerNorm):
+                    module.float()
             self.fused_attention = True
+            # cuDNN attention builds a plan for every new shape (batches vary
+            # in rows and text length): the efficient/flash kernels do not
+            self.attention_backends = [
+                SDPBackend.FLASH_ATTENTION,
+                SDPBackend.EFFICIENT_ATTENTION,
+                SDPBackend.MATH,
+            ]
+            self.fast_embed = True
         else:
             self.to(device=device)
             # Small matrices gain nothing from threads, and spinning OpenMP
@@ -127,8 +146,10 @@ class Backbone(nn.Module):
         input_ids, attention_mask: (B, T) int64; pixel_values: (B, 3, H, W)
         float; pixel_mask: (B, H, W) int64. Returns h (B, T + 1 + P, D) and
         mask (B, T + 1 + P) bool (True = attend). Consumes torch's RNG (patch
-        order).
+        order on the CPU path; see `_embed_full` for CUDA).
         """
+        if self.fast_embed and self._full_images(pixel_mask):
+            return self._embed_full(input_ids, attention_mask, pixel_values)
         h, mask = self.vilt.embeddings(
             input_ids,
             attention_mask,
@@ -140,6 +161,62 @@ class Backbone(nn.Module):
             image_token_type_idx=1,
         )
         return h, mask.bool()
+
+    def _full_images(self, pixel_mask: torch.Tensor) -> bool:
+        """True when every image fills the whole padded tensor and ViLT would keep
+        all of its patches (`max_image_length` ≤ 0 or ≥ the patch count).
+        One host synchronisation (instead of HF's per-sample ones)."""
+        cfg = self.vilt.config
+        limit = cfg.max_image_length
+        if isinstance(limit, int) and limit > 0:
+            ph, pw = self.vilt.embeddings.patch_embeddings.patch_size
+            if limit < (pixel_mask.shape[1] // ph) * (pixel_mask.shape[2] // pw):
+                return False  # HF samples a random subset of patches
+        return bool(pixel_mask.all())
+
+    def _patches(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+        """The patch projection (a stride-p convolution) as one GEMM over the
+        unfolded patches: (B, gh·gw, D) in raster order, gh, gw."""
+        conv = self.vilt.embeddings.patch_embeddings.projection
+        B, C, H, W = pixel_values.shape
+        ph, pw = conv.kernel_size
+        gh, gw = H // ph, W // pw
+        px = pixel_values[:, :, : gh * ph, : gw * pw].to(conv.weight.dtype)
+        px = px.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5)
+        px = px.reshape(B, gh * gw, C * ph * pw)
+        return F.linear(px, conv.weight.flatten(1), conv.bias), gh, gw
+
+    def _embed_full(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pixel_values: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`embed` for full images without HF's per-sample loops and syncs.
+
+        Same arithmetic as `ViltEmbeddings.forward` except that the patches keep
+        their raster order instead of a random permutation; the encoder is
+        permutation-equivariant over the patch tokens (positions are added
+        before), so the CLS outputs are the same up to summation order.
+        """
+        emb = self.vilt.embeddings
+        text = emb.text_embeddings(input_ids=input_ids)
+        type_w = emb.token_type_embeddings.weight  # (types, D)
+        text = text + type_w[0]
+        x, gh, gw = self._patches(pixel_values)  # (B, gh·gw, D)
+        B, D = x.shape[0], self.hidden_size
+        g = self.vilt.config.image_size // self.vilt.config.patch_size
+        pos = emb.position_embeddings  # (1, 1 + g·g, D)
+        spatial = pos[:, 1:, :].transpose(1, 2).reshape(1, D, g, g)
+        spatial = F.interpolate(
+            spatial, size=(gh, gw), mode="bilinear", align_corners=True
+        )
+        x = x + spatial.flatten(2).transpose(1, 2)
+        cls = emb.cls_token.expand(B, -1, -1) + pos[:, :1, :]
+        image = torch.cat([cls, x], 1) + type_w[1]
+        h = torch.cat([text, image], 1)
+        ones = torch.ones(B, 1 + gh * gw, dtype=torch.bool, device=h.device)
+        return h, torch.cat([attention_mask.bool(), ones], 1)
 
     def encode(
         self,
@@ -153,7 +230,14 @@ class Backbone(nn.Module):
         `LayerPrompt` (None or {}: prompt-free). Returns (B, N, D): the output
         at the input's token positions (input-style prompt tokens are dropped).
         """
-        prompts = prompts or {}
+        if self.fused_attention and self.attention_backends:
+            with sdpa_kernel(self.attention_backends):
+                return self._encode(h, mask, prompts or {})
+        return self._encode(h, mask, prompts or {})
+
+    def _encode(
+        self, h: torch.Tensor, mask: torch.Tensor, prompts: dict[int, LayerPrompt]
+    ) -> torch.Tensor:
         n_input = 0  # input-style prompt tokens currently at the front of h
         mask_in = None
         biases: dict[tuple[int, int], torch.Tensor] = {}  # one per distinct key mask

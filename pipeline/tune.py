@@ -182,7 +182,12 @@ def train_task(
     groups = [{"params": head, "lr": tune_p.head_lr or tune_p.lr}]
     if prompts:
         groups.append({"params": prompts, "lr": tune_p.lr})
-    optimiser = torch.optim.AdamW(groups, betas=BETAS, weight_decay=tune_p.weight_decay)
+    optimiser = torch.optim.AdamW(
+        groups,
+        betas=BETAS,
+        weight_decay=tune_p.weight_decay,
+        fused=device.type == "cuda",  # one kernel for all parameters
+    )
     per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
     total = per_epoch * tune_p.epochs
     warmup = int(tune_p.warmup * total)

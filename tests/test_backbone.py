@@ -157,3 +157,28 @@ def test_damaged_weights_are_one_error(tmp_path):
     (folder / "model.safetensors").write_bytes(b"\0" * 100)
     with pytest.raises(BackboneError, match=r"cannot load the ViLT model or processor"):
         load_backbone(str(folder), 40)
+
+
+@pytest.mark.parametrize("side", [32, 48])
+def test_full_image_embedding_matches_hf_up_to_patch_order(backbone, side):
+    # the CUDA fast path keeps patches in raster order; HF shuffles them: the
+    # text and CLS outputs (what the model reads) must agree
+    ids, am, px, pm = _inputs(backbone, ["a red cat", ""], [(side, side)] * 2)
+    assert backbone._full_images(pm)
+    torch.manual_seed(0)
+    h, mask = backbone.embed(ids, am, px, pm)
+    ref = backbone.encode(h, mask)
+    h2, mask2 = backbone._embed_full(ids, am, px)
+    assert torch.equal(mask2, mask)
+    out = backbone.encode(h2, mask2)
+    T = ids.shape[1]
+    assert out.shape == ref.shape
+    assert (out[:, : T + 1] - ref[:, : T + 1]).abs().max().item() < 1e-5
+    # patch tokens: the same multiset per sample and feature
+    a, b = out[:, T + 1 :].sort(1).values, ref[:, T + 1 :].sort(1).values
+    assert (a - b).abs().max().item() < 1e-5
+
+
+def test_padded_images_take_the_hf_embedding(backbone):
+    _, _, _, pm = _inputs(backbone, ["a", "b"], [(32, 32), (32, 48)])
+    assert not backbone._full_images(pm)
