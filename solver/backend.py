@@ -201,7 +201,7 @@ def get_backend(device: str) -> Backend:
         log.info("backend: CuPy on %s", _gpu_name(cp))
         return CupyBackend(cp)
     if device == "cuda":
-        raise PalError(f"device 'cuda' requested but no working GPU: {reason}")
+        raise PalError(f"solve.device is 'cuda' but no GPU works: {reason}")
     log.info("backend: NumPy (no GPU: %s)", reason)
     return Backend()
 

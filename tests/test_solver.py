@@ -234,7 +234,7 @@ def test_auto_backend_without_gpu_falls_back_with_a_log_line(caplog):
         b = get_backend("auto")
     assert b.name == "numpy"
     assert "backend: NumPy (no GPU: cupy not importable" in caplog.text
-    with pytest.raises(PalError, match=r"device 'cuda' requested but no working GPU"):
+    with pytest.raises(PalError, match=r"solve\.device is 'cuda' but no GPU works: "):
         get_backend("cuda")
 
 
