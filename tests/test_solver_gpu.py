@@ -62,6 +62,9 @@ def test_kernels_match_numpy():
     g.add_diag_(Gg, 1.0)
     n.add_diag_(Gn, 1.0)
     B = rng.standard_normal((32, 5))
+    # symm reads the lower triangle; check it before cholesky_ overwrites G
+    S = g.to_host(g.symm(Gg, g.asarray(B)))
+    assert rel(S, n.symm(Gn, B)) < 1e-12
     Lg, Ln = g.cholesky_(Gg), n.cholesky_(Gn)
     assert rel(g.to_host(g.cho_solve(Lg, g.asarray(B))), n.cho_solve(Ln, B)) < 1e-11
     for trans in (True, False):
@@ -69,8 +72,6 @@ def test_kernels_match_numpy():
         want = n.trsm_right_(Ln, np.asfortranarray(P), trans)
         got = g.to_host(g.trsm_right_(Lg, g.asarray(P), trans))
         assert rel(got, want) < 1e-11, trans
-    S = g.to_host(g.symm(Gg, g.asarray(B)))
-    assert rel(S, n.symm(Gn, B)) < 1e-12
 
 
 def test_solve_on_cupy_matches_numpy():
