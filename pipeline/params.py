@@ -37,26 +37,47 @@ class DemoParams:
     pretrain_drop: float = 0.15  # per modality: chance a pre-training sample lacks it
 
     def __post_init__(self) -> None:
-        for key in ("train_per_class", "test_per_class", "image_size", "patch_size",
-                    "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                    "pretrain_batch"):
+        for key in (
+            "train_per_class",
+            "test_per_class",
+            "image_size",
+            "patch_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "pretrain_batch",
+        ):
             value = getattr(self, key)
             check(value > 0, f"demo.{key}", f"must be > 0, got {value}")
-        check(4 <= self.n_classes <= 32, "demo.n_classes",
-              f"must lie in [4, 32], got {self.n_classes}")
+        check(
+            4 <= self.n_classes <= 32,
+            "demo.n_classes",
+            f"must lie in [4, 32], got {self.n_classes}",
+        )
         check(self.val_per_class >= 0, "demo.val_per_class", "must be >= 0")
         check(self.pretrain_steps >= 0, "demo.pretrain_steps", "must be >= 0")
         check(self.pretrain_lr > 0, "demo.pretrain_lr", "must be > 0")
-        check(self.image_size % self.patch_size == 0, "demo.image_size",
-              f"must be a multiple of demo.patch_size ({self.patch_size})")
-        check(self.hidden_size % self.num_heads == 0, "demo.hidden_size",
-              f"must be divisible by demo.num_heads ({self.num_heads})")
+        check(
+            self.image_size % self.patch_size == 0,
+            "demo.image_size",
+            f"must be a multiple of demo.patch_size ({self.patch_size})",
+        )
+        check(
+            self.hidden_size % self.num_heads == 0,
+            "demo.hidden_size",
+            f"must be divisible by demo.num_heads ({self.num_heads})",
+        )
         for key in ("image_noise", "text_noise"):
             value = getattr(self, key)
-            check(0.0 <= value <= 1.0, f"demo.{key}",
-                  f"must lie in [0, 1], got {value}")
-        check(0.0 <= self.pretrain_drop <= 0.5, "demo.pretrain_drop",
-              f"must lie in [0, 0.5], got {self.pretrain_drop}")
+            check(
+                0.0 <= value <= 1.0, f"demo.{key}", f"must lie in [0, 1], got {value}"
+            )
+        check(
+            0.0 <= self.pretrain_drop <= 0.5,
+            "demo.pretrain_drop",
+            f"must lie in [0, 0.5], got {self.pretrain_drop}",
+        )
 
 
 Dataset = Literal["demo", "food101", "n24news"]
@@ -86,17 +107,29 @@ class DataParams:
     def __post_init__(self) -> None:
         check(self.tasks > 0, "data.tasks", f"must be > 0, got {self.tasks}")
         check(self.seed >= 0, "data.seed", f"must be >= 0, got {self.seed}")
-        check(self.class_order_seed >= 0, "data.class_order_seed",
-              f"must be >= 0, got {self.class_order_seed}")
+        check(
+            self.class_order_seed >= 0,
+            "data.class_order_seed",
+            f"must be >= 0, got {self.class_order_seed}",
+        )
         fields = ("headline", "abstract", "caption", "body", "article")
-        check(all(f.strip() in fields for f in self.text_field.split("+")),
-              "data.text_field", f"must be one of {', '.join(fields)} or several "
-              f"joined by '+', got {self.text_field!r}")
-        check(0.0 <= self.missing_rate <= 1.0, "data.missing_rate",
-              f"must lie in [0, 1], got {self.missing_rate}")
+        check(
+            all(f.strip() in fields for f in self.text_field.split("+")),
+            "data.text_field",
+            f"must be one of {', '.join(fields)} or several "
+            f"joined by '+', got {self.text_field!r}",
+        )
+        check(
+            0.0 <= self.missing_rate <= 1.0,
+            "data.missing_rate",
+            f"must lie in [0, 1], got {self.missing_rate}",
+        )
         if self.test_missing_rate is not None:
-            check(0.0 <= self.test_missing_rate <= 1.0, "data.test_missing_rate",
-                  f"must lie in [0, 1], got {self.test_missing_rate}")
+            check(
+                0.0 <= self.test_missing_rate <= 1.0,
+                "data.test_missing_rate",
+                f"must lie in [0, 1], got {self.test_missing_rate}",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +140,11 @@ class ModelParams:
     max_text_len: int = 40  # text tokens; above 40 the position table is interpolated
 
     def __post_init__(self) -> None:
-        check(self.max_text_len >= 2, "model.max_text_len",
-              f"must be >= 2, got {self.max_text_len}")
+        check(
+            self.max_text_len >= 2,
+            "model.max_text_len",
+            f"must be >= 2, got {self.max_text_len}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,14 +159,21 @@ class PromptParams:
     position: Literal["prefix", "input"] = "prefix"  # prefix-tuning or input tokens
 
     def __post_init__(self) -> None:
-        check(self.pool_size > 0, "prompt.pool_size", f"must be > 0, got {self.pool_size}")
+        check(
+            self.pool_size > 0, "prompt.pool_size", f"must be > 0, got {self.pool_size}"
+        )
         check(self.length > 0, "prompt.length", f"must be > 0, got {self.length}")
-        check(self.position != "prefix" or self.length % 2 == 0, "prompt.length",
-              f"must be even for prefix prompts, got {self.length}")
+        check(
+            self.position != "prefix" or self.length % 2 == 0,
+            "prompt.length",
+            f"must be even for prefix prompts, got {self.length}",
+        )
         check(len(self.layers) > 0, "prompt.layers", "must list at least one layer")
-        check(len(set(self.layers)) == len(self.layers) and min(self.layers) >= 0,
-              "prompt.layers", f"must be distinct layer indices >= 0, got "
-              f"{list(self.layers)}")
+        check(
+            len(set(self.layers)) == len(self.layers) and min(self.layers) >= 0,
+            "prompt.layers",
+            f"must be distinct layer indices >= 0, got {list(self.layers)}",
+        )
 
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -153,10 +196,17 @@ class TuneParams:
 
     def __post_init__(self) -> None:
         check(self.epochs > 0, "tune.epochs", f"must be > 0, got {self.epochs}")
-        check(self.batch_size > 0, "tune.batch_size", f"must be > 0, got {self.batch_size}")
+        check(
+            self.batch_size > 0,
+            "tune.batch_size",
+            f"must be > 0, got {self.batch_size}",
+        )
         check(self.lr > 0, "tune.lr", f"must be > 0, got {self.lr}")
-        check(self.head_lr is None or self.head_lr > 0, "tune.head_lr",
-              f"must be > 0, got {self.head_lr}")
+        check(
+            self.head_lr is None or self.head_lr > 0,
+            "tune.head_lr",
+            f"must be > 0, got {self.head_lr}",
+        )
         check(self.weight_decay >= 0, "tune.weight_decay", "must be >= 0")
         check(0.0 <= self.warmup < 1.0, "tune.warmup", "must lie in [0, 1)")
         check(self.recon_weight >= 0, "tune.recon_weight", "must be >= 0")
@@ -173,8 +223,11 @@ class ExtractParams:
     num_workers: int = 0  # DataLoader workers decoding images
 
     def __post_init__(self) -> None:
-        check(self.batch_size > 0, "extract.batch_size",
-              f"must be > 0, got {self.batch_size}")
+        check(
+            self.batch_size > 0,
+            "extract.batch_size",
+            f"must be > 0, got {self.batch_size}",
+        )
         check(self.num_workers >= 0, "extract.num_workers", "must be >= 0")
 
 
