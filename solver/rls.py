@@ -10,7 +10,10 @@ shares the read and the up-sampling of every chunk.
 
 - `GramRLS` (default): G += HᵀH (SYRK, lower triangle) and Q += HᵀY per
   chunk; at a step's end W = (G + ηI)⁻¹Q by Cholesky. The accumulation is
-  shared by every η of a sweep; only the factorisation is per η.
+  shared by every η of a sweep; only the factorisation is per η. While the
+  rows seen so far are few (N ≤ d/2) and it costs fewer flops, a step's W is
+  solved in the equal dual form W = Hᵀ(H Hᵀ + ηI)⁻¹Y instead: an N×N Cholesky
+  per η in place of a d×d one, with H regenerated from the kept input rows.
 - `WoodburyRLS`: the paper's Theorem 1 in batch form (as in ACIL), one update
   per chunk of b rows, with the b×b system solved by Cholesky, never inverted:
 
@@ -95,7 +98,10 @@ class RidgeRLS:
         self.dtype = np.dtype(dtype)
         self.n_rows_ = 0
 
-    def partial_fit(self, H: Any, labels: Any, classes_seen: int) -> None:
+    def partial_fit(
+        self, H: Any, labels: Any, classes_seen: int, X: np.ndarray | None = None
+    ) -> None:
+        """Absorb rows H (r, d) with labels (r,); X (r, D): the rows H came from."""
         raise NotImplementedError
 
     def weights(self, classes_seen: int) -> list[np.ndarray]:
@@ -113,15 +119,24 @@ class GramRLS(RidgeRLS):
     """G += HᵀH, Q += HᵀY per chunk; W = (G + ηI)⁻¹Q by Cholesky per step."""
 
     method = "gram"
+    dual_block = 1024  # columns of H regenerated at a time in the dual form
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, expand: Expander | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         b = self.backend
         self.G_ = b.sym_empty(self.width, self.dtype)  # (d, d), lower triangle
         self.Q_ = self.xp.zeros((self.width, self.max_classes), dtype=self.dtype)
         self._M = b.sym_empty(self.width, self.dtype)  # factor buffer, reused
+        # host input rows and labels seen so far, kept for the dual form while
+        # they number at most d/2 (then K = H Hᵀ is at most a quarter of G)
+        self._expand = expand
+        self._X: list[np.ndarray] | None = [] if expand is not None else None
+        self._y: list[np.ndarray] = []
+        self.dual_steps_ = 0  # steps solved in the dual form
 
-    def partial_fit(self, H: Any, labels: Any, classes_seen: int) -> None:
+    def partial_fit(
+        self, H: Any, labels: Any, classes_seen: int, X: np.ndarray | None = None
+    ) -> None:
         self._check(H, classes_seen)
         if H.shape[0] == 0:
             return
@@ -130,20 +145,72 @@ class GramRLS(RidgeRLS):
         lo, hi = int(labels.min()), int(labels.max()) + 1
         Y = one_hot(labels - lo, hi - lo, self.xp, self.dtype)  # (r, hi - lo)
         self.Q_[:, lo:hi] += H.T @ Y
+        if self._X is not None:
+            if X is None or self.n_rows_ > self.width // 2:
+                self._X, self._y = None, []  # primal form from here on
+            else:
+                self._X.append(np.asarray(X))
+                self._y.append(self.backend.to_host(labels))
+
+    def _dual_pays(self, classes_seen: int) -> bool:
+        """True when the dual form needs fewer flops than d×d Choleskys."""
+        if not self._X:
+            return False
+        n, D, d = self.n_rows_, self._X[0].shape[1], self.width
+        c, e = classes_seen, len(self.etas)
+        # two passes regenerating H, K = H Hᵀ, then per η: N×N Cholesky + solves
+        dual = (
+            4 * n * D * d + n * n * d + e * (n**3 / 3 + 2 * n * n * c + 2 * n * d * c)
+        )
+        return dual < e * (d**3 / 3 + 2 * d * d * c)
+
+    def _dual_weights(self, classes_seen: int) -> list[np.ndarray]:
+        """W = Hᵀ(H Hᵀ + ηI)⁻¹Y over the kept rows, equal to (G + ηI)⁻¹Q."""
+        assert self._X is not None and self._expand is not None
+        b, xp, dt, blk = self.backend, self.xp, self.dtype, self.dual_block
+        X = b.asarray(np.concatenate(self._X)).astype(dt)  # (N, D)
+        W_up = self._expand.W_up  # (D, d)
+        n, d = X.shape[0], self.width
+
+        def columns(lo: int) -> Any:  # H[:, lo:lo + blk]: (N, blk)
+            return xp.maximum(X @ W_up[:, lo : lo + blk], 0)
+
+        K = b.sym_empty(n, dt)  # (N, N), lower triangle
+        for lo in range(0, d, blk):
+            b.syrk_(K, columns(lo))  # K += H_c H_cᵀ
+        Y = one_hot(b.asarray(np.concatenate(self._y)), classes_seen, xp, dt)
+        M, alphas = b.sym_empty(n, dt), []
+        for eta in self.etas:
+            xp.copyto(M, K)
+            b.add_diag_(M, eta)
+            L = self._cholesky(M, eta, "H Hᵀ")
+            alphas.append(b.cho_solve(L, Y))  # (N, C) = (H Hᵀ + ηI)⁻¹Y
+        Ws = [xp.empty((d, classes_seen), dtype=dt) for _ in self.etas]
+        for lo in range(0, d, blk):
+            Hc = columns(lo)
+            for W, alpha in zip(Ws, alphas, strict=True):
+                W[lo : lo + blk] = Hc.T @ alpha
+        return [b.to_host(W) for W in Ws]
+
+    def _cholesky(self, M: Any, eta: float, what: str) -> Any:
+        try:
+            return self.backend.cholesky_(M)
+        except np.linalg.LinAlgError:
+            raise PalError(
+                f"solve: {what} + {eta:g}·I is not positive definite in "
+                f"{self.dtype}; use dtype float64 or a larger eta"
+            ) from None
 
     def weights(self, classes_seen: int) -> list[np.ndarray]:
+        if self._dual_pays(classes_seen):
+            self.dual_steps_ += 1
+            return self._dual_weights(classes_seen)
         b, out = self.backend, []
         Q = self.Q_[:, :classes_seen]
         for eta in self.etas:
             self.xp.copyto(self._M, self.G_)
             b.add_diag_(self._M, eta)
-            try:
-                L = b.cholesky_(self._M)  # (G + ηI) = L Lᵀ
-            except np.linalg.LinAlgError:
-                raise PalError(
-                    f"solve: G + {eta:g}·I is not positive definite in "
-                    f"{self.dtype}; use dtype float64 or a larger eta"
-                ) from None
+            L = self._cholesky(self._M, eta, "G")  # (G + ηI) = L Lᵀ
             out.append(b.to_host(b.cho_solve(L, Q)))
         return out
 
@@ -165,7 +232,9 @@ class WoodburyRLS(RidgeRLS):
             self.xp.zeros((d, self.max_classes), dtype=self.dtype) for _ in self.etas
         ]
 
-    def partial_fit(self, H: Any, labels: Any, classes_seen: int) -> None:
+    def partial_fit(
+        self, H: Any, labels: Any, classes_seen: int, X: np.ndarray | None = None
+    ) -> None:
         self._check(H, classes_seen)
         if H.shape[0] == 0:
             return
@@ -199,9 +268,15 @@ def make_rls(
     etas: tuple[float, ...],
     max_classes: int,
     dtype: Any = np.float64,
+    expand: Expander | None = None,
 ) -> RidgeRLS:
-    """The RLS state for `method` ('gram' or 'woodbury')."""
-    classes = {"gram": GramRLS, "woodbury": WoodburyRLS}
-    if method not in classes:
-        raise PalError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    return classes[method](backend, width, etas, max_classes, dtype)
+    """The RLS state for `method` ('gram' or 'woodbury').
+
+    `expand` (the solve's up-sampling) lets `gram` use the dual form on early
+    steps; pass the input rows to `partial_fit` as X for that.
+    """
+    if method == "gram":
+        return GramRLS(backend, width, etas, max_classes, dtype, expand=expand)
+    if method == "woodbury":
+        return WoodburyRLS(backend, width, etas, max_classes, dtype)
+    raise PalError(f"method must be one of {', '.join(METHODS)}, got {method!r}")

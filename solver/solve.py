@@ -40,6 +40,9 @@ def solve(
     backend = backend or get_backend(params.device)
     feature_dim = steps[0].feature_dim
     etas = params.etas
+    expand = Expander(
+        backend, upsampling_matrix(feature_dim, params.width, params.seed), params.dtype
+    )
     rls = make_rls(
         params.method,
         backend,
@@ -47,9 +50,7 @@ def solve(
         etas,
         max_classes=steps[-1].classes_seen,
         dtype=params.dtype,
-    )
-    expand = Expander(
-        backend, upsampling_matrix(feature_dim, params.width, params.seed), params.dtype
+        expand=expand,
     )
     out_dir = Path(out_dir)
     infos = [
@@ -86,7 +87,9 @@ def solve(
                 bar.set_postfix(step=shards.step)
                 for X, y, _, _ in shards.train.iter_chunks(params.batch_rows):
                     # H = expand(X): (r, d), freed before the next chunk's
-                    rls.partial_fit(expand(X), backend.asarray(y), shards.classes_seen)
+                    rls.partial_fit(
+                        expand(X), backend.asarray(y), shards.classes_seen, X=X
+                    )
                     bar.update(len(y))
                 for writer, W in zip(
                     writers, rls.weights(shards.classes_seen), strict=True

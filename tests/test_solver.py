@@ -241,3 +241,34 @@ def test_auto_backend_without_gpu_falls_back_with_a_log_line(caplog):
 def test_solver_params_replace_revalidates():
     with pytest.raises(PalError, match=r"solve\.width must be > 0, got 0"):
         dataclasses.replace(params(), width=0)
+
+
+@pytest.mark.parametrize("etas", [(1.0,), (0.1, 1.0, 10.0)])
+def test_dual_form_on_early_steps_equals_joint_ridge(tmp_path, etas):
+    # few rows per step against a wide layer: steps 1-2 (100, 160 rows <= d/2)
+    # are solved as W = Hᵀ(H Hᵀ + ηI)⁻¹Y, step 3 (460 rows) in the primal form
+    width = 512
+    f = make_features(tmp_path / "x", [100, 60, 300], [2, 3, 2], feature_dim=D, seed=5)
+    W_up = upsampling_matrix(D, width, 0)
+    b = Backend()
+    expand = Expander(b, W_up, np.float64)
+    dual = make_rls("gram", b, width, etas, 7, expand=expand)
+    primal = make_rls("gram", b, width, etas, 7)
+    Hs, ys = [], []
+    for s in open_features(f):
+        for X, y, _, _ in s.train.iter_chunks(45):
+            dual.partial_fit(expand(X), y, s.classes_seen, X=X)
+            primal.partial_fit(expand(X), y, s.classes_seen, X=X)
+            Hs.append(expand(X))
+            ys.append(y)
+        H, Y = np.vstack(Hs), np.eye(s.classes_seen)[np.concatenate(ys)]
+        for eta, Wd, Wp in zip(
+            etas,
+            dual.weights(s.classes_seen),
+            primal.weights(s.classes_seen),
+            strict=True,
+        ):
+            closed = np.linalg.solve(H.T @ H + eta * np.eye(width), H.T @ Y)
+            assert rel(Wd, closed) <= 1e-9
+            assert rel(Wd, Wp) <= 1e-10
+    assert dual.dual_steps_ == 2 and primal.dual_steps_ == 0

@@ -90,6 +90,19 @@ def test_solve_on_cupy_matches_numpy():
                         assert rel(Wb, Wa) < 1e-9, (method, kernel)
 
 
+def test_dual_form_on_cupy_matches_numpy():
+    with tempfile.TemporaryDirectory() as tmp:
+        f = make_features(
+            Path(tmp) / "x", [100, 60, 300], [2, 3, 2], feature_dim=D, seed=5
+        )
+        p = SolveParams(eta=(0.1, 1.0), width=512, batch_rows=45)
+        cpu = solve(f, Path(tmp) / "c", p, backend=Backend())
+        gpu = solve(f, Path(tmp) / "g", p, backend=CupyBackend(CP))
+        for a, b in zip(cpu, gpu, strict=True):
+            for Wa, Wb in zip(read(a), read(b), strict=True):
+                assert rel(Wb, Wa) < 1e-9
+
+
 def test_auto_picks_cupy_and_evaluate_agrees():
     from solver.evaluate import evaluate
 
