@@ -38,8 +38,10 @@ sys.path[:] = [p for p in sys.path if Path(p).resolve() != Path(__file__).parent
 import torch  # noqa: E402
 
 from pipeline.backbone import Backbone, autocast, load_backbone  # noqa: E402
-from pipeline.model import Batch, PalModel, QueryCache  # noqa: E402
+from pipeline.graphs import capturable_adamw, set_lr  # noqa: E402
+from pipeline.model import Batch, PalModel, QueryCache, dummy_segments  # noqa: E402
 from pipeline.params import PromptParams  # noqa: E402
+from pipeline.tune import eager_step, static_step  # noqa: E402
 
 N_TASKS = 10
 
@@ -149,6 +151,12 @@ def main() -> None:
         help="extraction batch (default 32 on CPU, 256 on CUDA)",
     )
     ap.add_argument("--train-batch", type=int, default=4)
+    ap.add_argument(
+        "--modes",
+        default=None,
+        help="training modes to time, comma-separated: eager, static, graph "
+        "(default: all that the device supports)",
+    )
     ap.add_argument("--seconds", type=float, default=5.0, help="time per measurement")
     ap.add_argument("--compile", action="store_true", help="torch.compile the layers")
     ap.add_argument(
@@ -184,45 +192,68 @@ def main() -> None:
         + f", torch {torch.__version__}, threads {torch.get_num_threads()}"
     )
 
-    # ---- training step: batch of train_batch samples + copies, cached queries
+    # ---- training step: batch of train_batch samples + copies, cached queries,
+    # as `pal tune` runs it: eager (copies made by the loader) and static (copies
+    # built on the device; a CUDA graph per batch shape on CUDA)
     B = args.train_batch
-    batches = [
-        synthetic_batch(B, backbone, copies=True, seed=s, max_words=words)
-        for s in range(16)
-    ]
-    if device.type == "cuda":
-        batches = [b.pin_memory() for b in batches]
+    seeds = range(16)
     cache = QueryCache(
         torch.randn(B, 2, D, device=device), torch.randn(B, 2, D, device=device)
     )
-    params = model.trainable_parameters()
-    opt = torch.optim.AdamW(
-        params,
-        lr=1e-4,
-        betas=(0.9, 0.98),
-        weight_decay=0.0,
-        fused=device.type == "cuda",
+    T = backbone.max_text_len
+    if backbone.processor is not None:  # the dummy text, as `SampleDataset` makes it
+        tok = backbone.processor.tokenizer(
+            [""], padding="max_length", max_length=T, return_tensors="pt"
+        )
+        empty_ids, empty_mask = tok["input_ids"][0], tok["attention_mask"][0]
+    else:  # a random config: BERT's [CLS] [SEP]
+        empty_ids = torch.zeros(T, dtype=torch.int64)
+        empty_ids[:2] = torch.tensor([101, 102])
+        empty_mask = (torch.arange(T) < 2).long()
+    dummy = dummy_segments(
+        backbone, empty_ids, empty_mask, torch.ones(3, *(backbone.image_side,) * 2)
     )
+    modes = ["eager", "static"] + (["graph"] if device.type == "cuda" else [])
+    if args.modes:
+        modes = [m for m in modes if m in args.modes.split(",")]
     model.train()
     state = {"i": 0}
+    for mode in modes:
+        batches = [
+            synthetic_batch(
+                B, backbone, copies=mode == "eager", seed=s, max_words=words
+            )
+            for s in seeds
+        ]
+        if device.type == "cuda":
+            batches = [b.pin_memory() for b in batches]
+        groups = [{"params": model.trainable_parameters(), "lr": 1e-4}]
+        opt_args = {"betas": (0.9, 0.98), "weight_decay": 0.0}
+        if mode == "graph":
+            opt = capturable_adamw(groups, device, **opt_args)
+        else:
+            opt = torch.optim.AdamW(groups, fused=device.type == "cuda", **opt_args)
+        if mode == "eager":
+            run = eager_step(model, opt, cache, N_TASKS, 0.01)
+        else:
+            run = static_step(
+                model, opt, cache, dummy, N_TASKS, 0.01, graphs=mode == "graph"
+            )
 
-    def train_step() -> None:
-        batch = batches[state["i"] % len(batches)]
-        state["i"] += 1
-        with autocast(device):
-            loss, _ = model.loss(batch, cache, N_TASKS, recon_weight=0.01)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        def train_step(run=run, opt=opt, batches=batches) -> None:
+            set_lr(opt, [1e-4])
+            run(batches[state["i"] % len(batches)])
+            state["i"] += 1
 
-    # warm-up: every batch shape once (kernel plans, allocator), as in a long run
-    per_step, calls = timed(train_step, device, len(batches), args.seconds)
-    rows = sum(b.input_ids.shape[0] for b in batches) / len(batches)
-    print(
-        f"train   batch {B} (+copies: {rows:.1f} rows on average): "
-        f"{per_step * 1e3:.2f} ms/step, {B / per_step:.0f} samples/s "
-        f"({calls} steps)"
-    )
+        # warm-up: every batch shape once (kernel plans, allocator, graphs)
+        per_step, calls = timed(train_step, device, len(batches), args.seconds)
+        rows = sum(b.input_ids.shape[0] for b in batches) / len(batches)
+        copies = "+copies" if mode == "eager" else "copies built on the device"
+        print(
+            f"train   {mode:6} batch {B} ({copies}; {rows:.1f} loaded rows): "
+            f"{per_step * 1e3:.2f} ms/step, {B / per_step:.0f} samples/s "
+            f"({calls} steps)"
+        )
 
     # ---- extraction
     model.eval()

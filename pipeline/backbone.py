@@ -344,10 +344,11 @@ def resolve_device(name: str, key: str) -> torch.device:
     return torch.device(name)
 
 
-def autocast(device: torch.device):
-    """bf16 autocast on CUDA, a no-op (float32) on the CPU."""
+def autocast(device: torch.device, cache_enabled: bool = True):
+    """bf16 autocast on CUDA, a no-op (float32) on the CPU. A CUDA-graph
+    capture needs `cache_enabled=False`."""
     if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache_enabled)
     return contextlib.nullcontext()
 
 

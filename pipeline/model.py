@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.backbone import Backbone
+from pipeline.backbone import Backbone, autocast
 from pipeline.params import ModelParams, PromptParams, TuneParams
 from pipeline.prompts import Prompts, check_prompt_params
 from solver.errors import PalError
@@ -49,7 +49,15 @@ class CheckpointError(PalError):
 
 class TaskHead(nn.Module):
     """Linear head grown per task: task t's classes get rows `W[t]` (n_t, D),
-    `b[t]` (n_t,); earlier tasks' rows are frozen when a task is added."""
+    `b[t]` (n_t,); earlier tasks' rows are frozen when a task is added.
+
+    New rows start at zero. The CE over the current task's classes is blind to
+    a vector added to all of that task's rows, so whatever such component the
+    init draws stays untrained and becomes an arbitrary logit offset between
+    tasks at test time (with random rows, earlier tasks' heads won most of the
+    later tasks' samples on the demo). Zero rows fix that offset at zero; the
+    task's rows still separate, as their targets differ.
+    """
 
     def __init__(self, dim: int):
         super().__init__()
@@ -57,15 +65,12 @@ class TaskHead(nn.Module):
         self.W = nn.ParameterList()
         self.b = nn.ParameterList()
 
-    def add_task(self, n_classes: int, generator: torch.Generator) -> None:
+    def add_task(self, n_classes: int) -> None:
         for p in self.parameters():
             p.requires_grad_(False)
-        bound = self.dim**-0.5  # nn.Linear's default init range
         device = self.W[0].device if len(self.W) else torch.device("cpu")
-        w = (torch.rand(n_classes, self.dim, generator=generator) * 2 - 1) * bound
-        b = (torch.rand(n_classes, generator=generator) * 2 - 1) * bound
-        self.W.append(nn.Parameter(w.to(device)))
-        self.b.append(nn.Parameter(b.to(device)))
+        self.W.append(nn.Parameter(torch.zeros(n_classes, self.dim, device=device)))
+        self.b.append(nn.Parameter(torch.zeros(n_classes, device=device)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, D) → logits (B, C_k) over the classes of tasks 1..k."""
@@ -180,7 +185,7 @@ class PalModel(nn.Module):
             raise ValueError("all tasks have been added")
         if self.prompts is not None:
             self.prompts.add_task(generator)
-        self.head.add_task(self.classes_per_task[self.step], generator)
+        self.head.add_task(self.classes_per_task[self.step])
         self.step += 1
 
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -344,8 +349,160 @@ class PalModel(nn.Module):
             "ce": ce.detach(),
             "recon": recon.detach(),
             "correct": (logits.argmax(-1) == labels).sum(),
+            "complete": torch.full((), c, device=dev),
         }
         return loss, parts
+
+    def embed_padded(
+        self, batch: Batch, rows: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Embed a batch's samples for `static_loss`: text padded to
+        `max_text_len` and, with `rows`, the batch padded to `rows` rows by
+        repeating its first sample. Returns h (rows, N, D), mask (rows, N)
+        and the row selection (rows,) into the batch (on the device)."""
+        dev = self.backbone.device
+        n = batch.n
+        rows = rows or n
+        sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
+        sel = sel.to(dev)
+        ids, am, px, pm = (
+            t[:n] if rows == n else t[:n][sel] for t in batch.inputs_to(dev)
+        )
+        pad = self.backbone.max_text_len - ids.shape[1]
+        ids, am = F.pad(ids, (0, pad)), F.pad(am, (0, pad))
+        with torch.no_grad():
+            h, mask = self.backbone.embed(ids, am, px, pm)
+        return h, mask, sel
+
+
+@dataclass
+class DummySegments:
+    """The embedded dummy inputs, for building reconstruction copies on the device.
+
+    text (T, D) and text_mask (T,) bool: the empty string's token embeddings;
+    image (1 + P, D): the all-white image's CLS and patch embeddings.
+    """
+
+    text: torch.Tensor
+    text_mask: torch.Tensor
+    image: torch.Tensor
+
+
+@torch.no_grad()
+def dummy_segments(
+    backbone: Backbone,
+    empty_ids: torch.Tensor,
+    empty_mask: torch.Tensor,
+    dummy_image: torch.Tensor,
+) -> DummySegments:
+    """Embed the dummy text (empty_ids, empty_mask: (T,) int64) and the dummy
+    image ((3, S, S) float) once; no RNG is consumed."""
+    dev = backbone.device
+    ids, am = empty_ids[None].to(dev), empty_mask[None].to(dev)
+    with autocast(dev):
+        h, mask = backbone._embed_full(ids, am, dummy_image[None].to(dev))
+    T = ids.shape[1]
+    return DummySegments(h[0, :T], mask[0, :T], h[0, T:])
+
+
+def _splice_copies(
+    h: torch.Tensor,
+    mask: torch.Tensor,
+    T: int,
+    complete: torch.Tensor,
+    dummy: DummySegments,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Text-dropped and image-dropped versions of rows (B, N, D), built on the
+    device: where `complete` (B,) bool, the text (image) segment is replaced by
+    the dummy's, padded with masked tokens to the batch's image length; other
+    rows are returned unchanged. Returns h_a, mask_a (text dropped), h_b,
+    mask_b (image dropped)."""
+    B, N, D = h.shape
+    n_img = N - T
+    if dummy.image.shape[0] > n_img:
+        raise ValueError(
+            f"batch image tokens ({n_img}) fewer than the dummy image's "
+            f"({dummy.image.shape[0]})"
+        )
+    pad = n_img - dummy.image.shape[0]
+    img = F.pad(dummy.image.to(h.dtype), (0, 0, 0, pad))  # (N - T, D)
+    img_mask = torch.arange(n_img, device=h.device) < dummy.image.shape[0]
+    c = complete[:, None]
+    h_a = torch.cat(
+        [torch.where(c[..., None], dummy.text.to(h.dtype), h[:, :T]), h[:, T:]], 1
+    )
+    mask_a = torch.cat([torch.where(c, dummy.text_mask, mask[:, :T]), mask[:, T:]], 1)
+    h_b = torch.cat([h[:, :T], torch.where(c[..., None], img, h[:, T:])], 1)
+    mask_b = torch.cat([mask[:, :T], torch.where(c, img_mask, mask[:, T:])], 1)
+    return h_a, mask_a, h_b, mask_b
+
+
+def static_loss(
+    model: PalModel,
+    h: torch.Tensor,
+    mask: torch.Tensor,
+    index: torch.Tensor,
+    missing: torch.Tensor,
+    labels: torch.Tensor,
+    cache: QueryCache,
+    dummy: DummySegments | None,
+    task: int,
+    recon_weight: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`PalModel.loss` with shapes that depend only on the input shapes.
+
+    The same loss, for a CUDA-graph capture: instead of selecting rows on the
+    host, every row gets a text-missing slot and an image-missing slot in one
+    reconstruction pass of 2B rows (a complete row's copies are spliced from
+    `dummy`; a row missing a modality fills its own slot; unused slots get no
+    gradient), and masks stand in for counts.
+
+    h (B, N, D), mask (B, N): embedded samples, text length T =
+    `model.backbone.max_text_len`; index, missing, labels (B,) int64 on the
+    device, label −1 marking a padding row. `dummy` None: no copies (no
+    reconstruction loss). Returns the loss and detached parts: ce, recon,
+    correct, complete (count of complete samples).
+    """
+    T = model.backbone.max_text_len
+    q = cache.q[index]  # (B, 2, D)
+    q_t, q_v = q[:, 0], q[:, 1]
+    lo, hi = model.class_range(task)
+    valid = labels >= 0
+    target = torch.where(valid, labels - lo, -100)
+    complete = (missing == 0) & valid
+    if dummy is None:
+        complete = torch.zeros_like(complete)
+        h_a, mask_a, h_b, mask_b = h, mask, h, mask
+    else:
+        h_a, mask_a, h_b, mask_b = _splice_copies(h, mask, T, complete, dummy)
+    qc = cache.copies[index]  # [q_t of the image-dropped, q_v of the text-dropped]
+    cm = complete[:, None]
+    zeros = torch.zeros_like(q_t)
+    q_hat = model.reconstruct(
+        torch.cat([h_a, h_b]),
+        torch.cat([mask_a, mask_b]),
+        T,
+        torch.cat([zeros, torch.where(cm, qc[:, 0], q_t)]),
+        torch.cat([torch.where(cm, qc[:, 1], q_v), zeros]),
+        torch.arange(2 * len(h), device=h.device) < len(h),
+    )
+    B = len(h)
+    qt_hat, qv_hat = q_hat[:B], q_hat[B:]
+    err = (qt_hat - q_t).pow(2).sum(-1) + (qv_hat - q_v).pow(2).sum(-1)
+    n_complete = complete.sum()
+    recon = (err * complete).sum() / n_complete.clamp_min(1)
+    q_t = torch.where((missing == 1)[:, None], qt_hat, q_t)
+    q_v = torch.where((missing == 2)[:, None], qv_hat, q_v)
+    logits = model.head(model.joint(h, mask, q_t, q_v))[:, lo:hi]
+    ce = F.cross_entropy(logits, target, ignore_index=-100)
+    loss = ce + recon_weight * recon
+    parts = {
+        "ce": ce.detach(),
+        "recon": recon.detach(),
+        "correct": ((logits.argmax(-1) == target) & valid).sum(),
+        "complete": n_complete,
+    }
+    return loss, parts
 
 
 def build_cache(model: PalModel, batches, n: int, progress=None) -> QueryCache:
@@ -387,9 +544,10 @@ def params_record(
     model: ModelParams, prompt: PromptParams, tune: TuneParams, n_tasks: int
 ) -> dict[str, Any]:
     """The params a tune checkpoint depends on, as plain JSON-able data
-    (`tune.num_workers` left out: it changes speed, not results)."""
+    (`tune.num_workers` and `tune.cuda_graphs` left out: they change speed,
+    not results)."""
     tune_record = dataclasses.asdict(tune)
-    del tune_record["num_workers"]
+    del tune_record["num_workers"], tune_record["cuda_graphs"]
     return {
         "model": dataclasses.asdict(model),
         "prompt": dataclasses.asdict(prompt),

@@ -193,6 +193,7 @@ class TuneParams:
     seed: int = 0  # seed of prompt init, head init and batch order
     device: Device = "auto"  # auto: cuda when available
     num_workers: int = 0  # DataLoader workers decoding images
+    cuda_graphs: bool = True  # on a GPU, replay each training step as a CUDA graph
 
     def __post_init__(self) -> None:
         check(self.epochs > 0, "tune.epochs", f"must be > 0, got {self.epochs}")

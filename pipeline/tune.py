@@ -9,6 +9,11 @@ atomically with everything needed to rebuild step k's model; a rerun resumes
 after the last complete step with the same result as an uninterrupted run
 (every task reseeds its own RNG streams).
 
+On a GPU (`tune.cuda_graphs`, on by default) each step runs `static_loss` —
+the same loss with shapes fixed by the batch shape, the reconstruction copies
+built on the device — and is replayed as a CUDA graph per batch shape
+(`pipeline.graphs`): a batch-4 step is otherwise bound by kernel launches.
+
 Reads params `model`, `prompt`, `tune` and the task split from tasks.json.
 Writes `<out>/step_XX.pt` and `<out>/log.jsonl` (one line per task and epoch:
 loss parts, train accuracy, and `seconds` — the only field that differs
@@ -21,7 +26,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import click
@@ -30,18 +35,23 @@ from tqdm import tqdm
 
 from pipeline import params as pparams
 from pipeline.backbone import autocast, load_backbone, resolve_device
+from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
 from pipeline.loader import SampleDataset, Tasks, make_loader, read_prepare, select
 from pipeline.model import (
     Batch,
     CheckpointError,
+    DummySegments,
     PalModel,
+    QueryCache,
     build_cache,
     check_batch,
     checkpoint_path,
+    dummy_segments,
     load_checkpoint,
     params_diff,
     params_record,
     save_checkpoint,
+    static_loss,
 )
 from solver.cliutil import clean_errors, params_option
 from solver.outputs import write_bytes_atomic
@@ -182,22 +192,35 @@ def train_task(
     groups = [{"params": head, "lr": tune_p.head_lr or tune_p.lr}]
     if prompts:
         groups.append({"params": prompts, "lr": tune_p.lr})
-    optimiser = torch.optim.AdamW(
-        groups,
-        betas=BETAS,
-        weight_decay=tune_p.weight_decay,
-        fused=device.type == "cuda",  # one kernel for all parameters
-    )
+    base_lrs = [g["lr"] for g in groups]
+    graphs = device.type == "cuda" and model.prompts is not None and tune_p.cuda_graphs
+    opt_args = {"betas": BETAS, "weight_decay": tune_p.weight_decay}
+    if graphs:
+        optimiser = capturable_adamw(groups, device, **opt_args)
+        dummy = (
+            dummy_segments(
+                backbone,
+                dataset.empty_ids,
+                dataset.empty_mask,
+                dataset.dummy_image(),
+            )
+            if copies
+            else None
+        )
+        run_step = static_step(
+            model, optimiser, cache, dummy, task, tune_p.recon_weight
+        )
+    else:
+        # fused: one kernel for all parameters
+        optimiser = torch.optim.AdamW(groups, fused=device.type == "cuda", **opt_args)
+        run_step = eager_step(model, optimiser, cache, task, tune_p.recon_weight)
     per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
     total = per_epoch * tune_p.epochs
     warmup = int(tune_p.warmup * total)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda s: lr_factor(s, total, warmup)
-    )
     loader = make_loader(
         dataset,
         tune_p.batch_size,
-        copies=copies,
+        copies=copies and not graphs,  # graphed steps build the copies on the GPU
         shuffle=True,
         seed=seed,
         num_workers=tune_p.num_workers,
@@ -208,8 +231,9 @@ def train_task(
     entries = []
     for epoch in range(1, tune_p.epochs + 1):
         t0 = time.perf_counter()
-        sums = torch.zeros(3, dtype=torch.float64, device=device)  # ce, recon, correct
-        n_seen = n_complete = 0
+        # ce, recon, correct, complete samples
+        sums = torch.zeros(4, dtype=torch.float64, device=device)
+        n_seen = 0
         batches = (
             loader
             if model.prompts is not None
@@ -225,25 +249,22 @@ def train_task(
         )
         for i, batch in enumerate(bar):
             check_batch(batch)
-            with autocast(device):
-                loss, parts = model.loss(batch, cache, task, tune_p.recon_weight)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            scheduler.step()
+            factor = lr_factor((epoch - 1) * per_epoch + i, total, warmup)
+            set_lr(optimiser, [lr * factor for lr in base_lrs])
+            parts = run_step(batch)
             sums += torch.stack(
                 [
                     parts["ce"] * batch.n,
-                    parts["recon"] * len(batch.complete),
+                    parts["recon"] * parts["complete"],
                     parts["correct"],
+                    parts["complete"],
                 ]
             ).double()
             n_seen += batch.n
-            n_complete += len(batch.complete)
             if i % 20 == 19 or i == per_epoch - 1:
                 bar.set_postfix(loss=f"{sums[0].item() / n_seen:.4f}")
         bar.close()
-        ce, recon, correct = sums.tolist()
+        ce, recon, correct, n_complete = sums.tolist()
         entry = {
             "task": task,
             "epoch": epoch,
@@ -267,6 +288,88 @@ def train_task(
         )
     model.eval()
     return entries
+
+
+StepRunner = Callable[[Batch], dict[str, torch.Tensor]]
+
+
+def eager_step(
+    model: PalModel,
+    optimiser: torch.optim.Optimizer,
+    cache: QueryCache,
+    task: int,
+    recon_weight: float,
+) -> StepRunner:
+    """One optimiser step of `model.loss` per batch (copies made by the loader)."""
+    device = model.backbone.device
+
+    def run(batch: Batch) -> dict[str, torch.Tensor]:
+        with autocast(device):
+            loss, parts = model.loss(batch, cache, task, recon_weight)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        return parts
+
+    return run
+
+
+def static_step(
+    model: PalModel,
+    optimiser: torch.optim.Optimizer,
+    cache: QueryCache,
+    dummy: DummySegments | None,
+    task: int,
+    recon_weight: float,
+    graphs: bool = True,
+) -> StepRunner:
+    """One optimiser step of `static_loss` per batch, replayed as a CUDA graph
+    per batch shape (`graphs`: False runs it eagerly); a short last batch is
+    padded to a full one (padding rows carry label −1 and count for nothing).
+    The loader must not add copies: they are built on the device."""
+    device = model.backbone.device
+    rows = None
+
+    def step(inp: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        with autocast(device, cache_enabled=False):
+            loss, parts = static_loss(
+                model,
+                inp["h"],
+                inp["mask"],
+                inp["index"],
+                inp["missing"],
+                inp["labels"],
+                cache,
+                dummy,
+                task,
+                recon_weight,
+            )
+        loss.backward()
+        optimiser.step()
+        return parts
+
+    def eager(inp: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        optimiser.zero_grad(set_to_none=True)
+        return step(inp)
+
+    graphed = GraphedSteps(step, optimiser) if graphs else eager
+
+    def run(batch: Batch) -> dict[str, torch.Tensor]:
+        nonlocal rows
+        rows = rows or batch.n  # the first batch is a full one
+        with autocast(device):
+            h, mask, sel = model.embed_padded(batch, rows)
+        valid = torch.arange(rows, device=device) < batch.n
+        inputs = {
+            "h": h,
+            "mask": mask,
+            "index": batch.index.to(device)[sel],
+            "missing": batch.missing.to(device)[sel],
+            "labels": torch.where(valid, batch.labels.to(device)[sel], -1),
+        }
+        return graphed(inputs)
+
+    return run
 
 
 def _index_batches(

@@ -175,3 +175,33 @@ def test_lr_schedule_warms_up_then_decays_to_zero():
     assert f[0] == pytest.approx(1 / 11) and f[9] == pytest.approx(10 / 11)
     assert f[10] == 1.0 and all(a >= b for a, b in zip(f[10:], f[11:], strict=False))
     assert lr_factor(100, 100, 10) == pytest.approx(0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_tuning_matches_eager_tuning(tmp_path, tiny_vilt, tiny_prepare):
+    """`tune.cuda_graphs` changes speed, not results (up to bf16 noise)."""
+    runs = {}
+    for graphs in (False, True):
+        params = write_params(
+            tmp_path / f"params-{graphs}.yaml",
+            tiny_vilt,
+            tune={"device": "cuda", "cuda_graphs": graphs, "epochs": 2},
+        )
+        out = tmp_path / f"tune-{graphs}"
+        _run(params, tiny_prepare, out)
+        log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+        runs[graphs] = (log, load_checkpoint(checkpoint_path(out, 3))["state"])
+    (log_e, state_e), (log_g, state_g) = runs[False], runs[True]
+    assert len(log_e) == len(log_g) == 6
+    for a, b in zip(log_e, log_g, strict=True):
+        assert (a["task"], a["epoch"], a["samples"]) == (
+            b["task"],
+            b["epoch"],
+            b["samples"],
+        )
+        assert b["ce"] == pytest.approx(a["ce"], rel=0.05, abs=0.01)
+        assert b["recon"] == pytest.approx(a["recon"], rel=0.05, abs=0.01)
+    assert state_e.keys() == state_g.keys()
+    for key, value in state_e.items():
+        torch.testing.assert_close(state_g[key], value, rtol=0, atol=2e-2)

@@ -1,0 +1,238 @@
+"""The static-shape training step (`static_loss`) and its CUDA-graph replay."""
+
+# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
+
+import pytest
+import torch
+from test_model_fixtures import tiny_prepare, tiny_vilt  # noqa: F401
+
+from pipeline.backbone import autocast, load_backbone
+from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
+from pipeline.loader import SampleDataset, make_loader, read_prepare, select
+from pipeline.model import (
+    DummySegments,
+    PalModel,
+    _splice_copies,
+    build_cache,
+    dummy_segments,
+    static_loss,
+)
+from pipeline.params import PromptParams
+
+T = 12  # model.max_text_len of the fixtures
+
+
+@pytest.fixture(scope="module")
+def data(tiny_prepare):
+    return read_prepare(tiny_prepare)
+
+
+def _setup(tiny_vilt, data, device="cpu", task=2, **prompt):
+    samples, tasks = data
+    backbone = load_backbone(str(tiny_vilt), T).place(torch.device(device))
+    defaults = {"pool_size": 6, "length": 4, "layers": (0, 1)}
+    model = PalModel(
+        backbone, PromptParams(**{**defaults, **prompt}), tasks.classes_per_task
+    )
+    g = torch.Generator().manual_seed(0)
+    for _ in range(task):
+        model.add_task(g)
+    with torch.no_grad():  # random head rows: the CE's gradient reaches the prompts
+        for p in model.head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    model.to(backbone.device)
+    train = select(samples, "train", [task])
+    ds = SampleDataset(train, tasks.root, backbone.processor, T, backbone.image_side)
+    with autocast(backbone.device):
+        cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
+    dummy = dummy_segments(backbone, ds.empty_ids, ds.empty_mask, ds.dummy_image())
+    return model, ds, cache, dummy
+
+
+def _static(model, batch, cache, dummy, task, rows=None, weight=0.01):
+    h, mask, sel = model.embed_padded(batch, rows)
+    dev = h.device
+    valid = torch.arange(len(sel), device=dev) < batch.n
+    labels = torch.where(valid, batch.labels.to(dev)[sel], -1)
+    return static_loss(
+        model,
+        h,
+        mask,
+        batch.index.to(dev)[sel],
+        batch.missing.to(dev)[sel],
+        labels,
+        cache,
+        dummy,
+        task,
+        weight,
+    )
+
+
+def _grads(model):
+    out = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            out[name] = p.grad.clone()
+            p.grad = None
+    return out
+
+
+def _compare(model, ds, cache, dummy, task):
+    """Dynamic vs static loss, parts and gradients over `ds` in batches of 4;
+    returns the (has complete, has missing) kinds of batch seen."""
+    kinds = set()
+    with_copies = make_loader(ds, 4, copies=True)
+    plain = make_loader(ds, 4, copies=False)
+    for b_dyn, b_st in zip(with_copies, plain, strict=True):
+        kinds.add((len(b_dyn.complete) > 0, bool((b_dyn.missing != 0).any())))
+        loss_d, parts_d = model.loss(b_dyn, cache, task, 0.5)
+        loss_d.backward()
+        grads_d = _grads(model)
+        loss_s, parts_s = _static(model, b_st, cache, dummy, task, weight=0.5)
+        loss_s.backward()
+        grads_s = _grads(model)
+        assert loss_s.item() == pytest.approx(loss_d.item(), rel=1e-5, abs=1e-6)
+        for key in ("ce", "recon", "correct", "complete"):
+            assert parts_s[key].item() == pytest.approx(
+                parts_d[key].item(), rel=1e-5, abs=1e-6
+            ), key
+        assert grads_s.keys() == grads_d.keys()
+        for name, g in grads_d.items():
+            torch.testing.assert_close(grads_s[name], g, rtol=1e-4, atol=1e-6)
+    return kinds
+
+
+@pytest.mark.parametrize(
+    "prompt", [{}, {"pools": "shared"}, {"position": "input"}], ids=str
+)
+def test_static_loss_equals_the_dynamic_loss(tiny_vilt, data, prompt):
+    task = 2
+    model, ds, cache, dummy = _setup(tiny_vilt, data, task=task, **prompt)
+    kinds = _compare(model, ds, cache, dummy, task)
+    missing_only = [s for s in ds.samples if s.missing]
+    ds_m = SampleDataset(
+        missing_only, data[1].root, model.backbone.processor, T, ds.image_side
+    )
+    cache_m = build_cache(model, make_loader(ds_m, 16, copies=True), len(ds_m))
+    kinds |= _compare(model, ds_m, cache_m, dummy, task)
+    assert kinds == {(True, True), (False, True)}
+
+
+def test_padding_rows_count_for_nothing(tiny_vilt, data):
+    task = 2
+    model, ds, cache, dummy = _setup(tiny_vilt, data, task=task)
+    batch = next(iter(make_loader(ds, 3, copies=False)))
+    loss, parts = _static(model, batch, cache, dummy, task)
+    loss.backward()
+    grads = _grads(model)
+    loss_p, parts_p = _static(model, batch, cache, dummy, task, rows=6)
+    loss_p.backward()
+    grads_p = _grads(model)
+    assert loss_p.item() == pytest.approx(loss.item(), rel=1e-6)
+    for key in parts:
+        assert parts_p[key].item() == pytest.approx(parts[key].item(), rel=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(grads_p[name], g, rtol=1e-5, atol=1e-7)
+
+
+def test_without_copies_there_is_no_reconstruction_loss(tiny_vilt, data):
+    model, ds, cache, _ = _setup(tiny_vilt, data, task=1)
+    batch = next(iter(make_loader(ds, 8, copies=False)))
+    assert (batch.missing == 0).any()
+    _, parts = _static(model, batch, cache, None, 1)
+    assert parts["recon"].item() == 0.0 and parts["complete"].item() == 0
+
+
+def test_splice_copies_pads_the_dummy_image_to_the_batch():
+    B, Tt, D = 3, 4, 2
+    dummy = DummySegments(
+        text=torch.full((Tt, D), 7.0),
+        text_mask=torch.tensor([True, True, False, False]),
+        image=torch.full((3, D), 9.0),  # image CLS + 2 patches
+    )
+    N = Tt + 5  # the batch's images have 4 patches
+    h = torch.arange(B * N * D, dtype=torch.float32).view(B, N, D)
+    mask = torch.ones(B, N, dtype=torch.bool)
+    complete = torch.tensor([True, False, True])
+    h_a, m_a, h_b, m_b = _splice_copies(h, mask, Tt, complete, dummy)
+    for r in (0, 2):
+        assert torch.equal(h_a[r, :Tt], dummy.text)
+        assert torch.equal(m_a[r, :Tt], dummy.text_mask)
+        assert torch.equal(h_a[r, Tt:], h[r, Tt:]) and m_a[r, Tt:].all()
+        assert torch.equal(h_b[r, :Tt], h[r, :Tt])
+        assert torch.equal(h_b[r, Tt : Tt + 3], dummy.image)
+        assert torch.equal(h_b[r, Tt + 3 :], torch.zeros(2, D))
+        assert m_b[r].tolist() == [True] * (Tt + 3) + [False] * 2
+    for out in (h_a, h_b):
+        assert torch.equal(out[1], h[1])
+    assert m_a[1].all() and m_b[1].all()
+    with pytest.raises(ValueError, match=r"batch image tokens \(2\) fewer"):
+        _splice_copies(h[:, : Tt + 2], mask[:, : Tt + 2], Tt, complete, dummy)
+
+
+def test_set_lr_sets_floats_and_fills_tensors():
+    p = torch.nn.Parameter(torch.zeros(2))
+    q = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD(
+        [{"params": [p], "lr": 1.0}, {"params": [q], "lr": torch.tensor(1.0)}]
+    )
+    tensor_lr = opt.param_groups[1]["lr"]
+    set_lr(opt, [0.25, 0.5])
+    assert opt.param_groups[0]["lr"] == 0.25
+    assert opt.param_groups[1]["lr"] is tensor_lr and tensor_lr.item() == 0.5
+    with pytest.raises(ValueError):
+        set_lr(opt, [0.1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphed_steps_train_like_eager_steps(tiny_vilt, data):
+    """Replayed graphs (one per batch shape, the short last batch padded) give
+    the parameters of the same steps run eagerly; the warm-up before each
+    capture leaves no trace."""
+    task = 2
+    results = []
+    for graphed in (False, True):
+        model, ds, cache, dummy = _setup(tiny_vilt, data, "cuda", task=task)
+        params = model.trainable_parameters()
+        opt = capturable_adamw([{"params": params, "lr": 1e-2}], model.backbone.device)
+        device = model.backbone.device
+
+        def step(inp, model=model, opt=opt, cache=cache, dummy=dummy, dev=device):
+            args = [inp[k] for k in ("h", "mask", "index", "missing", "labels")]
+            with autocast(dev, cache_enabled=False):
+                loss, parts = static_loss(model, *args, cache, dummy, task, 0.01)
+            loss.backward()
+            opt.step()
+            return parts
+
+        runner = GraphedSteps(step, opt)
+        batches = list(make_loader(ds, 4, copies=False))
+        assert batches[-1].n < 4 or len(batches) > 1
+        ces = []
+        for epoch in range(2):
+            for batch in batches:
+                set_lr(opt, [1e-2 / (epoch + 1)])
+                with autocast(device):
+                    h, mask, sel = model.embed_padded(batch, 4)
+                valid = torch.arange(4, device=device) < batch.n
+                inp = {
+                    "h": h,
+                    "mask": mask,
+                    "index": batch.index.to(device)[sel],
+                    "missing": batch.missing.to(device)[sel],
+                    "labels": torch.where(valid, batch.labels.to(device)[sel], -1),
+                }
+                if graphed:
+                    parts = runner(inp)
+                else:
+                    opt.zero_grad(set_to_none=True)
+                    parts = step(inp)
+                ces.append(parts["ce"].item())
+        if graphed:
+            assert len(runner.graphs) >= 1 and runner.eager_steps == 0
+        results.append(([p.detach().float().cpu() for p in params], ces))
+    (p_eager, ce_eager), (p_graph, ce_graph) = results
+    assert ce_graph == pytest.approx(ce_eager, rel=1e-3, abs=1e-4)
+    for a, b in zip(p_eager, p_graph, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-4)
