@@ -81,12 +81,23 @@ def _grads(model):
 
 
 def _widen(batch, i):
-    """Batch i with its images padded by 0, 16 or 32 pixels on the right."""
+    """Batch i with its real images 0, 16 or 32 pixels wider (so with more
+    patches), as `Collate` makes a batch of larger images: dummy images keep
+    their size, padded with masked pixels (rows after the samples are the
+    copies: text-dropped ones with real images, then image-dropped ones)."""
     w = 16 * (i % 3)
+    c = len(batch.complete)
+    dummy = torch.cat(
+        [
+            batch.missing == 2,
+            torch.zeros(c, dtype=torch.bool),
+            torch.ones(c, dtype=torch.bool),
+        ]
+    )[: batch.pixel_mask.shape[0]]
+    mask = F.pad(batch.pixel_mask, (0, w), value=1)
+    mask[dummy, :, mask.shape[2] - w :] = 0
     return dataclasses.replace(
-        batch,
-        pixel_values=F.pad(batch.pixel_values, (0, w)),
-        pixel_mask=F.pad(batch.pixel_mask, (0, w)),
+        batch, pixel_values=F.pad(batch.pixel_values, (0, w)), pixel_mask=mask
     )
 
 
