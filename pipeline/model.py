@@ -353,13 +353,14 @@ class PalModel(nn.Module):
         }
         return loss, parts
 
-    def embed_padded(
+    def static_inputs(
         self, batch: Batch, rows: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Embed a batch's samples for `static_loss`: text padded to
-        `max_text_len` and, with `rows`, the batch padded to `rows` rows by
-        repeating its first sample. Returns h (rows, N, D), mask (rows, N)
-        and the row selection (rows,) into the batch (on the device)."""
+    ) -> dict[str, torch.Tensor]:
+        """The inputs of `static_loss` for a batch (without copies), on the
+        device: h (rows, N, D) and mask (rows, N), the samples embedded with
+        their text padded to `max_text_len`; index, missing, labels (rows,).
+        With `rows`, the batch is padded to `rows` rows by repeating its first
+        sample with label −1. Call under `autocast`."""
         dev = self.backbone.device
         n = batch.n
         rows = rows or n
@@ -372,7 +373,14 @@ class PalModel(nn.Module):
         ids, am = F.pad(ids, (0, pad)), F.pad(am, (0, pad))
         with torch.no_grad():
             h, mask = self.backbone.embed(ids, am, px, pm)
-        return h, mask, sel
+        valid = torch.arange(rows, device=dev) < n
+        return {
+            "h": h,
+            "mask": mask,
+            "index": batch.index.to(dev)[sel],
+            "missing": batch.missing.to(dev)[sel],
+            "labels": torch.where(valid, batch.labels.to(dev)[sel], -1),
+        }
 
 
 @dataclass
@@ -439,11 +447,7 @@ def _splice_copies(
 
 def static_loss(
     model: PalModel,
-    h: torch.Tensor,
-    mask: torch.Tensor,
-    index: torch.Tensor,
-    missing: torch.Tensor,
-    labels: torch.Tensor,
+    inputs: Mapping[str, torch.Tensor],
     cache: QueryCache,
     dummy: DummySegments | None,
     task: int,
@@ -457,12 +461,14 @@ def static_loss(
     `dummy`; a row missing a modality fills its own slot; unused slots get no
     gradient), and masks stand in for counts.
 
-    h (B, N, D), mask (B, N): embedded samples, text length T =
-    `model.backbone.max_text_len`; index, missing, labels (B,) int64 on the
-    device, label −1 marking a padding row. `dummy` None: no copies (no
-    reconstruction loss). Returns the loss and detached parts: ce, recon,
-    correct, complete (count of complete samples).
+    inputs (from `PalModel.static_inputs`): h (B, N, D), mask (B, N):
+    embedded samples, text length T = `model.backbone.max_text_len`; index,
+    missing, labels (B,) int64 on the device, label −1 marking a padding row.
+    `dummy` None: no copies (no reconstruction loss). Returns the loss and
+    detached parts: ce, recon, correct, complete (count of complete samples).
     """
+    h, mask, index = inputs["h"], inputs["mask"], inputs["index"]
+    missing, labels = inputs["missing"], inputs["labels"]
     T = model.backbone.max_text_len
     q = cache.q[index]  # (B, 2, D)
     q_t, q_v = q[:, 0], q[:, 1]

@@ -330,27 +330,16 @@ def static_step(
     device = model.backbone.device
     rows = None
 
-    def step(inp: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def step(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         with autocast(device, cache_enabled=False):
-            loss, parts = static_loss(
-                model,
-                inp["h"],
-                inp["mask"],
-                inp["index"],
-                inp["missing"],
-                inp["labels"],
-                cache,
-                dummy,
-                task,
-                recon_weight,
-            )
+            loss, parts = static_loss(model, inputs, cache, dummy, task, recon_weight)
         loss.backward()
         optimiser.step()
         return parts
 
-    def eager(inp: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def eager(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         optimiser.zero_grad(set_to_none=True)
-        return step(inp)
+        return step(inputs)
 
     graphed = GraphedSteps(step, optimiser) if graphs else eager
 
@@ -358,15 +347,7 @@ def static_step(
         nonlocal rows
         rows = rows or batch.n  # the first batch is a full one
         with autocast(device):
-            h, mask, sel = model.embed_padded(batch, rows)
-        valid = torch.arange(rows, device=device) < batch.n
-        inputs = {
-            "h": h,
-            "mask": mask,
-            "index": batch.index.to(device)[sel],
-            "missing": batch.missing.to(device)[sel],
-            "labels": torch.where(valid, batch.labels.to(device)[sel], -1),
-        }
+            inputs = model.static_inputs(batch, rows)
         return graphed(inputs)
 
     return run

@@ -53,21 +53,8 @@ def _setup(tiny_vilt, data, device="cpu", task=2, **prompt):
 
 
 def _static(model, batch, cache, dummy, task, rows=None, weight=0.01):
-    h, mask, sel = model.embed_padded(batch, rows)
-    dev = h.device
-    valid = torch.arange(len(sel), device=dev) < batch.n
-    labels = torch.where(valid, batch.labels.to(dev)[sel], -1)
     return static_loss(
-        model,
-        h,
-        mask,
-        batch.index.to(dev)[sel],
-        batch.missing.to(dev)[sel],
-        labels,
-        cache,
-        dummy,
-        task,
-        weight,
+        model, model.static_inputs(batch, rows), cache, dummy, task, weight
     )
 
 
@@ -221,9 +208,9 @@ def test_set_lr_sets_floats_and_fills_tensors():
 def test_graphed_steps_train_like_eager_steps(tiny_vilt, data):
     """Replayed graphs (one per batch shape, the short last batch padded) give
     the parameters of the same steps run eagerly; the warm-up before each
-    capture leaves no trace. Batches come in three image widths (wider images
-    are padded, as `Collate` pads a batch's images), one more than the graphs
-    allowed, so one shape runs eagerly among the graphs."""
+    capture leaves no trace. Batches come in three image widths (three
+    patch counts), one more than the graphs allowed, so one shape runs eagerly
+    among the graphs."""
     task = 2
     results = []
     for graphed in (False, True):
@@ -233,10 +220,9 @@ def test_graphed_steps_train_like_eager_steps(tiny_vilt, data):
         opt = capturable_adamw([{"params": params, "lr": 1e-2}], model.backbone.device)
         device = model.backbone.device
 
-        def step(inp, model=model, opt=opt, cache=cache, dummy=dummy, dev=device):
-            args = [inp[k] for k in ("h", "mask", "index", "missing", "labels")]
+        def step(inputs, model=model, opt=opt, cache=cache, dummy=dummy, dev=device):
             with autocast(dev, cache_enabled=False):
-                loss, parts = static_loss(model, *args, cache, dummy, task, 0.01)
+                loss, parts = static_loss(model, inputs, cache, dummy, task, 0.01)
             loss.backward()
             opt.step()
             return parts
@@ -249,15 +235,7 @@ def test_graphed_steps_train_like_eager_steps(tiny_vilt, data):
             for batch in batches:
                 set_lr(opt, [1e-2 / (epoch + 1)])
                 with autocast(device):
-                    h, mask, sel = model.embed_padded(batch, 4)
-                valid = torch.arange(4, device=device) < batch.n
-                inp = {
-                    "h": h,
-                    "mask": mask,
-                    "index": batch.index.to(device)[sel],
-                    "missing": batch.missing.to(device)[sel],
-                    "labels": torch.where(valid, batch.labels.to(device)[sel], -1),
-                }
+                    inp = model.static_inputs(batch, 4)
                 if graphed:
                     parts = runner(inp)
                 else:
