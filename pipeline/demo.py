@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from pipeline import demo_data as dd
 from pipeline.params import DemoParams, load
-from solver.cliutil import clean_errors, params_option
+from solver.cliutil import clean_errors, folder_option, params_option
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +173,10 @@ def make_demo(params: DemoParams, out: str | Path) -> Path:
 
 @click.command("demo")
 @params_option
-@click.option(
-    "--out",
-    default="data/demo",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Output folder: dataset/ (PNGs + captions.json) and vilt/ (the checkpoint).",
+@folder_option(
+    "out",
+    "data/demo",
+    "Output folder: dataset/ (PNGs + captions.json) and vilt/ (the checkpoint).",
 )
 @clean_errors
 def cli(params_file: str, out: str) -> None:

@@ -51,7 +51,7 @@ from pipeline.model import (
     model_from_checkpoint,
     params_diff,
 )
-from solver.cliutil import clean_errors, params_option
+from solver.cliutil import clean_errors, folder_option, params_option
 from solver.errors import PalError
 from solver.shards import Block, ShardAttrs, step_dir_name, write_test, write_train
 
@@ -308,29 +308,12 @@ def embed_samples(
 
 @click.command("extract")
 @params_option
-@click.option(
-    "--prepare",
-    "prepare_dir",
-    default="data/prepare",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Folder written by `pal prepare`.",
+@folder_option(
+    "prepare", "data/prepare", "Folder written by `pal prepare`.", dest="prepare_dir"
 )
-@click.option(
-    "--tune",
-    "tune_dir",
-    default="data/tune",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Folder written by `pal tune`.",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    default="data/extract",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Folder for step_XX/{train,test}.h5.",
+@folder_option("tune", "data/tune", "Folder written by `pal tune`.", dest="tune_dir")
+@folder_option(
+    "out", "data/extract", "Folder for step_XX/{train,test}.h5.", dest="out_dir"
 )
 @click.option(
     "--steps",

@@ -47,7 +47,7 @@ import numpy as np
 from pipeline import protocol
 from pipeline.datasets import SPLITS, DatasetError, FileIndex, Listing, read_dataset
 from pipeline.params import DataParams, load
-from solver.cliutil import clean_errors, params_option
+from solver.cliutil import clean_errors, folder_option, params_option
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +242,7 @@ def write_outputs(rows: list[dict], doc: dict, out: str | Path) -> None:
 
 @click.command("prepare")
 @params_option
-@click.option(
-    "--out",
-    default="data/prepare",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Output folder for samples.jsonl and tasks.json.",
-)
+@folder_option("out", "data/prepare", "Output folder for samples.jsonl and tasks.json.")
 @clean_errors
 def cli(params_file: str, out: str) -> None:
     """Index a dataset into samples, tasks and missing-modality tables.

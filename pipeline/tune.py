@@ -53,7 +53,7 @@ from pipeline.model import (
     save_checkpoint,
     static_loss,
 )
-from solver.cliutil import clean_errors, params_option
+from solver.cliutil import clean_errors, folder_option, params_option
 from solver.outputs import write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -396,21 +396,11 @@ def _write_log(out: Path, entries: list[dict]) -> None:
 
 @click.command("tune")
 @params_option
-@click.option(
-    "--prepare",
-    "prepare_dir",
-    default="data/prepare",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Folder written by `pal prepare`.",
+@folder_option(
+    "prepare", "data/prepare", "Folder written by `pal prepare`.", dest="prepare_dir"
 )
-@click.option(
-    "--out",
-    "out_dir",
-    default="data/tune",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Folder for step_XX.pt and log.jsonl.",
+@folder_option(
+    "out", "data/tune", "Folder for step_XX.pt and log.jsonl.", dest="out_dir"
 )
 @click.option(
     "--fresh",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from solver.cliutil import clean_errors, params_option, setup_logging
+from solver.cliutil import clean_errors, folder_option, params_option, setup_logging
 from solver.errors import ParamsError
 from solver.params import SolveParams, load_section
 
@@ -90,19 +90,11 @@ def main(verbose: bool) -> None:
 
 
 @main.command("solve")
-@click.option(
-    "--features",
-    default="data/extract",
-    show_default=True,
-    metavar="DIR",
-    help="Features folder: step_01/train.h5, test.h5, …",
+@folder_option(
+    "features", "data/extract", "Features folder: step_01/train.h5, test.h5, …"
 )
-@click.option(
-    "--out",
-    default="data/solve",
-    show_default=True,
-    metavar="DIR",
-    help="Output folder for weights.h5 (weights-eta<η>.h5 for a sweep).",
+@folder_option(
+    "out", "data/solve", "Output folder for weights.h5 (weights-eta<η>.h5 for a sweep)."
 )
 @click.option(
     "--eta",
@@ -159,13 +151,7 @@ def solve_cmd(
 
 
 @main.command("evaluate")
-@click.option(
-    "--features",
-    default="data/extract",
-    show_default=True,
-    metavar="DIR",
-    help="Features folder with the test shards.",
-)
+@folder_option("features", "data/extract", "Features folder with the test shards.")
 @click.option(
     "--weights",
     "weights",
@@ -175,13 +161,7 @@ def solve_cmd(
     "weights-eta*.h5 files (an η sweep). Default: data/solve/weights.h5, or "
     "data/solve/weights-eta<η>.h5 for each η when solve.eta is a list.",
 )
-@click.option(
-    "--out",
-    default="results",
-    show_default=True,
-    metavar="DIR",
-    help="Output folder for metrics, CSVs and the plot.",
-)
+@folder_option("out", "results", "Output folder for metrics, CSVs and the plot.")
 @click.option(
     "--device", metavar="auto|cpu|cuda", help="Backend for scoring [solve.device]."
 )

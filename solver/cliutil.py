@@ -87,3 +87,19 @@ def params_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(dir_okay=False),
         help="Params file to read the stage's section(s) from.",
     )(fn)
+
+
+def folder_option(
+    flag: str, default: str, help: str, dest: str | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--<flag> DIR`: a stage's input or output folder (default shown in
+    --help); `dest` names the parameter when it differs from the flag."""
+    names = [f"--{flag}", dest] if dest else [f"--{flag}"]
+    return click.option(
+        *names,
+        default=default,
+        show_default=True,
+        metavar="DIR",
+        type=click.Path(file_okay=False),
+        help=help,
+    )
