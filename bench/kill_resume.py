@@ -25,63 +25,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "tests"))
 
-TINY = {
-    "demo": {
-        "seed": 0,
-        "n_classes": 4,
-        "train_per_class": 8,
-        "test_per_class": 4,
-        "pretrain_steps": 20,
-    },
-    "data": {
-        "dataset": "demo",
-        "root": "data/demo/dataset",
-        "tasks": 2,
-        "missing_type": "both",
-        "missing_rate": 0.5,
-    },
-    "model": {"backbone": "data/demo/vilt"},
-    "prompt": {"pool_size": 4, "length": 4, "layers": [0, 1]},
-    "tune": {"epochs": 1, "batch_size": 4, "device": "cpu"},
+from scratch_project import BIN, TINY, make_scratch_project  # noqa: E402
+
+# wide enough that solving takes a few seconds, so the kill lands inside it
+PARAMS = {
+    **TINY,
     "extract": {"batch_size": 4, "device": "cpu"},
-    # wide enough that solving takes a few seconds, so the kill lands inside it
     "solve": {"eta": 1.0, "width": 6144, "seed": 0, "method": "gram", "device": "cpu"},
 }
 
-
 DELAY = {"extract": 3.0, "solve": 2.5}  # seconds after the stage starts
-
-
-def make_copy(dst: Path, env: dict[str, str]) -> None:
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split("\0")
-    for rel in filter(None, files):
-        src = ROOT / rel
-        if (
-            rel.startswith(("data/", "results/"))
-            or rel == "dvc.lock"
-            or not src.is_file()
-        ):
-            continue
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dst / rel).write_bytes(src.read_bytes())
-    (dst / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
-    for args in (
-        ["git", "init", "-q"],
-        ["git", "add", "-A"],
-        ["git", "commit", "-qm", "copy"],
-    ):
-        subprocess.run(args, cwd=dst, env=env, check=True, capture_output=True)
 
 
 def repro(path: Path, env: dict[str, str], kill_in: str | None = None) -> str:
@@ -118,23 +74,12 @@ def digest(path: Path) -> str:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
-    env = dict(
-        os.environ,
-        PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
-        DVC_NO_ANALYTICS="1",
-        HF_HUB_OFFLINE="1",
-        GIT_AUTHOR_NAME="b",
-        GIT_AUTHOR_EMAIL="b@example.com",
-        GIT_COMMITTER_NAME="b",
-        GIT_COMMITTER_EMAIL="b@example.com",
-    )
     with tempfile.TemporaryDirectory(prefix="pal-kill-") as tmp:
         results = {}
         for case in ("full", "extract", "solve"):
             path = Path(tmp) / case
             path.mkdir()
-            make_copy(path, dict(env, PYTHONPATH=str(path)))
-            run_env = dict(env, PYTHONPATH=str(path))
+            run_env = make_scratch_project(path, PARAMS)
             t0 = time.perf_counter()
             if case == "full":
                 repro(path, run_env)

@@ -7,62 +7,15 @@ cached features, and a second `dvc repro` must do nothing.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-TINY = {
-    "demo": {
-        "seed": 0,
-        "n_classes": 4,
-        "train_per_class": 8,
-        "test_per_class": 4,
-        "pretrain_steps": 20,
-    },
-    "data": {
-        "dataset": "demo",
-        "root": "data/demo/dataset",
-        "tasks": 2,
-        "missing_type": "both",
-        "missing_rate": 0.5,
-    },
-    "model": {"backbone": "data/demo/vilt"},
-    "prompt": {"pool_size": 4, "length": 4, "layers": [0, 1]},
-    "tune": {"epochs": 1, "batch_size": 4, "device": "cpu"},
-    "extract": {"batch_size": 16, "device": "cpu"},
-    "solve": {"eta": 1.0, "width": 256, "seed": 0, "method": "gram", "device": "cpu"},
-}
+from scratch_project import BIN, TINY, make_scratch_project
 
 STAGES = ("demo", "prepare", "tune", "extract", "solve", "evaluate")
-
-
-def _copy_project(dst: Path) -> None:
-    listed = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split("\0")
-    for rel in filter(None, listed):
-        src = ROOT / rel
-        if (
-            rel.startswith(("data/", "results/"))
-            or rel == "dvc.lock"
-            or not src.is_file()
-        ):
-            continue
-        target = dst / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target)
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
@@ -81,22 +34,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]
     if shutil.which("git") is None:
         pytest.skip("git not installed")
     path = tmp_path_factory.mktemp("pipeline")
-    _copy_project(path)
-    (path / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
-    env = dict(os.environ)
-    env.update(
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONPATH=str(path),
-        DVC_NO_ANALYTICS="1",
-        HF_HUB_OFFLINE="1",
-        GIT_AUTHOR_NAME="t",
-        GIT_AUTHOR_EMAIL="t@example.com",
-        GIT_COMMITTER_NAME="t",
-        GIT_COMMITTER_EMAIL="t@example.com",
-    )
-    _run(["git", "init", "-q"], path, env)
-    _run(["git", "add", "-A"], path, env)
-    _run(["git", "commit", "-qm", "project"], path, env)
+    env = make_scratch_project(path, TINY)
     out = _run([str(BIN / "dvc"), "repro"], path, env)
     assert _ran(out) == set(STAGES), out
     return path, env
