@@ -91,7 +91,9 @@ class GraphedSteps:
             if len(self.graphs) >= self.max_graphs:
                 self.eager_steps += 1
                 self.optimiser.zero_grad(set_to_none=True)
-                return self.step(inputs)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    return self.step(inputs)
             try:
                 g = self._capture(inputs)
             except RuntimeError as exc:
@@ -120,8 +122,8 @@ class GraphedSteps:
         }
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        # (a capturable optimiser warns when it steps outside a capture)
         with torch.cuda.stream(side), warnings.catch_warnings():
-            # a capturable optimiser warns when it steps outside a capture
             warnings.simplefilter("ignore", UserWarning)
             for _ in range(2):
                 self.optimiser.zero_grad(set_to_none=True)
