@@ -39,6 +39,7 @@ import torch  # noqa: E402
 
 from pipeline.backbone import Backbone, autocast, load_backbone  # noqa: E402
 from pipeline.graphs import capturable_adamw, set_lr  # noqa: E402
+from pipeline.loader import SampleDataset, dummy_image  # noqa: E402
 from pipeline.model import Batch, PalModel, QueryCache, dummy_segments  # noqa: E402
 from pipeline.params import PromptParams  # noqa: E402
 from pipeline.tune import eager_step, static_step  # noqa: E402
@@ -201,18 +202,15 @@ def main() -> None:
         torch.randn(B, 2, D, device=device), torch.randn(B, 2, D, device=device)
     )
     T = backbone.max_text_len
-    if backbone.processor is not None:  # the dummy text, as `SampleDataset` makes it
-        tok = backbone.processor.tokenizer(
-            [""], padding="max_length", max_length=T, return_tensors="pt"
-        )
-        empty_ids, empty_mask = tok["input_ids"][0], tok["attention_mask"][0]
+    side = backbone.image_side
+    if backbone.processor is not None:  # the dataset's own dummy text
+        empty = SampleDataset([], Path("."), backbone.processor, T, side)
+        empty_ids, empty_mask = empty.empty_ids, empty.empty_mask
     else:  # a random config: BERT's [CLS] [SEP]
         empty_ids = torch.zeros(T, dtype=torch.int64)
         empty_ids[:2] = torch.tensor([101, 102])
         empty_mask = (torch.arange(T) < 2).long()
-    dummy = dummy_segments(
-        backbone, empty_ids, empty_mask, torch.ones(3, *(backbone.image_side,) * 2)
-    )
+    dummy = dummy_segments(backbone, empty_ids, empty_mask, dummy_image(side))
     modes = ["eager", "static"] + (["graph"] if device.type == "cuda" else [])
     if args.modes:
         modes = [m for m in modes if m in args.modes.split(",")]

@@ -15,7 +15,7 @@ them and wraps them in `Backbone`. The encoder is run as our own loop over
   prompt layer); their key mask lets a prompt be switched off per sample.
 
 On CUDA, batches of full (unpadded) images are embedded without HF's
-per-sample loops (`Backbone._embed_full`, patches in raster order).
+per-sample loops (`Backbone.embed_full`, patches in raster order).
 
 With no prompts the loop equals `ViltModel.forward(...).last_hidden_state`
 (a test holds this to 1e-6; ViLT shuffles patch order with torch's RNG, so seed
@@ -82,7 +82,7 @@ class Backbone(nn.Module):
         self.num_heads = int(cfg.num_attention_heads)
         self.max_text_len = int(max_text_len)
         self.fused_attention = False  # True: F.scaled_dot_product_attention
-        self.fast_embed = False  # True: `_embed_full` for batches of full images
+        self.fast_embed = False  # True: `embed_full` for batches of full images
         self.attention_backends: list | None = None  # SDPA kernels allowed
         if self.max_text_len > cfg.max_position_embeddings:
             interpolate_text_positions(vilt, self.max_text_len)
@@ -146,10 +146,10 @@ class Backbone(nn.Module):
         input_ids, attention_mask: (B, T) int64; pixel_values: (B, 3, H, W)
         float; pixel_mask: (B, H, W) int64. Returns h (B, T + 1 + P, D) and
         mask (B, T + 1 + P) bool (True = attend). Consumes torch's RNG (patch
-        order on the CPU path; see `_embed_full` for CUDA).
+        order on the CPU path; see `embed_full` for CUDA).
         """
         if self.fast_embed and self._full_images(pixel_mask):
-            return self._embed_full(input_ids, attention_mask, pixel_values)
+            return self.embed_full(input_ids, attention_mask, pixel_values)
         h, mask = self.vilt.embeddings(
             input_ids,
             attention_mask,
@@ -186,7 +186,7 @@ class Backbone(nn.Module):
         px = px.reshape(B, gh * gw, C * ph * pw)
         return F.linear(px, conv.weight.flatten(1), conv.bias), gh, gw
 
-    def _embed_full(
+    def embed_full(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,

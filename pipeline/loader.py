@@ -162,6 +162,11 @@ def select(samples: Sequence[Sample], split: str, tasks: Sequence[int]) -> list[
     return [s for s in samples if s.split == split and s.task in wanted]
 
 
+def dummy_image(side: int) -> torch.Tensor:
+    """(3, side, side) of 1.0: an all-white image after ViLT's normalisation."""
+    return torch.ones(3, side, side)
+
+
 class SampleDataset(Dataset):
     """Items for a list of samples: tokens, one processed image, codes.
 
@@ -207,8 +212,8 @@ class SampleDataset(Dataset):
         return len(self.samples)
 
     def dummy_image(self) -> torch.Tensor:
-        """(3, S, S) of 1.0: an all-white image after ViLT's normalisation."""
-        return torch.ones(3, self.image_side, self.image_side)
+        """The dummy image of this dataset's image side (`dummy_image`)."""
+        return dummy_image(self.image_side)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         s = self.samples[i]

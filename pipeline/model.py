@@ -364,22 +364,27 @@ class PalModel(nn.Module):
         dev = self.backbone.device
         n = batch.n
         rows = rows or n
-        sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
-        sel = sel.to(dev)
-        ids, am, px, pm = (
-            t[:n] if rows == n else t[:n][sel] for t in batch.inputs_to(dev)
+        ids, am, px, pm = (t[:n] for t in batch.inputs_to(dev))
+        index, missing, labels = (
+            t.to(dev) for t in (batch.index, batch.missing, batch.labels)
         )
+        if rows > n:  # repeat the first sample; its copies get label −1
+            sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
+            sel = sel.to(dev)
+            ids, am, px, pm, index, missing, labels = (
+                t[sel] for t in (ids, am, px, pm, index, missing, labels)
+            )
+            labels[n:] = -1
         pad = self.backbone.max_text_len - ids.shape[1]
         ids, am = F.pad(ids, (0, pad)), F.pad(am, (0, pad))
         with torch.no_grad():
             h, mask = self.backbone.embed(ids, am, px, pm)
-        valid = torch.arange(rows, device=dev) < n
         return {
             "h": h,
             "mask": mask,
-            "index": batch.index.to(dev)[sel],
-            "missing": batch.missing.to(dev)[sel],
-            "labels": torch.where(valid, batch.labels.to(dev)[sel], -1),
+            "index": index,
+            "missing": missing,
+            "labels": labels,
         }
 
 
@@ -408,7 +413,7 @@ def dummy_segments(
     dev = backbone.device
     ids, am = empty_ids[None].to(dev), empty_mask[None].to(dev)
     with autocast(dev):
-        h, mask = backbone._embed_full(ids, am, dummy_image[None].to(dev))
+        h, mask = backbone.embed_full(ids, am, dummy_image[None].to(dev))
     T = ids.shape[1]
     return DummySegments(h[0, :T], mask[0, :T], h[0, T:])
 

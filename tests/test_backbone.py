@@ -168,7 +168,7 @@ def test_full_image_embedding_matches_hf_up_to_patch_order(backbone, side):
     torch.manual_seed(0)
     h, mask = backbone.embed(ids, am, px, pm)
     ref = backbone.encode(h, mask)
-    h2, mask2 = backbone._embed_full(ids, am, px)
+    h2, mask2 = backbone.embed_full(ids, am, px)
     assert torch.equal(mask2, mask)
     out = backbone.encode(h2, mask2)
     T = ids.shape[1]

@@ -4,19 +4,22 @@
 
 import pytest
 import torch
-from test_model_fixtures import tiny_prepare, tiny_vilt  # noqa: F401
+from test_model_fixtures import (  # noqa: F401
+    PROMPT,
+    make_model,
+    tiny_prepare,
+    tiny_vilt,
+)
 
 from pipeline.backbone import autocast, load_backbone
 from pipeline.loader import SampleDataset, make_loader, read_prepare, select
 from pipeline.model import (
     CheckpointError,
-    PalModel,
     build_cache,
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
 )
-from pipeline.params import PromptParams
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +30,6 @@ def data(tiny_prepare):
 @pytest.fixture(scope="module")
 def backbone(tiny_vilt):
     return load_backbone(str(tiny_vilt), 12)
-
-
-def _model(backbone, tasks, steps=1, **prompt):
-    defaults = {"pool_size": 6, "length": 4, "layers": (0, 1)}
-    model = PalModel(
-        backbone, PromptParams(**{**defaults, **prompt}), tasks.classes_per_task
-    )
-    g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        model.add_task(g)
-    return model
 
 
 def _task_data(backbone, samples, tasks, task, batch_size=4, copies=True):
@@ -55,7 +47,7 @@ def _batch_with(loader, want_complete: bool):
 
 def test_only_active_slice_and_head_get_gradients(backbone, data):
     samples, tasks = data
-    model = _model(backbone, tasks, steps=2)
+    model = make_model(backbone, tasks, steps=2)
     ds, loader = _task_data(backbone, samples, tasks, 2)
     cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
     loss, _ = model.loss(_batch_with(loader, True), cache, 2, recon_weight=0.01)
@@ -77,7 +69,7 @@ def test_only_active_slice_and_head_get_gradients(backbone, data):
 
 def test_reconstruction_only_from_complete_samples_copies(backbone, data, monkeypatch):
     samples, tasks = data
-    model = _model(backbone, tasks)
+    model = make_model(backbone, tasks)
     ds, loader = _task_data(backbone, samples, tasks, 1)
     cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
     rows, joint_q = [], []
@@ -121,7 +113,7 @@ def test_reconstruction_only_from_complete_samples_copies(backbone, data, monkey
 
 def test_reconstruction_loss_goes_down_over_an_epoch(backbone, data):
     samples, tasks = data
-    model = _model(backbone, tasks)
+    model = make_model(backbone, tasks)
     ds, loader = _task_data(backbone, samples, tasks, 1)
     cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
     full = list(make_loader(ds, len(ds), copies=True))[0]
@@ -143,7 +135,7 @@ def test_reconstruction_loss_goes_down_over_an_epoch(backbone, data):
 
 def test_prompts_off_features_are_the_frozen_text_cls(backbone, data):
     samples, tasks = data
-    model = _model(backbone, tasks, enabled=False)
+    model = make_model(backbone, tasks, enabled=False)
     assert model.prompts is None
     ds, _ = _task_data(backbone, samples, tasks, 1)
     batch = list(make_loader(ds, 8))[0]
@@ -167,7 +159,7 @@ def test_prompts_off_features_are_the_frozen_text_cls(backbone, data):
 )
 def test_every_variant_trains_and_extracts(backbone, data, prompt):
     samples, tasks = data
-    model = _model(backbone, tasks, **prompt)
+    model = make_model(backbone, tasks, **prompt)
     ds, loader = _task_data(backbone, samples, tasks, 1)
     cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
     batch = _batch_with(loader, True)
@@ -183,17 +175,8 @@ def test_every_variant_trains_and_extracts(backbone, data, prompt):
 
 def test_checkpoint_round_trip_and_damage(backbone, data, tmp_path):
     samples, tasks = data
-    model = _model(backbone, tasks, steps=2)
-    params = {
-        "prompt": {
-            "enabled": True,
-            "pools": "modality",
-            "pool_size": 6,
-            "length": 4,
-            "layers": [0, 1],
-            "position": "prefix",
-        }
-    }
+    model = make_model(backbone, tasks, steps=2)
+    params = {"prompt": PROMPT}
     path = tmp_path / "step_02.pt"
     digest = save_checkpoint(path, 2, params, tasks.record(), model.tuned_state())
     again = save_checkpoint(
@@ -231,7 +214,7 @@ def test_cuda_bf16_matches_cpu_float32(tiny_vilt, data):
     for name in ("cpu", "cuda"):
         device = torch.device(name)
         backbone = load_backbone(str(tiny_vilt), 12).place(device)
-        model = _model(backbone, tasks, steps=2).to(device)
+        model = make_model(backbone, tasks, steps=2).to(device)
         if ds is None:
             ds, _ = _task_data(backbone, samples, tasks, 2)
         batch = list(make_loader(ds, 12, device=device))[0]

@@ -164,18 +164,38 @@ def make_prepare(
     return out
 
 
+# the fixtures' prompt params: small pools at both layers of the tiny ViLT
+PROMPT = {
+    "enabled": True,
+    "pools": "modality",
+    "pool_size": 6,
+    "length": 4,
+    "layers": [0, 1],
+    "position": "prefix",
+}
+
+
+def make_model(backbone, tasks, steps: int = 1, **prompt):
+    """A PalModel on `backbone` with `PROMPT` (overridden by `prompt`) and the
+    first `steps` tasks added."""
+    import torch
+
+    from pipeline.model import PalModel
+    from pipeline.params import PromptParams
+
+    params = {**PROMPT, "layers": tuple(PROMPT["layers"]), **prompt}
+    model = PalModel(backbone, PromptParams(**params), tasks.classes_per_task)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        model.add_task(g)
+    return model
+
+
 def write_params(path: Path, backbone: Path, **sections) -> Path:
     """A params.yaml for tune/extract tests; `sections` override keys."""
     params = {
         "model": {"backbone": str(backbone), "max_text_len": 12},
-        "prompt": {
-            "enabled": True,
-            "pools": "modality",
-            "pool_size": 6,
-            "length": 4,
-            "layers": [0, 1],
-            "position": "prefix",
-        },
+        "prompt": dict(PROMPT),
         "tune": {
             "epochs": 1,
             "batch_size": 4,

@@ -7,20 +7,18 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from test_model_fixtures import tiny_prepare, tiny_vilt  # noqa: F401
+from test_model_fixtures import make_model, tiny_prepare, tiny_vilt  # noqa: F401
 
 from pipeline.backbone import autocast, load_backbone
 from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
 from pipeline.loader import SampleDataset, make_loader, read_prepare, select
 from pipeline.model import (
     DummySegments,
-    PalModel,
     _splice_copies,
     build_cache,
     dummy_segments,
     static_loss,
 )
-from pipeline.params import PromptParams
 
 T = 12  # model.max_text_len of the fixtures
 
@@ -33,13 +31,8 @@ def data(tiny_prepare):
 def _setup(tiny_vilt, data, device="cpu", task=2, **prompt):
     samples, tasks = data
     backbone = load_backbone(str(tiny_vilt), T).place(torch.device(device))
-    defaults = {"pool_size": 6, "length": 4, "layers": (0, 1)}
-    model = PalModel(
-        backbone, PromptParams(**{**defaults, **prompt}), tasks.classes_per_task
-    )
-    g = torch.Generator().manual_seed(0)
-    for _ in range(task):
-        model.add_task(g)
+    model = make_model(backbone, tasks, steps=task, **prompt)
+    g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # random head rows: the CE's gradient reaches the prompts
         for p in model.head.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
