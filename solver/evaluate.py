@@ -30,16 +30,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
+from solver.cliutil import clean_errors, folder_option, params_option
 from solver.errors import ShardError
 from solver.metrics import Counts, summarize
+from solver.options import apply_overrides
 from solver.outputs import write_bytes_atomic
+from solver.params import SolveParams, load_section
 from solver.rls import Expander, upsampling_matrix
 from solver.shards import StepShards, open_features, task_group_name
-from solver.weights import WeightsError, WeightsFile
+from solver.weights import WeightsError, WeightsFile, weights_name
 
 log = logging.getLogger(__name__)
 
@@ -292,3 +296,49 @@ def write_outputs(out_dir: Path, e: Evaluation) -> Path:
         m["last"],
     )
     return path
+
+
+@click.command("evaluate")
+@folder_option("features", "data/extract", "Features folder with the test shards.")
+@click.option(
+    "--weights",
+    "weights",
+    multiple=True,
+    metavar="PATH",
+    help="Weights file from `solve`; repeat for several. A folder means all its "
+    "weights-eta*.h5 files (an η sweep). Default: data/solve/weights.h5, or "
+    "data/solve/weights-eta<η>.h5 for each η when solve.eta is a list.",
+)
+@folder_option("out", "results", "Output folder for metrics, CSVs and the plot.")
+@click.option(
+    "--device", metavar="auto|cpu|cuda", help="Backend for scoring [solve.device]."
+)
+@params_option
+@clean_errors
+def cli(
+    features: str,
+    weights: tuple[str, ...],
+    out: str,
+    params_file: str,
+    device: str | None,
+) -> None:
+    """Score the weights on every step's test shards; write metrics.
+
+    Writes metrics.json (acc, fg, fg_diag, aia, last, matrix, acc_by_missing,
+    and bp for the BP head when the shards hold bp_logits),
+    accuracy_matrix.csv, step_accuracy.csv and step_accuracy.png. For
+    weights-eta<η>.h5 the names carry the same -eta<η> suffix.
+    """
+    params = apply_overrides(
+        load_section(params_file, "solve", SolveParams), device=device
+    )
+    if not weights:
+        names = [weights_name(eta, params.is_sweep) for eta in params.etas]
+        weights = tuple(str(Path("data/solve") / name) for name in names)
+    evaluate(
+        features,
+        [Path(w) for w in weights],
+        out,
+        backend=get_backend(params.device),
+        batch_rows=params.batch_rows,
+    )

@@ -12,10 +12,13 @@ import logging
 import time
 from pathlib import Path
 
+import click
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
-from solver.params import SolveParams
+from solver.cliutil import clean_errors, folder_option, params_option
+from solver.options import apply_overrides
+from solver.params import SolveParams, load_section
 from solver.rls import Expander, make_rls, upsampling_matrix
 from solver.shards import open_features
 from solver.weights import WeightsInfo, WeightsWriter, weights_name
@@ -105,3 +108,60 @@ def solve(
         time.perf_counter() - start,
     )
     return paths
+
+
+@click.command("solve")
+@folder_option(
+    "features", "data/extract", "Features folder: step_01/train.h5, test.h5, …"
+)
+@folder_option(
+    "out", "data/solve", "Output folder for weights.h5 (weights-eta<η>.h5 for a sweep)."
+)
+@click.option(
+    "--eta",
+    metavar="X[,X…]",
+    help="Ridge regulariser η > 0 [solve.eta]. Several comma-separated "
+    "values run a sweep: one pass over the shards, one weights file "
+    "per η, named weights-eta<η>.h5.",
+)
+@click.option("--width", metavar="N", help="Up-sampling width d > 0 [solve.width].")
+@click.option(
+    "--seed", metavar="N", help="Seed of the up-sampling matrix [solve.seed]."
+)
+@click.option(
+    "--method",
+    metavar="gram|woodbury",
+    help="gram: G += HᵀH, Cholesky per step (fast); woodbury: the paper's "
+    "RLS update per batch [solve.method].",
+)
+@click.option(
+    "--device",
+    metavar="auto|cpu|cuda",
+    help="cpu: NumPy/SciPy; cuda: CuPy; auto: CuPy when a GPU passes a "
+    "smoke test, else NumPy [solve.device].",
+)
+@click.option(
+    "--dtype",
+    metavar="float64|float32",
+    help="Accumulation and solve precision [solve.dtype].",
+)
+@click.option(
+    "--batch-rows",
+    metavar="N",
+    help="Rows per streamed chunk and per Woodbury update [solve.batch_rows].",
+)
+@params_option
+@clean_errors
+def cli(features: str, out: str, params_file: str, **overrides: str | None) -> None:
+    """Fit the analytic classifier after every step; write weights.h5.
+
+    Streams each step's train shard once in row chunks, up-samples
+    H = max(X·W_up, 0) with the seeded W_up of DESIGN §4, and solves the ridge
+    classifier over all classes seen so far; W_k equals the joint ridge
+    solution over all rows of steps 1..k. Options override the `solve:`
+    section of the params file.
+    """
+    params = apply_overrides(
+        load_section(params_file, "solve", SolveParams), **overrides
+    )
+    solve(features, out, params)
