@@ -37,8 +37,8 @@ from pipeline.backbone import Backbone, autocast
 from pipeline.params import ModelParams, PromptParams, TuneParams
 from pipeline.prompts import Prompts, check_prompt_params
 from solver.errors import PalError
-from solver.outputs import write_bytes_atomic
-from solver.shards import step_dir_name
+from solver.outputs import step_dir_name, write_bytes_atomic
+from solver.params import outcome_record
 
 CHECKPOINT_FORMAT = 1
 
@@ -554,15 +554,13 @@ def checkpoint_path(tune_dir: str | Path, step: int) -> Path:
 def params_record(
     model: ModelParams, prompt: PromptParams, tune: TuneParams, n_tasks: int
 ) -> dict[str, Any]:
-    """The params a tune checkpoint depends on, as plain JSON-able data
-    (`tune.num_workers` and `tune.cuda_graphs` left out: they change speed,
-    not results)."""
-    tune_record = dataclasses.asdict(tune)
-    del tune_record["num_workers"], tune_record["cuda_graphs"]
+    """The params a tune checkpoint depends on, as plain JSON-able data: the
+    `outcome_keys` of each section (run-only keys such as `tune.num_workers`
+    change speed, not results)."""
     return {
-        "model": dataclasses.asdict(model),
-        "prompt": dataclasses.asdict(prompt),
-        "tune": tune_record,
+        "model": outcome_record(model),
+        "prompt": outcome_record(prompt),
+        "tune": outcome_record(tune),
         "data": {"tasks": n_tasks},
     }
 

@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from solver.params import check, load_section
+from solver.params import RUN_ONLY, check, load_section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,10 +190,11 @@ class TuneParams:
     weight_decay: float = 0.0  # AdamW weight decay (active slice and head only)
     warmup: float = 0.1  # fraction of a task's steps spent in linear warm-up
     recon_weight: float = 0.01  # λ, weight of the reconstruction loss
-    seed: int = 0  # seed of prompt init, head init and batch order
+    seed: int = 0  # seed of prompt init, batch order and patch order
     device: Device = "auto"  # auto: cuda when available
-    num_workers: int = 0  # DataLoader workers decoding images
     cuda_graphs: bool = True  # on a GPU, replay each training step as a CUDA graph
+    # DataLoader workers decoding images (run-only: batches are the same)
+    num_workers: int = dataclasses.field(default=0, metadata=RUN_ONLY)
 
     def __post_init__(self) -> None:
         check(self.epochs > 0, "tune.epochs", f"must be > 0, got {self.epochs}")
@@ -221,7 +222,8 @@ class ExtractParams:
     batch_size: int = 32  # samples per forward pass
     dtype: Literal["float32", "float16"] = "float32"  # stored feature dtype
     device: Device = "auto"  # auto: cuda when available
-    num_workers: int = 0  # DataLoader workers decoding images
+    # DataLoader workers decoding images (run-only: batches are the same)
+    num_workers: int = dataclasses.field(default=0, metadata=RUN_ONLY)
 
     def __post_init__(self) -> None:
         check(

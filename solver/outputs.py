@@ -41,3 +41,9 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
     except OSError as exc:
         raise PalError(f"{path}: cannot write ({exc.strerror or exc})") from None
     return Path(path)
+
+
+def step_dir_name(step: int) -> str:
+    """`step_01` for step 1 (1-based, at least two digits): the name of a
+    step's shard folder, checkpoint (`step_01.pt`) and weights group."""
+    return f"step_{step:02d}"

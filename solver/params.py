@@ -77,6 +77,24 @@ def section_from_mapping(cls: type[T], section: str, raw: Any) -> T:
         raise ParamsError(f"section '{section}': {exc}") from None
 
 
+RUN_ONLY = {"run_only": True}  # field metadata: changes speed, never a result
+
+
+def outcome_keys(cls: type) -> tuple[str, ...]:
+    """The keys of a section dataclass that can change a stage's results: all
+    but those marked `metadata=RUN_ONLY` (e.g. DataLoader workers). These are
+    the keys a stage's dvc.yaml entry declares and its resume signature holds."""
+    return tuple(
+        f.name for f in dataclasses.fields(cls) if not f.metadata.get("run_only")
+    )
+
+
+def outcome_record(params: Any) -> dict[str, Any]:
+    """`params` as plain JSON-able data, restricted to its `outcome_keys`."""
+    values = dataclasses.asdict(params)
+    return {key: values[key] for key in outcome_keys(type(params))}
+
+
 def check(ok: bool, key: str, message: str) -> None:
     """Raise `ParamsError("key: message")` unless `ok`."""
     if not ok:

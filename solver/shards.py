@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 
 from solver.errors import ShardError
-from solver.outputs import atomic_path
+from solver.outputs import atomic_path, step_dir_name
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 1024  # HDF5 chunk rows; (1024, D) float32 is 3 MB at D = 768
@@ -38,11 +38,6 @@ MISSING_NAMES = {0: "complete", 1: "text_missing", 2: "image_missing"}
 
 _STEP_DIR = re.compile(r"^step_(\d{2,})$")
 _STR = h5py.string_dtype("utf-8")
-
-
-def step_dir_name(step: int) -> str:
-    """`step_01` for step 1 (1-based, at least two digits)."""
-    return f"step_{step:02d}"
 
 
 def task_group_name(task: int) -> str:
