@@ -352,6 +352,22 @@ def autocast(device: torch.device, cache_enabled: bool = True):
     return contextlib.nullcontext()
 
 
+def backbone_folder(name: str) -> Path:
+    """The folder `model.backbone` loads from: itself, or for a hub id its
+    snapshot in the local HF cache."""
+    if Path(name).exists():
+        return Path(name)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not cached, or not a valid id
+        raise BackboneError(
+            f"model.backbone '{name}': no such folder, and no hub model of that id "
+            "in the local HF cache"
+        ) from None
+
+
 def load_backbone(name: str, max_text_len: int) -> Backbone:
     """Load a frozen ViLT and its processor from a folder or a cached hub id.
 

@@ -8,8 +8,8 @@ they are validated and renamed into place atomically.
 
 Deterministic: ViLT draws the patch order from torch's RNG, so the RNG is
 reseeded before every batch; the same checkpoint and samples give the same
-bytes. A step whose shards exist and carry the same `extract_key` (checkpoint
-hash, samples.jsonl hash, stored dtype, part layout) is skipped.
+bytes. Finished steps wait in `<out>.partial/` until the run completes, so an
+interrupted run resumes after them (`pipeline.resume`).
 
 Several GPUs: run under `torchrun --nproc-per-node N`; rank r takes the r-th
 contiguous share of every block and writes `train-0000r.h5` / `test-0000r.h5`.
@@ -23,11 +23,11 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
-import h5py
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -51,8 +51,10 @@ from pipeline.model import (
     model_from_checkpoint,
     params_diff,
 )
+from pipeline.resume import PartialRun, code_digest, file_digest, signature
 from solver.cliutil import clean_errors, folder_option, params_option
 from solver.errors import PalError
+from solver.params import outcome_record
 from solver.shards import Block, ShardAttrs, step_dir_name, write_test, write_train
 
 log = logging.getLogger(__name__)
@@ -88,11 +90,17 @@ def extract(
     out_dir: str | Path,
     params: pparams.ExtractParams,
     steps: Sequence[int] | str | None = None,
+    fresh: bool = False,
 ) -> list[Path]:
     """Write the shards of `steps` (default: all; a string as for `--steps`);
-    returns the step folders."""
+    returns the step folders.
+
+    Finished steps wait in `<out>.partial/` (`-rankNNNNN` under torchrun) until
+    every step is done, then move into `out`; a rerun with the same code,
+    params and inputs reuses them (`pipeline.resume`), `fresh` discards them.
+    """
     samples, tasks = read_prepare(prepare_dir)
-    samples_hash = _file_hash(Path(prepare_dir) / "samples.jsonl")
+    samples_hash = file_digest(Path(prepare_dir) / "samples.jsonl")
     if steps is None or isinstance(steps, str):
         steps = parse_steps(steps, tasks.n_tasks)
     rank, world = rank_and_world()
@@ -101,40 +109,85 @@ def extract(
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     tune_dir, out = Path(tune_dir), Path(out_dir)
     first = load_checkpoint(checkpoint_path(tune_dir, 1))
-    backbone: Backbone | None = None
-    folders = []
+    ckpts = {}
     for step in steps:
         path = checkpoint_path(tune_dir, step)
-        ckpt = first if step == 1 else load_checkpoint(path)
-        _check_checkpoint(path, ckpt, step, tasks, first)
-        key = _extract_key(ckpt["hash"], samples_hash, params.dtype, world)
-        folder = out / step_dir_name(step)
-        names = _shard_names(world, rank)
-        folders.append(folder)
-        if all(_has_key(folder / n, key) for n in names):
-            log.info(
-                "%s: up to date (checkpoint %s), skipped", folder, ckpt["hash"][:12]
-            )
+        ckpts[step] = first if step == 1 else load_checkpoint(path)
+        _check_checkpoint(path, ckpts[step], step, tasks, first)
+    partial = PartialRun(
+        out,
+        _signature(params, samples_hash, ckpts, world, rank, device),
+        fresh=fresh,
+        suffix="" if world == 1 else f".rank{rank:05d}",
+    )
+    names = _shard_names(world, rank)
+    backbone: Backbone | None = None
+    done: list[int] = []
+    moved: list[str] = []
+    for step in steps:
+        ckpt = ckpts[step]
+        folder = step_dir_name(step)
+        moved += [f"{folder}/{n}" for n in names]
+        if all((partial.path / folder / n).is_file() for n in names):
+            done.append(step)
             continue
         if backbone is None:
             m = ckpt["params"]["model"]
             backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
-        model = model_from_checkpoint(ckpt, backbone)
+        key = _extract_key(ckpt["hash"], samples_hash, params.dtype, world)
         _extract_step(
-            model,
+            model_from_checkpoint(ckpt, backbone),
             step,
             samples,
             tasks,
             params,
-            folder,
+            partial.path / folder,
             names,
             _provenance(ckpt, key, samples_hash, params),
             rank,
             world,
         )
-        if rank == 0:
-            _remove_stale(folder, world)
-    return folders
+    if done:
+        log.info(
+            "reused steps %s of an interrupted run with the same code, params and "
+            "inputs (%s)",
+            ",".join(map(str, done)),
+            partial.path,
+        )
+    partial.finish(moved)
+    if rank == 0:
+        for step in steps:
+            _remove_stale(out / step_dir_name(step), world)
+        for folder in out.glob("step_[0-9][0-9]*"):  # an earlier run had more tasks
+            if folder.name[5:].isdigit() and int(folder.name[5:]) > tasks.n_tasks:
+                shutil.rmtree(folder)
+    return [out / step_dir_name(step) for step in steps]
+
+
+def _signature(
+    params: pparams.ExtractParams,
+    samples_hash: str,
+    ckpts: dict[int, dict],
+    world: int,
+    rank: int,
+    device: torch.device,
+) -> str:
+    """What this rank's shards depend on: extract's code, params, the samples,
+    the checkpoints of the steps, the part layout, the device type and the
+    versions of torch and transformers."""
+    import transformers
+
+    return signature(
+        {
+            "code": code_digest(__name__),
+            "params": outcome_record(params),
+            "samples": samples_hash,
+            "checkpoints": {str(k): c["hash"] for k, c in ckpts.items()},
+            "parts": [world, rank],
+            "device": device.type,
+            "versions": [torch.__version__, transformers.__version__],
+        }
+    )
 
 
 def _check_checkpoint(
@@ -161,28 +214,10 @@ def _extract_key(ckpt_hash: str, samples_hash: str, dtype: str, world: int) -> s
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _shard_names(world: int, rank: int) -> tuple[str, str]:
     if world == 1:
         return "train.h5", "test.h5"
     return f"train-{rank:05d}.h5", f"test-{rank:05d}.h5"
-
-
-def _has_key(path: Path, key: str) -> bool:
-    if not path.is_file():
-        return False
-    try:
-        with h5py.File(path, "r") as f:
-            return f.attrs.get("extract_key") == key
-    except OSError:
-        return False
 
 
 def _remove_stale(folder: Path, world: int) -> None:
@@ -321,17 +356,29 @@ def embed_samples(
     metavar="LIST",
     help="Only these steps, e.g. 2, 1,3 or 2-4 (default: all).",
 )
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Discard the finished steps of an interrupted run (<out>.partial/) "
+    "instead of reusing them.",
+)
 @clean_errors
 def cli(
-    params_file: str, prepare_dir: str, tune_dir: str, out_dir: str, steps: str | None
+    params_file: str,
+    prepare_dir: str,
+    tune_dir: str,
+    out_dir: str,
+    steps: str | None,
+    fresh: bool,
 ) -> None:
     """Dump prompted joint embeddings into HDF5 feature shards.
 
     Step k's checkpoint embeds task k's training samples (step_XX/train.h5)
     and the test samples of tasks 1..k (step_XX/test.h5, with the BP head's
-    logits over the classes seen). Steps whose shards already match their
-    checkpoint are skipped. Reads params section extract; under torchrun each
-    rank writes its own part files.
+    logits over the classes seen). Finished steps wait in <out>.partial/
+    until every step is done: an interrupted run (also under `dvc repro`)
+    reuses them when its code, params and inputs are unchanged. Reads params
+    section extract; under torchrun each rank writes its own part files.
     """
     params = pparams.load(params_file, "extract")
-    extract(prepare_dir, tune_dir, out_dir, params, steps)
+    extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh)

@@ -5,9 +5,12 @@ frozen) and head rows, cache the frozen queries of task k's training samples
 and of their reconstruction copies, then train with AdamW (betas 0.9/0.98,
 linear warm-up then cosine decay over the task's steps) on
 CE(task k's classes) + λ·L_r. After each task, `step_XX.pt` is written
-atomically with everything needed to rebuild step k's model; a rerun resumes
-after the last complete step with the same result as an uninterrupted run
-(every task reseeds its own RNG streams).
+atomically into `<out>.partial/` with everything needed to rebuild step k's
+model; once every task is done the checkpoints move into `<out>`. A rerun with
+the same code, params and inputs resumes after the last finished step with
+the same result as an uninterrupted run (every task reseeds its own RNG
+streams), also under `dvc repro`, which deletes `<out>` first
+(`pipeline.resume`).
 
 On a GPU (`tune.cuda_graphs`, on by default) each step runs `static_loss` —
 the same loss with shapes fixed by the batch shape, the reconstruction copies
@@ -16,8 +19,8 @@ built on the device — and is replayed as a CUDA graph per batch shape
 
 Reads params `model`, `prompt`, `tune` and the task split from tasks.json.
 Writes `<out>/step_XX.pt` and `<out>/log.jsonl` (one line per task and epoch:
-loss parts, train accuracy, and `seconds` — the only field that differs
-between identical runs).
+loss parts and train accuracy; same inputs, same bytes). Each epoch's seconds
+go to `--timings` (default `logs/tune.jsonl`), outside what DVC tracks.
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ import torch
 from tqdm import tqdm
 
 from pipeline import params as pparams
-from pipeline.backbone import autocast, load_backbone, resolve_device
+from pipeline.backbone import (
+    Backbone,
+    autocast,
+    backbone_folder,
+    load_backbone,
+    resolve_device,
+)
 from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
 from pipeline.loader import SampleDataset, Tasks, make_loader, read_prepare, select
 from pipeline.model import (
@@ -48,10 +57,16 @@ from pipeline.model import (
     checkpoint_path,
     dummy_segments,
     load_checkpoint,
-    params_diff,
     params_record,
     save_checkpoint,
     static_loss,
+)
+from pipeline.resume import (
+    PartialRun,
+    code_digest,
+    file_digest,
+    folder_digest,
+    signature,
 )
 from solver.cliutil import clean_errors, folder_option, params_option
 from solver.outputs import write_bytes_atomic
@@ -59,6 +74,7 @@ from solver.outputs import write_bytes_atomic
 log = logging.getLogger(__name__)
 
 BETAS = (0.9, 0.98)
+LOG_NAME = "log.jsonl"
 CACHE_BATCH = 64  # samples per batch of the frozen query pass
 
 
@@ -82,51 +98,88 @@ def tune(
     prompt_p: pparams.PromptParams,
     tune_p: pparams.TuneParams,
     fresh: bool = False,
+    timings: str | Path | None = None,
 ) -> list[Path]:
-    """Run prompt tuning for all tasks; returns the checkpoint paths."""
+    """Run prompt tuning for all tasks; returns the checkpoint paths.
+
+    Finished steps wait in `<out>.partial/` until every task is done, then
+    move into `out` (see `pipeline.resume`); `fresh` discards them. Per-epoch
+    seconds are appended to `timings` (a JSON-lines file), never to `out`.
+    """
     samples, tasks = read_prepare(prepare_dir)
     out = Path(out_dir)
     record = params_record(model_p, prompt_p, tune_p, tasks.n_tasks)
     device = resolve_device(tune_p.device, "tune.device")
     backbone = load_backbone(model_p.backbone, model_p.max_text_len).place(device)
     model = PalModel(backbone, prompt_p, tasks.classes_per_task).to(device)
-    if fresh:
-        for k in range(1, tasks.n_tasks + 1):
-            checkpoint_path(out, k).unlink(missing_ok=True)
-        (out / "log.jsonl").unlink(missing_ok=True)
-    done = _resume(model, out, record, tasks)
-    entries = [e for e in _read_log(out) if e.get("task", 0) <= done]
+    partial = PartialRun(
+        out, _signature(prepare_dir, record, backbone, device), fresh=fresh
+    )
+    done = _resume(model, partial.path, tasks)
+    entries = [e for e in _read_log(partial.path) if e.get("task", 0) <= done]
     if done:
-        log.info("resuming after step %d (%s)", done, checkpoint_path(out, done))
-    paths = [checkpoint_path(out, k) for k in range(1, done + 1)]
+        log.info(
+            "reusing steps 1-%d of an interrupted run with the same code, params "
+            "and inputs (%s)",
+            done,
+            partial.path,
+        )
     for task in range(done + 1, tasks.n_tasks + 1):
         train = select(samples, "train", [task])
-        entries += train_task(model, task, train, tasks, tune_p)
-        paths.append(checkpoint_path(out, task))
+        epochs = train_task(model, task, train, tasks, tune_p)
+        for entry in epochs:
+            seconds = entry.pop("seconds")
+            if timings is not None:
+                _append_timing(Path(timings), dict(entry, seconds=seconds))
+        entries += epochs
+        path = checkpoint_path(partial.path, task)
         digest = save_checkpoint(
-            paths[-1], task, record, tasks.record(), model.tuned_state()
+            path, task, record, tasks.record(), model.tuned_state()
         )
-        _write_log(out, entries)
-        log.info("wrote %s (%s)", paths[-1], digest[:12])
-    return paths
+        _write_log(partial.path, entries)
+        log.info("step %d done: %s (%s)", task, path.name, digest[:12])
+    names = [checkpoint_path("", k).name for k in range(1, tasks.n_tasks + 1)]
+    for stale in out.glob("step_*.pt"):  # steps of an earlier run with more tasks
+        if stale.name not in names:
+            stale.unlink()
+    partial.finish([*names, LOG_NAME])
+    log.info("wrote %s (%d steps)", out, tasks.n_tasks)
+    return [checkpoint_path(out, k) for k in range(1, tasks.n_tasks + 1)]
 
 
-def _resume(model: PalModel, out: Path, record: dict, tasks: Tasks) -> int:
-    """Load the last complete checkpoint of these params; returns its step."""
+def _signature(
+    prepare_dir: str | Path, record: dict, backbone: Backbone, device: torch.device
+) -> str:
+    """What the checkpoints depend on: tune's code, params, the prepared
+    samples and task split, the backbone's files, the device type and the
+    versions of torch and transformers."""
+    import transformers
+
+    prepare = Path(prepare_dir)
+    return signature(
+        {
+            "code": code_digest(__name__),
+            "params": record,
+            "samples": file_digest(prepare / "samples.jsonl"),
+            "tasks": file_digest(prepare / "tasks.json"),
+            "backbone": folder_digest(backbone_folder(backbone.name)),
+            "device": device.type,
+            "versions": [torch.__version__, transformers.__version__],
+        }
+    )
+
+
+def _resume(model: PalModel, folder: Path, tasks: Tasks) -> int:
+    """Load the last of the consecutive checkpoints 1..k in `folder` into
+    `model` (a run with this signature wrote them); returns k."""
     done, state = 0, None
     for k in range(1, tasks.n_tasks + 1):
-        path = checkpoint_path(out, k)
+        path = checkpoint_path(folder, k)
         if not path.exists():
             break
         ckpt = load_checkpoint(path)
-        diff = params_diff(ckpt["params"], record)
-        if diff is None and ckpt["tasks"] != tasks.record():
-            diff = "tasks.json (class order or task split)"
-        if diff is not None or ckpt["step"] != k:
-            raise CheckpointError(
-                f"{path}: checkpoint from other params ({diff or 'step'}); pass "
-                "--fresh to discard it, or choose another --out"
-            )
+        if ckpt["step"] != k:
+            raise CheckpointError(f"{path}: holds step {ckpt['step']}, expected {k}")
         done, state = k, ckpt["state"]
     if done:
         generator = torch.Generator().manual_seed(0)  # values replaced below
@@ -377,7 +430,7 @@ def _index_batches(
 
 
 def _read_log(out: Path) -> list[dict]:
-    path = out / "log.jsonl"
+    path = out / LOG_NAME
     if not path.is_file():
         return []
     entries = []
@@ -391,7 +444,15 @@ def _read_log(out: Path) -> list[dict]:
 
 def _write_log(out: Path, entries: list[dict]) -> None:
     text = "".join(json.dumps(e) + "\n" for e in entries)
-    write_bytes_atomic(out / "log.jsonl", text.encode())
+    write_bytes_atomic(out / LOG_NAME, text.encode())
+
+
+def _append_timing(path: Path, entry: dict) -> None:
+    """One JSON line per epoch; timings vary between identical runs, so they
+    live outside the DVC-tracked output."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 @click.command("tune")
@@ -405,19 +466,31 @@ def _write_log(out: Path, entries: list[dict]) -> None:
 @click.option(
     "--fresh",
     is_flag=True,
-    help="Discard checkpoints already in --out instead of resuming after them.",
+    help="Discard the finished steps of an interrupted run (<out>.partial/) "
+    "instead of resuming after them.",
+)
+@click.option(
+    "--timings",
+    default="logs/tune.jsonl",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="JSON-lines file that gets each epoch's losses and seconds appended.",
 )
 @clean_errors
-def cli(params_file: str, prepare_dir: str, out_dir: str, fresh: bool) -> None:
+def cli(
+    params_file: str, prepare_dir: str, out_dir: str, fresh: bool, timings: str
+) -> None:
     """Tune the prompt pools and the BP head, task by task.
 
     For each task k the new prompt slices and head rows are trained on task k's
     training samples (CE over its classes + tune.recon_weight × reconstruction
-    loss); step_XX.pt holds everything needed to rebuild step k's model. An
-    interrupted run resumes after its last complete step. Reads params
-    sections model, prompt and tune.
+    loss); step_XX.pt holds everything needed to rebuild step k's model.
+    Finished steps wait in <out>.partial/ until the last task is done: an
+    interrupted run (also under `dvc repro`) resumes after its last finished
+    step when its code, params and inputs are unchanged. Reads params sections
+    model, prompt and tune.
     """
     model_p = pparams.load(params_file, "model")
     prompt_p = pparams.load(params_file, "prompt")
     tune_p = pparams.load(params_file, "tune")
-    tune(prepare_dir, out_dir, model_p, prompt_p, tune_p, fresh=fresh)
+    tune(prepare_dir, out_dir, model_p, prompt_p, tune_p, fresh=fresh, timings=timings)

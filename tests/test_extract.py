@@ -1,4 +1,4 @@
-"""`pal extract`: valid shards, determinism, skipping, parts, errors."""
+"""`pal extract`: valid shards, determinism, resuming, parts, errors."""
 
 # ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
 
@@ -67,20 +67,63 @@ def _range(tasks, task):
     return lo, lo + tasks.classes_per_task[task - 1]
 
 
-def test_same_checkpoint_same_bytes_and_skip(extracted, tuned, tmp_path):
+def test_same_checkpoint_same_bytes(extracted, tuned, tmp_path):
     params, prepare, tune_dir = tuned
     again = tmp_path / "again"
     extract(prepare, tune_dir, again, pparams.load(params, "extract"))
     assert _digests(again) == _digests(extracted)
+    assert not (tmp_path / "again.partial").exists()
     stamps = {p: p.stat().st_mtime_ns for p in again.rglob("*.h5")}
-    extract(prepare, tune_dir, again, pparams.load(params, "extract"))  # all skipped
-    assert {p: p.stat().st_mtime_ns for p in again.rglob("*.h5")} == stamps
     (again / "step_02" / "test.h5").unlink()
     extract(prepare, tune_dir, again, pparams.load(params, "extract"), steps="2")
     assert _digests(again) == _digests(extracted)
-    assert (again / "step_01" / "train.h5").stat().st_mtime_ns == stamps[
-        again / "step_01" / "train.h5"
+    first = again / "step_01" / "train.h5"  # --steps 2 leaves step 1 alone
+    assert first.stat().st_mtime_ns == stamps[first]
+
+
+def test_interrupted_run_resumes_to_the_same_bytes(
+    extracted, tuned, tmp_path, monkeypatch, caplog
+):
+    import pipeline.extract as extract_module
+
+    params, prepare, tune_dir = tuned
+    out = tmp_path / "extract"
+    real = extract_module._extract_step
+
+    def interrupted(model, step, *args, **kwargs):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real(model, step, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(extract_module, "_extract_step", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            extract(prepare, tune_dir, out, pparams.load(params, "extract"))
+    partial = tmp_path / "extract.partial"
+    assert not out.exists()
+    assert sorted(p.relative_to(partial).as_posix() for p in partial.rglob("*.h5")) == [
+        "step_01/test.h5",
+        "step_01/train.h5",
+        "step_02/test.h5",
+        "step_02/train.h5",
     ]
+    with caplog.at_level("INFO", logger="pipeline.extract"):
+        extract(prepare, tune_dir, out, pparams.load(params, "extract"))
+    assert (
+        "reused steps 1,2 of an interrupted run with the same code, params and "
+        f"inputs ({partial})" in caplog.messages
+    )
+    assert _digests(out) == _digests(extracted)
+    assert not partial.exists()
+
+
+def test_steps_beyond_the_tasks_are_removed(extracted, tuned, tmp_path):
+    params, prepare, tune_dir = tuned
+    out = tmp_path / "extract"
+    (out / "step_04").mkdir(parents=True)
+    (out / "step_04" / "train.h5").write_bytes(b"from a run with 4 tasks")
+    extract(prepare, tune_dir, out, pparams.load(params, "extract"))
+    assert sorted(p.name for p in out.iterdir()) == ["step_01", "step_02", "step_03"]
 
 
 def test_batch_size_changes_only_float_noise(extracted, tuned, tmp_path):

@@ -240,5 +240,6 @@ def tuned(tmp_path_factory, tiny_vilt, tiny_prepare):
         load(params, "model"),
         load(params, "prompt"),
         load(params, "tune"),
+        timings=folder / "timings.jsonl",
     )
     return params, tiny_prepare, folder / "tune"

@@ -3,7 +3,6 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -49,54 +48,118 @@ def test_checkpoints_log_and_frozen_earlier_slices(tuned):
     assert not torch.equal(states[2]["prompts.text.P.2"], states[2]["prompts.text.P.1"])
     lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert [(e["task"], e["epoch"]) for e in lines] == [(1, 1), (2, 1), (3, 1)]
-    assert {"ce", "recon", "loss", "train_acc", "seconds", "samples"} <= set(lines[0])
+    assert set(lines[0]) == {
+        "task",
+        "epoch",
+        "steps",
+        "samples",
+        "ce",
+        "recon",
+        "train_acc",
+        "loss",
+    }  # no timings: same inputs, same bytes
     assert all(e["recon"] > 0 for e in lines)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "log.jsonl",
+        "step_01.pt",
+        "step_02.pt",
+        "step_03.pt",
+    ]
+    assert not out.with_name("tune.partial").exists()
+    timings = [
+        json.loads(x) for x in (out.parent / "timings.jsonl").read_text().splitlines()
+    ]
+    assert [(e["task"], e["epoch"]) for e in timings] == [(1, 1), (2, 1), (3, 1)]
+    assert all(e["seconds"] >= 0 for e in timings)
+    assert [e["ce"] for e in timings] == [e["ce"] for e in lines]
 
 
-def test_same_params_same_bytes_and_resume(tuned, tmp_path):
+def _interrupt_at(monkeypatch, task):
+    """Make `train_task` raise KeyboardInterrupt when it reaches `task`."""
+    import pipeline.tune as tune_module
+
+    real = tune_module.train_task
+
+    def train_task(model, k, *args, **kwargs):
+        if k == task:
+            raise KeyboardInterrupt
+        return real(model, k, *args, **kwargs)
+
+    monkeypatch.setattr(tune_module, "train_task", train_task)
+
+
+def test_interrupted_run_resumes_to_the_same_bytes(
+    tuned, tmp_path, monkeypatch, caplog
+):
     params, prepare, out = tuned
-    # an interrupted run: step 3 missing (and a stale log line of step 3)
-    half = tmp_path / "half"
-    shutil.copytree(out, half)
-    checkpoint_path(half, 3).unlink()
-    _run(params, prepare, half)
-    for k in (1, 2, 3):
-        assert (
-            checkpoint_path(half, k).read_bytes()
-            == checkpoint_path(out, k).read_bytes()
-        )
+    half = tmp_path / "tune"
+    with monkeypatch.context() as m:
+        _interrupt_at(m, 3)
+        with pytest.raises(KeyboardInterrupt):
+            _run(params, prepare, half)
+    partial = tmp_path / "tune.partial"
+    assert not half.exists()  # nothing reaches the output before the end
+    assert sorted(p.name for p in partial.iterdir()) == [
+        "SIGNATURE",
+        "log.jsonl",
+        "step_01.pt",
+        "step_02.pt",
+    ]
+    with caplog.at_level("INFO", logger="pipeline.tune"):
+        _run(params, prepare, half)
+    assert (
+        "reusing steps 1-2 of an interrupted run with the same code, params and "
+        f"inputs ({partial})" in caplog.messages
+    )
+    assert not partial.exists()
+    for name in ("step_01.pt", "step_02.pt", "step_03.pt", "log.jsonl"):
+        assert (half / name).read_bytes() == (out / name).read_bytes(), name
 
-    def strip(path):
-        return [
-            {k: v for k, v in json.loads(x).items() if k != "seconds"}
-            for x in path.read_text().splitlines()
-        ]
 
-    assert strip(half / "log.jsonl") == strip(out / "log.jsonl")
-
-
-def test_checkpoint_from_other_params_is_refused(tuned, tmp_path):
-    params, prepare, out = tuned
-    other = tmp_path / "tune"
-    shutil.copytree(out, other)
-    before = checkpoint_path(other, 1).read_bytes()
+def test_changed_params_or_fresh_discard_unfinished_work(
+    tuned, tmp_path, monkeypatch, caplog
+):
+    params, prepare, _ = tuned
+    out = tmp_path / "tune"
+    with monkeypatch.context() as m:
+        _interrupt_at(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            _run(params, prepare, out)
     changed = write_params(
         tmp_path / "p.yaml",
         pparams.load(params, "model").backbone,
         prompt={"length": 2},
     )
-    code, output = _cli("--params", changed, "--prepare", prepare, "--out", other)
-    assert code == 1 and "Traceback" not in output
-    assert output.strip().splitlines() == [
-        f"Error: {other}/step_01.pt: checkpoint from other params (prompt.length: 4 "
-        "vs 2); pass --fresh to discard it, or choose another --out"
-    ]
-    assert checkpoint_path(other, 1).read_bytes() == before  # nothing lost
-    code, output = _cli(
-        "--params", changed, "--prepare", prepare, "--out", other, "--fresh"
-    )
+    with caplog.at_level("INFO", logger="pipeline.resume"):
+        code, output = _cli("--params", changed, "--prepare", prepare, "--out", out)
     assert code == 0, output
-    assert load_checkpoint(checkpoint_path(other, 3))["params"]["prompt"]["length"] == 2
+    assert (
+        f"{out}.partial: discarding unfinished work (code, params or inputs changed)"
+        in caplog.messages
+    )
+    assert load_checkpoint(checkpoint_path(out, 3))["params"]["prompt"]["length"] == 2
+    with monkeypatch.context() as m:
+        _interrupt_at(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            _run(changed, prepare, out)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="pipeline.resume"):
+        _run(changed, prepare, out, fresh=True)
+    assert f"{out}.partial: discarding unfinished work (--fresh)" in caplog.messages
+
+
+def test_stale_steps_of_a_longer_run_are_removed(tuned, tmp_path):
+    params, prepare, out = tuned
+    again = tmp_path / "tune"
+    again.mkdir()
+    (again / "step_07.pt").write_bytes(b"from a run with 7 tasks")
+    _run(params, prepare, again)
+    assert sorted(p.name for p in again.iterdir()) == [
+        "log.jsonl",
+        "step_01.pt",
+        "step_02.pt",
+        "step_03.pt",
+    ]
 
 
 @pytest.mark.parametrize(
