@@ -8,6 +8,7 @@ in a couple of minutes on 2 cores.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -60,6 +61,23 @@ def scratch_env(path: Path) -> dict[str, str]:
     return env
 
 
+def complete_params(params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with every key of each section present (defaults filled in):
+    dvc.yaml declares some sections key by key, and DVC requires those keys."""
+    from pipeline.params import SECTIONS
+    from solver.params import SolveParams
+
+    classes = {**SECTIONS, "solve": SolveParams}
+    full = {}
+    for section, values in params.items():
+        defaults = dataclasses.asdict(classes[section]())
+        merged = {**defaults, **values}
+        full[section] = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()
+        }
+    return full
+
+
 def make_scratch_project(dst: Path, params: dict[str, Any]) -> dict[str, str]:
     """Copy the project's tracked and unignored files into `dst` (without
     data/, results/ and dvc.lock), write `params` as params.yaml, commit it all
@@ -82,7 +100,9 @@ def make_scratch_project(dst: Path, params: dict[str, Any]) -> dict[str, str]:
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
-    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (dst / "params.yaml").write_text(
+        yaml.safe_dump(complete_params(params), sort_keys=False)
+    )
     env = scratch_env(dst)
     for args in (
         ["git", "init", "-q"],

@@ -1,0 +1,160 @@
+"""dvc.yaml lists exactly the code and params each stage reads.
+
+Code: a stage's command (`pal tune`) names its module through the command
+group's table (`pipeline.cli.COMMANDS`); the stage's code is that module and
+every project module it imports, transitively (`pipeline.resume.code_closure`,
+the same closure the resume signature hashes). Its dvc.yaml deps under
+pipeline/ and solver/ (folders expanded to their .py files) must equal it.
+
+Params: the sections its code loads (`load(path, "tune")` and the like), each
+as the whole section, or key by key where run-only keys are left out
+(`solver.params.outcome_keys`).
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline import cli as pipeline_cli
+from pipeline.params import SECTIONS
+from pipeline.resume import ROOT, code_closure, imported_modules
+from solver import cli as solver_cli
+from solver.params import SolveParams, outcome_keys
+
+GROUPS = {"pal": pipeline_cli.COMMANDS, "pal-solver": solver_cli.COMMANDS}
+SECTION_CLASSES = {**SECTIONS, "solve": SolveParams}
+CODE = ("pipeline/", "solver/")
+
+
+def stage_module(cmd: str) -> str:
+    """`pal tune --x` → `pipeline.tune`."""
+    group, command = cmd.split()[:2]
+    return GROUPS[group][command][0].split(":")[0]
+
+
+def declared_code(deps: list[str], root: Path) -> set[str]:
+    found = set()
+    for dep in deps:
+        if not dep.startswith(CODE):
+            continue
+        path = root / dep
+        if path.is_dir():
+            found.update(p.relative_to(root).as_posix() for p in path.rglob("*.py"))
+        else:
+            found.add(dep)
+    return found
+
+
+def loaded_sections(files: list[Path]) -> set[str]:
+    """Sections named by a string constant in a call of `load`/`load_section`."""
+    sections = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else getattr(func, "id", "")
+            )
+            if name not in ("load", "load_section"):
+                continue
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and arg.value in SECTION_CLASSES:
+                    sections.add(arg.value)
+    return sections
+
+
+def expected_params(sections: set[str]) -> set[str]:
+    keys = set()
+    for section in sections:
+        cls = SECTION_CLASSES[section]
+        outcome = outcome_keys(cls)
+        if len(outcome) == len([f for f in cls.__dataclass_fields__]):
+            keys.add(section)
+        else:
+            keys.update(f"{section}.{k}" for k in outcome)
+    return keys
+
+
+def mismatches(spec: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """What is wrong with one stage's deps and params (empty: nothing)."""
+    files = code_closure(stage_module(spec["cmd"]), root)
+    code = {p.relative_to(root).as_posix() for p in files}
+    listed = declared_code(spec.get("deps", []), root)
+    problems = [f"undeclared code dep {p}" for p in sorted(code - listed)]
+    problems += [f"declared but not imported {p}" for p in sorted(listed - code)]
+    params = expected_params(loaded_sections(files))
+    declared = set(spec.get("params", []))
+    problems += [f"undeclared params {p}" for p in sorted(params - declared)]
+    problems += [f"declared params not read {p}" for p in sorted(declared - params)]
+    return problems
+
+
+STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_stage_declares_exactly_its_code_and_params(stage: str) -> None:
+    assert mismatches(STAGES[stage]) == []
+
+
+@pytest.mark.parametrize("group", ["pipeline/cli.py", "solver/cli.py"])
+def test_command_groups_only_dispatch(group: str) -> None:
+    """The groups are no stage's code: they import only the CLI plumbing, and
+    their tables name modules (strings), which the stages' closures start from."""
+    name = group[:-3].replace("/", ".")
+    assert imported_modules(ROOT / group, name) == {"solver.cliutil"}
+
+
+def test_an_undeclared_import_is_caught(tmp_path: Path) -> None:
+    """A copy of the code where pipeline.demo imports solver.synthetic inside a
+    function: the demo stage's deps no longer match."""
+    for package in ("pipeline", "solver"):
+        shutil.copytree(ROOT / package, tmp_path / package)
+    demo = tmp_path / "pipeline" / "demo.py"
+    demo.write_text(
+        demo.read_text() + "\n\ndef _extra() -> None:\n    import solver.synthetic\n"
+    )
+    assert mismatches(STAGES["demo"], tmp_path) == [
+        "undeclared code dep solver/outputs.py",
+        "undeclared code dep solver/shards.py",
+        "undeclared code dep solver/synthetic.py",
+    ]
+    assert mismatches(STAGES["demo"]) == []
+
+
+def test_an_undeclared_params_section_is_caught() -> None:
+    spec = dict(STAGES["tune"], params=["model", "prompt"])
+    problems = mismatches(spec)
+    assert "undeclared params tune.lr" in problems
+    assert all(p.startswith("undeclared params tune.") for p in problems)
+    assert "undeclared params tune.num_workers" not in problems  # run-only
+
+
+def test_closure_follows_imports_inside_functions_and_packages() -> None:
+    closure = {p.relative_to(ROOT).as_posix() for p in code_closure("pipeline.demo")}
+    assert "pipeline/demo_model.py" in closure  # imported inside write_backbone
+    assert {"pipeline/__init__.py", "solver/__init__.py"} <= closure
+    assert "solver/shards.py" not in closure
+
+
+@pytest.mark.parametrize(
+    "params_file", ["params.yaml", "configs/food101.yaml", "configs/n24news.yaml"]
+)
+def test_params_files_hold_every_declared_key(params_file: str) -> None:
+    """DVC refuses to run a stage whose declared key is missing from the file."""
+    raw = yaml.safe_load((ROOT / params_file).read_text())
+    for stage, spec in STAGES.items():
+        for key in spec.get("params", []):
+            section, _, name = key.partition(".")
+            assert section in raw and (not name or name in raw[section]), (
+                f"{params_file} lacks {key} (declared by stage {stage})"
+            )
