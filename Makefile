@@ -1,7 +1,10 @@
-# Two entry points: `make run` (set up, then run the pipeline) and `make test`.
+# Entry points: `make run` (set up, then the pipeline), `make test`, `make lint`.
+# Every target runs with .venv/bin first on PATH, so the stage commands that
+# `dvc repro` calls (`pal`, `pal-solver`) are found without activating the venv.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
