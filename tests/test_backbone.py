@@ -1,14 +1,12 @@
 """The prompt-aware ViLT loop: equality with HF, prompt insertion, loading errors."""
 
-# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
-
 import json
 
 import numpy as np
 import pytest
 import torch
+from helpers import make_vilt
 from PIL import Image
-from test_model_fixtures import make_vilt, tiny_vilt  # noqa: F401
 
 from pipeline.backbone import BackboneError, LayerPrompt, load_backbone
 

@@ -1,14 +1,11 @@
 """`pal extract`: valid shards, determinism, resuming, parts, errors."""
 
-# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
-
 import hashlib
 import json
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_model_fixtures import tiny_prepare, tiny_vilt, tuned  # noqa: F401
 
 from pipeline import params as pparams
 from pipeline.extract import cli, extract, parse_steps

@@ -1,15 +1,8 @@
 """PAL model: gradients, reconstruction, variants, features, checkpoints."""
 
-# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
-
 import pytest
 import torch
-from test_model_fixtures import (  # noqa: F401
-    PROMPT,
-    make_model,
-    tiny_prepare,
-    tiny_vilt,
-)
+from helpers import PROMPT, make_model
 
 from pipeline.backbone import autocast, load_backbone
 from pipeline.loader import SampleDataset, make_loader, read_prepare, select
@@ -166,7 +159,12 @@ def test_every_variant_trains_and_extracts(backbone, data, prompt):
     loss, parts = model.loss(batch, cache, 1, recon_weight=0.01)
     loss.backward()
     assert torch.isfinite(loss)
-    assert any(p.grad is not None for p in model.trainable_parameters())
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    prompts = [n for n, _ in trainable if n.startswith("prompts.")]
+    assert bool(prompts) == prompt.get("enabled", True)  # the variant has prompts
+    assert {n for n, _ in trainable} - set(prompts), "no trainable head rows"
+    for name, p in trainable:  # every prompt tensor and head row learns
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
     model.add_task(torch.Generator().manual_seed(1))
     x, logits = model.features(batch)
     assert x.shape == (batch.n, 32) and torch.isfinite(x).all()

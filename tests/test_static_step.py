@@ -1,13 +1,11 @@
 """The static-shape training step (`static_loss`) and its CUDA-graph replay."""
 
-# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
-
 import dataclasses
 
 import pytest
 import torch
 import torch.nn.functional as F
-from test_model_fixtures import make_model, tiny_prepare, tiny_vilt  # noqa: F401
+from helpers import make_model
 
 from pipeline.backbone import autocast, load_backbone
 from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
@@ -110,7 +108,9 @@ def _compare(model, ds, cache, dummy, task, widen=False):
 
 
 @pytest.mark.parametrize(
-    "prompt", [{}, {"pools": "shared"}, {"position": "input"}], ids=str
+    "prompt",
+    [{}, {"pools": "shared"}, {"pools": "vector"}, {"position": "input"}],
+    ids=str,
 )
 def test_static_loss_equals_the_dynamic_loss(tiny_vilt, data, prompt):
     task = 2

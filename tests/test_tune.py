@@ -1,19 +1,11 @@
 """`pal tune`: frozen earlier slices, determinism, resume, CLI errors."""
 
-# ruff: noqa: F811  (pytest fixtures imported from test_model_fixtures)
-
 import json
 
 import pytest
 import torch
 from click.testing import CliRunner
-from test_model_fixtures import (  # noqa: F401
-    make_prepare,
-    tiny_prepare,
-    tiny_vilt,
-    tuned,
-    write_params,
-)
+from helpers import make_prepare, write_params
 
 from pipeline import params as pparams
 from pipeline.model import checkpoint_path, load_checkpoint

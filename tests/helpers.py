@@ -1,17 +1,14 @@
-"""Tiny offline fixtures for the model tests: a ViLT folder and a prepare folder.
-
-Imported by the test_backbone/prompts/model/tune/extract modules; it holds no
-tests itself. Everything is built in a temporary folder in well under a second.
+"""Tiny offline test data for the model tests: a ViLT folder, a prepare folder,
+a model and a params file, each built in a temporary folder in well under a
+second. The session fixtures built from them live in conftest.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 import yaml
 
 WORDS = [
@@ -210,36 +207,3 @@ def write_params(path: Path, backbone: Path, **sections) -> Path:
         params[section].update(values)
     path.write_text(yaml.safe_dump(params))
     return path
-
-
-@pytest.fixture(scope="session")
-def tiny_vilt(tmp_path_factory) -> Path:
-    """Folder of a random tiny ViLT (hidden 32, 2 layers, 32-px images)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return make_vilt(tmp_path_factory.mktemp("vilt") / "vilt")
-
-
-@pytest.fixture(scope="session")
-def tiny_prepare(tmp_path_factory) -> Path:
-    """A prepare folder: 3 tasks × 2 classes, 6 train + 3 test per class."""
-    return make_prepare(tmp_path_factory.mktemp("data"))
-
-
-@pytest.fixture(scope="session")
-def tuned(tmp_path_factory, tiny_vilt, tiny_prepare):
-    """(params file, prepare folder, tune folder) of one complete `tune` run."""
-    from pipeline import params as pparams
-    from pipeline.tune import tune
-
-    folder = tmp_path_factory.mktemp("tuned")
-    params = write_params(folder / "params.yaml", tiny_vilt)
-    load = pparams.load
-    tune(
-        tiny_prepare,
-        folder / "tune",
-        load(params, "model"),
-        load(params, "prompt"),
-        load(params, "tune"),
-        timings=folder / "timings.jsonl",
-    )
-    return params, tiny_prepare, folder / "tune"
