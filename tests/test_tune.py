@@ -66,8 +66,8 @@ def test_checkpoints_log_and_frozen_earlier_slices(tuned):
     assert [e["ce"] for e in timings] == [e["ce"] for e in lines]
 
 
-def _interrupt_at(monkeypatch, task):
-    """Make `train_task` raise KeyboardInterrupt when it reaches `task`."""
+def _run_interrupted(monkeypatch, params, prepare, out, task):
+    """A tune run that stops (KeyboardInterrupt) when it reaches `task`."""
     import pipeline.tune as tune_module
 
     real = tune_module.train_task
@@ -77,7 +77,10 @@ def _interrupt_at(monkeypatch, task):
             raise KeyboardInterrupt
         return real(model, k, *args, **kwargs)
 
-    monkeypatch.setattr(tune_module, "train_task", train_task)
+    with monkeypatch.context() as m:
+        m.setattr(tune_module, "train_task", train_task)
+        with pytest.raises(KeyboardInterrupt):
+            _run(params, prepare, out)
 
 
 def test_interrupted_run_resumes_to_the_same_bytes(
@@ -85,10 +88,7 @@ def test_interrupted_run_resumes_to_the_same_bytes(
 ):
     params, prepare, out = tuned
     half = tmp_path / "tune"
-    with monkeypatch.context() as m:
-        _interrupt_at(m, 3)
-        with pytest.raises(KeyboardInterrupt):
-            _run(params, prepare, half)
+    _run_interrupted(monkeypatch, params, prepare, half, 3)
     partial = tmp_path / "tune.partial"
     assert not half.exists()  # nothing reaches the output before the end
     assert sorted(p.name for p in partial.iterdir()) == [
@@ -113,10 +113,7 @@ def test_changed_params_or_fresh_discard_unfinished_work(
 ):
     params, prepare, _ = tuned
     out = tmp_path / "tune"
-    with monkeypatch.context() as m:
-        _interrupt_at(m, 2)
-        with pytest.raises(KeyboardInterrupt):
-            _run(params, prepare, out)
+    _run_interrupted(monkeypatch, params, prepare, out, 2)
     changed = write_params(
         tmp_path / "p.yaml",
         pparams.load(params, "model").backbone,
@@ -130,10 +127,7 @@ def test_changed_params_or_fresh_discard_unfinished_work(
         in caplog.messages
     )
     assert load_checkpoint(checkpoint_path(out, 3))["params"]["prompt"]["length"] == 2
-    with monkeypatch.context() as m:
-        _interrupt_at(m, 2)
-        with pytest.raises(KeyboardInterrupt):
-            _run(changed, prepare, out)
+    _run_interrupted(monkeypatch, changed, prepare, out, 2)
     caplog.clear()
     with caplog.at_level("INFO", logger="pipeline.resume"):
         _run(changed, prepare, out, fresh=True)
