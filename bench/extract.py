@@ -27,13 +27,8 @@ has run once (warm-up), as in a long `pal tune`/`pal extract` run.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
-
-# bench/ holds scripts named like the project's packages (solver.py):
-# import those from the repository root, not from this folder
-sys.path[:] = [p for p in sys.path if Path(p).resolve() != Path(__file__).parent]
 
 import torch  # noqa: E402
 

@@ -25,9 +25,10 @@ On synthetic shards (default: D = 768, 20,000 training rows over 10 steps,
 - an η sweep of 5 values in one `pal-solver solve --eta a,b,c,d,e` process
   against five separate solves (5 × the best single gram time).
 
-Run (CPU):  .venv/bin/python bench/solver.py            (about 15-25 minutes)
-            .venv/bin/python bench/solver.py --quick    (seconds; smoke test)
-Run (GPU):  PYTHONPATH=. python3 bench/solver.py --device cuda --widths 4096,8192,15000
+Run (CPU):  .venv/bin/python bench/solve_speed.py            (about 15-25 minutes)
+            .venv/bin/python bench/solve_speed.py --quick    (seconds; smoke test)
+Run (GPU):  PYTHONPATH=. python3 bench/solve_speed.py --device cuda
+                --widths 4096,8192,15000   (one command line)
 """
 
 from __future__ import annotations
