@@ -33,7 +33,13 @@ import torch
 from tqdm import tqdm
 
 from pipeline import params as pparams
-from pipeline.backbone import Backbone, autocast, load_backbone, resolve_device
+from pipeline.backbone import (
+    Backbone,
+    autocast,
+    backbone_folder,
+    load_backbone,
+    resolve_device,
+)
 from pipeline.loader import (
     Sample,
     SampleDataset,
@@ -51,7 +57,13 @@ from pipeline.model import (
     model_from_checkpoint,
     params_diff,
 )
-from pipeline.resume import PartialRun, code_digest, file_digest, signature
+from pipeline.resume import (
+    PartialRun,
+    code_digest,
+    file_digest,
+    folder_digest,
+    signature,
+)
 from solver.cliutil import clean_errors, folder_option, params_option
 from solver.errors import PalError
 from solver.params import outcome_record
@@ -173,16 +185,18 @@ def _signature(
     device: torch.device,
 ) -> str:
     """What this rank's shards depend on: extract's code, params, the samples,
-    the checkpoints of the steps, the part layout, the device type and the
-    versions of torch and transformers."""
+    the checkpoints of the steps, the backbone's files, the part layout, the
+    device type and the versions of torch and transformers."""
     import transformers
 
+    backbone = next(iter(ckpts.values()))["params"]["model"]["backbone"]
     return signature(
         {
             "code": code_digest(__name__),
             "params": outcome_record(params),
             "samples": samples_hash,
             "checkpoints": {str(k): c["hash"] for k, c in ckpts.items()},
+            "backbone": folder_digest(backbone_folder(backbone)),
             "parts": [world, rank],
             "device": device.type,
             "versions": [torch.__version__, transformers.__version__],
