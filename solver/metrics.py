@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-MISSING_KEYS = ("complete", "text_missing", "image_missing")  # codes 0, 1, 2
+from solver.codes import Missing
+
+MISSING_KEYS = tuple(m.key for m in Missing)  # by code 0, 1, 2
 
 
 def percent(correct: int, total: int) -> float | None:

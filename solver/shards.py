@@ -27,14 +27,14 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from solver.codes import Missing
 from solver.errors import ShardError
 from solver.outputs import atomic_path, step_dir_name
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 1024  # HDF5 chunk rows; (1024, D) float32 is 3 MB at D = 768
 FEATURE_DTYPES = (np.dtype("float32"), np.dtype("float16"))
-MISSING_CODES = (0, 1, 2)  # complete, text missing, image missing
-MISSING_NAMES = {0: "complete", 1: "text_missing", 2: "image_missing"}
+MISSING_CODES = tuple(int(m) for m in Missing)
 
 _STEP_DIR = re.compile(r"^step_(\d{2,})$")
 _STR = h5py.string_dtype("utf-8")
