@@ -38,7 +38,7 @@ from solver.backend import Backend, get_backend
 from solver.cliutil import clean_errors, folder_option, params_option
 from solver.errors import ShardError
 from solver.metrics import Counts, summarize
-from solver.options import apply_overrides
+from solver.options import apply_overrides, metavar
 from solver.outputs import write_bytes_atomic
 from solver.params import SolveParams, load_section
 from solver.rls import Expander, upsampling_matrix
@@ -264,7 +264,8 @@ def step_plot_png(al: list[float], bp: list[float] | None, title: str) -> bytes:
 
 
 def write_outputs(out_dir: Path, e: Evaluation) -> Path:
-    """Write metrics, both CSVs and the plot for one evaluation; return metrics path.
+    """Write metrics, both CSVs and the plot for one evaluation; return the
+    metrics file's path.
 
     Every file's bytes are made first, then each is renamed into place.
     """
@@ -284,18 +285,19 @@ def write_outputs(out_dir: Path, e: Evaluation) -> Path:
         log.warning(
             "evaluate: matplotlib missing, step_accuracy%s.png not written", sfx
         )
-    files[f"metrics{sfx}.json"] = metrics_json(m).encode()
+    metrics = out_dir / f"metrics{sfx}.json"
+    files[metrics.name] = metrics_json(m).encode()
     for name, data in files.items():
-        path = write_bytes_atomic(out_dir / name, data)
+        write_bytes_atomic(out_dir / name, data)
     log.info(
         "evaluate: %s acc %.2f fg %.2f aia %.2f last %.2f",
-        path,
+        metrics,
         m["acc"],
         m["fg"],
         m["aia"],
         m["last"],
     )
-    return path
+    return metrics
 
 
 @click.command("evaluate")
@@ -311,7 +313,7 @@ def write_outputs(out_dir: Path, e: Evaluation) -> Path:
 )
 @folder_option("out", "results", "Output folder for metrics, CSVs and the plot.")
 @click.option(
-    "--device", metavar="auto|cpu|cuda", help="Backend for scoring [solve.device]."
+    "--device", metavar=metavar("device"), help="Backend for scoring [solve.device]."
 )
 @params_option
 @clean_errors

@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 
 from solver.errors import ParamsError
 from solver.params import SolveParams
 
 _FLOAT_OPTIONS = ("eta",)
 _INT_OPTIONS = {"width": 1, "seed": 0, "batch_rows": 1}  # option -> minimum
+# the choices SolveParams declares (its Literal annotations)
 _CHOICES = {
-    "method": ("gram", "woodbury"),
-    "device": ("auto", "cpu", "cuda"),
-    "dtype": ("float64", "float32"),
+    name: typing.get_args(typing.get_type_hints(SolveParams)[name])
+    for name in ("method", "device", "dtype")
 }
+
+
+def metavar(name: str) -> str:
+    """`gram|woodbury` for the option of a choice key."""
+    return "|".join(_CHOICES[name])
 
 
 def _option(name: str) -> str:

@@ -107,7 +107,8 @@ class RidgeRLS:
     def weights(self, classes_seen: int) -> list[np.ndarray]:
         raise NotImplementedError
 
-    def _check(self, H: Any, classes_seen: int) -> None:
+    def _absorb(self, H: Any, classes_seen: int) -> None:
+        """Check a chunk's shape against the solver and count its rows."""
         if classes_seen > self.max_classes:
             raise ValueError(f"classes_seen {classes_seen} > {self.max_classes}")
         if H.shape[1] != self.width:
@@ -137,7 +138,7 @@ class GramRLS(RidgeRLS):
     def partial_fit(
         self, H: Any, labels: Any, classes_seen: int, X: np.ndarray | None = None
     ) -> None:
-        self._check(H, classes_seen)
+        self._absorb(H, classes_seen)
         if H.shape[0] == 0:
             return
         self.backend.syrk_(self.G_, H.T)  # G += HᵀH
@@ -235,7 +236,7 @@ class WoodburyRLS(RidgeRLS):
     def partial_fit(
         self, H: Any, labels: Any, classes_seen: int, X: np.ndarray | None = None
     ) -> None:
-        self._check(H, classes_seen)
+        self._absorb(H, classes_seen)
         if H.shape[0] == 0:
             return
         Y = one_hot(labels, classes_seen, self.xp, self.dtype)  # (b, C_k)

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
 from solver.cliutil import clean_errors, folder_option, params_option
-from solver.options import apply_overrides
+from solver.options import apply_overrides, metavar
 from solver.params import SolveParams, load_section
 from solver.rls import Expander, make_rls, upsampling_matrix
 from solver.shards import open_features
@@ -130,19 +130,19 @@ def solve(
 )
 @click.option(
     "--method",
-    metavar="gram|woodbury",
+    metavar=metavar("method"),
     help="gram: G += HᵀH, Cholesky per step (fast); woodbury: the paper's "
     "RLS update per batch [solve.method].",
 )
 @click.option(
     "--device",
-    metavar="auto|cpu|cuda",
+    metavar=metavar("device"),
     help="cpu: NumPy/SciPy; cuda: CuPy; auto: CuPy when a GPU passes a "
     "smoke test, else NumPy [solve.device].",
 )
 @click.option(
     "--dtype",
-    metavar="float64|float32",
+    metavar=metavar("dtype"),
     help="Accumulation and solve precision [solve.dtype].",
 )
 @click.option(

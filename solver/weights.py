@@ -62,8 +62,8 @@ class WeightsInfo:
 class WeightsWriter:
     """Writes `step_XX/W` one step at a time into a temporary file.
 
-    `commit()` renames it onto `path`; `discard()` (also called when leaving a
-    `with` block on an error) deletes it, leaving any earlier file untouched.
+    `commit()` renames it onto `path`; `discard()` deletes it, leaving any
+    earlier file untouched.
     """
 
     def __init__(self, path: str | Path, info: WeightsInfo) -> None:
@@ -108,12 +108,6 @@ class WeightsWriter:
             self._file.close()
             self._file = None
         self._tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> WeightsWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.discard()
 
 
 class WeightsFile:
