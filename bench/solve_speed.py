@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from solver.backend import get_backend  # noqa: E402
 from solver.rls import upsampling_matrix  # noqa: E402
 from solver.shards import open_features  # noqa: E402
 from solver.synthetic import make_features  # noqa: E402
@@ -203,59 +204,34 @@ def baseline_rss() -> int:
 
 
 class Kernels:
-    """The floor's kernels on one device: GEMM, SYRK, Cholesky + solves."""
+    """The floor's kernels on one device: the solver's own backend
+    (`solver.backend`: its SYRK, Cholesky and solves), so the floor times the
+    very calls the solver makes."""
 
     def __init__(self, device: str) -> None:
         self.device = device
-        if device == "cuda":
-            import cupy as cp
-            import cupy.cublas
-            import cupyx.scipy.linalg
-
-            self.xp, self._cublas = cp, cupy.cublas
-            self._trsm = cupyx.scipy.linalg.solve_triangular
-        else:
-            from scipy.linalg import blas, lapack
-
-            self.xp, self._blas, self._lapack = np, blas, lapack
-        self.gram_kernel = "syrk"
+        self.backend = get_backend(device)
+        self.xp = self.backend.xp
 
     def sync(self) -> None:
-        if self.device == "cuda":
-            self.xp.cuda.Device().synchronize()
+        self.backend.synchronize()
 
     def asarray(self, a: np.ndarray) -> object:
-        return self.xp.asarray(a)
+        return self.backend.asarray(a)
 
     def host(self, a: object) -> np.ndarray:
-        return self.xp.asnumpy(a) if self.device == "cuda" else np.asarray(a)
+        return self.backend.to_host(a)
 
     def zeros_sym(self, d: int) -> object:
-        if self.device == "cuda":
-            return self.xp.zeros((d, d))
-        return np.zeros((d, d), order="F")
+        return self.backend.sym_empty(d, np.float64)
 
     def syrk(self, G: object, H: object) -> None:
         """G (lower) += HᵀH over all rows of H (n, d)."""
-        if self.device == "cuda":
-            if self.gram_kernel == "gemm":
-                self._cublas.gemm("T", "N", H, H, out=G, beta=1.0)
-            else:
-                self._cublas.syrk("T", H, out=G, beta=1.0, lower=True)
-        else:
-            self._blas.dsyrk(1.0, H.T, beta=1.0, c=G, trans=0, lower=1, overwrite_c=1)
+        self.backend.syrk_(G, H.T)
 
     def chol_solve(self, M: object, Q: object) -> object:
-        """Factor M = L Lᵀ (lower triangle read) and solve M W = Q."""
-        if self.device == "cuda":
-            L = self.xp.linalg.cholesky(M)
-            Z = self._trsm(L, Q, lower=True)
-            return self._trsm(L, Z, lower=True, trans="T")
-        L, info = self._lapack.dpotrf(M, lower=1, clean=0, overwrite_a=1)
-        assert info == 0
-        W, info = self._lapack.dpotrs(L, Q, lower=1)
-        assert info == 0
-        return W
+        """Factor M = L Lᵀ (lower triangle read, overwritten) and solve M W = Q."""
+        return self.backend.cho_solve(self.backend.cholesky_(M), Q)
 
 
 def timed(k: Kernels, fn) -> tuple[Run, object]:
@@ -306,9 +282,9 @@ class Floor:
         self.syrk_kernels: dict[str, float] = {}
         if k.device == "cuda":  # cuBLAS syrk or a full GEMM: keep the faster
             for kernel in ("syrk", "gemm"):
-                k.gram_kernel = kernel
+                k.backend.gram_kernel = kernel
                 self.syrk_kernels[kernel] = min(self._syrk()[0].wall for _ in range(3))
-            k.gram_kernel = min(self.syrk_kernels, key=self.syrk_kernels.get)
+            k.backend.gram_kernel = min(self.syrk_kernels, key=self.syrk_kernels.get)
         self.W_joint = k.host(self._chol(seen[-1])[1])
 
     def _syrk(self) -> tuple[Run, object]:
@@ -316,14 +292,9 @@ class Floor:
         return timed(self.k, lambda: self.k.syrk(G, self.H))
 
     def _chol(self, c: int) -> tuple[Run, object]:
-        xp, M, w = self.xp, self.M, self.width
-        # cuSOLVER is handed the full symmetric matrix, LAPACK reads the lower half
-        M[...] = (
-            xp.tril(self.G) + xp.tril(self.G, -1).T
-            if self.k.device == "cuda"
-            else self.G
-        )
-        M[xp.arange(w), xp.arange(w)] += ETA
+        M = self.M
+        M[...] = self.G
+        self.k.backend.add_diag_(M, ETA)
         return timed(self.k, lambda: self.k.chol_solve(M, self.Q[:, :c]))
 
     def measure(self) -> None:
