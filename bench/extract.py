@@ -35,9 +35,11 @@ import torch  # noqa: E402
 from pipeline.backbone import Backbone, autocast, load_backbone  # noqa: E402
 from pipeline.graphs import capturable_adamw, set_lr  # noqa: E402
 from pipeline.loader import SampleDataset, dummy_image  # noqa: E402
-from pipeline.model import Batch, PalModel, QueryCache, dummy_segments  # noqa: E402
+from pipeline.losses import dummy_segments  # noqa: E402
+from pipeline.model import PalModel, QueryCache  # noqa: E402
 from pipeline.params import PromptParams  # noqa: E402
-from pipeline.tune import eager_step, static_step  # noqa: E402
+from pipeline.samples import Batch  # noqa: E402
+from pipeline.tune import make_step  # noqa: E402
 
 N_TASKS = 10
 
@@ -226,12 +228,16 @@ def main() -> None:
             opt = capturable_adamw(groups, device, **opt_args)
         else:
             opt = torch.optim.AdamW(groups, fused=device.type == "cuda", **opt_args)
-        if mode == "eager":
-            run = eager_step(model, opt, cache, N_TASKS, 0.01)
-        else:
-            run = static_step(
-                model, opt, cache, dummy, N_TASKS, 0.01, graphs=mode == "graph"
-            )
+        run = make_step(
+            model,
+            opt,
+            cache,
+            N_TASKS,
+            0.01,
+            static=mode != "eager",
+            dummy=dummy,
+            graphs=mode == "graph",
+        )
 
         def train_step(run=run, opt=opt, batches=batches) -> None:
             set_lr(opt, [1e-4])

@@ -18,7 +18,7 @@ from solver.cliutil import LazyGroup, setup_logging
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 COMMANDS = {
-    "demo": ("pipeline.demo:cli", "Make the offline demo dataset and tiny ViLT."),
+    "demo": ("pipeline.demo.stage:cli", "Make the offline demo dataset and tiny ViLT."),
     "prepare": (
         "pipeline.prepare:cli",
         "Index a dataset into samples, tasks, missing tables.",

@@ -40,23 +40,15 @@ from pipeline.backbone import (
     load_backbone,
     resolve_device,
 )
-from pipeline.loader import (
-    Sample,
-    SampleDataset,
-    Tasks,
-    make_loader,
-    read_prepare,
-    select,
-)
-from pipeline.model import (
+from pipeline.checkpoint import (
     CheckpointError,
-    PalModel,
-    check_batch,
     checkpoint_path,
     load_checkpoint,
     model_from_checkpoint,
     params_diff,
 )
+from pipeline.loader import SampleDataset, make_loader
+from pipeline.model import PalModel
 from pipeline.resume import (
     PartialRun,
     code_digest,
@@ -64,6 +56,7 @@ from pipeline.resume import (
     folder_digest,
     signature,
 )
+from pipeline.samples import SAMPLES_FILE, Sample, Tasks, read_prepare, select
 from solver.cliutil import clean_errors, folder_option, params_option
 from solver.errors import PalError
 from solver.params import outcome_record
@@ -112,7 +105,7 @@ def extract(
     params and inputs reuses them (`pipeline.resume`), `fresh` discards them.
     """
     samples, tasks = read_prepare(prepare_dir)
-    samples_hash = file_digest(Path(prepare_dir) / "samples.jsonl")
+    samples_hash = file_digest(Path(prepare_dir) / SAMPLES_FILE)
     if steps is None or isinstance(steps, str):
         steps = parse_steps(steps, tasks.n_tasks)
     rank, world = rank_and_world()
@@ -346,7 +339,6 @@ def embed_samples(
         ) as bar,
     ):
         for b, batch in enumerate(loader):
-            check_batch(batch)
             torch.manual_seed(b)  # ViLT's patch order: same batch, same bytes
             x, logits = model.features(batch)
             xs.append(x.float())

@@ -10,16 +10,15 @@ workers. Missing text → the empty string; missing image → an all-white image
 `Collate` pads images to the batch's largest height/width (with `pixel_mask`)
 and texts to the batch's longest (at most `max_text_len`) and, for training,
 appends the text-dropped and image-dropped copies of the batch's complete
-samples. An unreadable image does not raise inside a worker
-(that would print a multi-line traceback); the batch becomes the error line,
-which `model.check_batch` raises in the main process.
+samples. An unreadable image raises `SampleError` (one line naming the sample
+and the file) from the loader's iterator in the main process: a worker only
+records it, since an exception raised inside a DataLoader worker comes back
+with a multi-line traceback in its message.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,139 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pipeline.model import Batch
+from pipeline.samples import Batch, Sample
+from solver.codes import Missing
 from solver.errors import PalError
-
-SPLITS = ("train", "val", "test")
-SAMPLE_KEYS = ("id", "split", "task", "label", "class_name", "image", "text", "missing")
-
-
-class PrepareError(PalError):
-    """samples.jsonl / tasks.json are missing or break their contract."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One line of samples.jsonl. missing: 0 complete, 1 text, 2 image missing."""
-
-    id: str
-    split: str
-    task: int
-    label: int
-    class_name: str
-    image: str | None
-    text: str
-    missing: int
-
-
-@dataclass(frozen=True)
-class Tasks:
-    """tasks.json: class order, classes per task (1..K), dataset root."""
-
-    class_order: list[str]
-    classes_per_task: list[int]
-    root: Path
-    data: dict[str, Any]
-
-    @property
-    def n_tasks(self) -> int:
-        return len(self.classes_per_task)
-
-    def record(self) -> dict[str, Any]:
-        """What a tune checkpoint keeps of the task split."""
-        return {
-            "class_order": list(self.class_order),
-            "classes_per_task": list(self.classes_per_task),
-        }
-
-
-def read_prepare(prepare_dir: str | Path) -> tuple[list[Sample], Tasks]:
-    """Read and validate `samples.jsonl` and `tasks.json` of a prepare folder."""
-    folder = Path(prepare_dir)
-    tasks = _read_tasks(folder / "tasks.json")
-    path = folder / "samples.jsonl"
-    if not path.is_file():
-        raise PrepareError(f"{path}: not found (run `pal prepare`)")
-    bounds, lo = [], 0
-    for n in tasks.classes_per_task:
-        bounds.append((lo, lo + n))
-        lo += n
-    samples = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError:
-                raise PrepareError(f"{where}: not valid JSON") from None
-            samples.append(_sample(raw, where, bounds))
-    if not samples:
-        raise PrepareError(f"{path}: no samples")
-    return samples, tasks
-
-
-def _read_tasks(path: Path) -> Tasks:
-    if not path.is_file():
-        raise PrepareError(f"{path}: not found (run `pal prepare`)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        order = [str(c) for c in raw["class_order"]]
-        task_list = sorted(raw["tasks"], key=lambda t: int(t["task"]))
-        labels = [list(map(int, t["labels"])) for t in task_list]
-        data = dict(raw["data"])
-        root = Path(data["root"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise PrepareError(
-            f"{path}: malformed tasks.json ({type(exc).__name__}: {exc})"
-        ) from None
-    expected, lo = [], 0
-    for k, ls in enumerate(labels, 1):
-        if int(task_list[k - 1]["task"]) != k or ls != list(range(lo, lo + len(ls))):
-            raise PrepareError(
-                f"{path}: task {k} must own a contiguous label range starting at {lo}"
-            )
-        expected.append(len(ls))
-        lo += len(ls)
-    if lo != len(order) or not expected or min(expected) == 0:
-        raise PrepareError(
-            f"{path}: tasks cover {lo} labels but class_order has {len(order)} classes"
-        )
-    return Tasks(order, expected, root, data)
-
-
-def _sample(raw: Any, where: str, bounds: list[tuple[int, int]]) -> Sample:
-    if not isinstance(raw, dict):
-        raise PrepareError(f"{where}: expected a JSON object")
-    for key in SAMPLE_KEYS:
-        if key not in raw:
-            raise PrepareError(f"{where}: missing key '{key}'")
-    s = Sample(**{k: raw[k] for k in SAMPLE_KEYS})
-    if s.split not in SPLITS:
-        raise PrepareError(f"{where}: split must be one of {SPLITS}, got {s.split!r}")
-    if not isinstance(s.task, int) or not 1 <= s.task <= len(bounds):
-        raise PrepareError(f"{where}: task must be 1..{len(bounds)}, got {s.task!r}")
-    lo, hi = bounds[s.task - 1]
-    if not isinstance(s.label, int) or not lo <= s.label < hi:
-        raise PrepareError(
-            f"{where}: label {s.label!r} is outside task {s.task}'s range [{lo}, {hi})"
-        )
-    if s.missing not in (0, 1, 2):
-        raise PrepareError(f"{where}: missing must be 0, 1 or 2, got {s.missing!r}")
-    if s.missing != 2 and not s.image:
-        raise PrepareError(
-            f"{where}: sample {s.id!r} has no image but missing is {s.missing}"
-        )
-    if not isinstance(s.text, str):
-        raise PrepareError(f"{where}: text must be a string")
-    return s
-
-
-def select(samples: Sequence[Sample], split: str, tasks: Sequence[int]) -> list[Sample]:
-    """Samples of `split` whose task is in `tasks`, in file order."""
-    wanted = set(tasks)
-    return [s for s in samples if s.split == split and s.task in wanted]
 
 
 def dummy_image(side: int) -> torch.Tensor:
@@ -186,7 +55,9 @@ class SampleDataset(Dataset):
         self.root = Path(root)
         self.image_processor = processor.image_processor
         self.image_side = image_side
-        texts = ["" if s.missing == 1 else s.text for s in self.samples] or [""]
+        texts = ["" if s.missing == Missing.TEXT else s.text for s in self.samples] or [
+            ""
+        ]
         tok = processor.tokenizer(
             texts,
             padding="max_length",
@@ -217,7 +88,7 @@ class SampleDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         s = self.samples[i]
-        if s.missing == 2:
+        if s.missing == Missing.IMAGE:
             pixels = self.dummy_image()
         else:
             try:
@@ -249,6 +120,10 @@ class SampleDataset(Dataset):
         return torch.from_numpy(np.ascontiguousarray(out["pixel_values"][0]))
 
 
+class SampleError(PalError):
+    """A sample's image cannot be read."""
+
+
 class Collate:
     """Batch items; with `copies`, append copies of the complete samples."""
 
@@ -258,11 +133,12 @@ class Collate:
         self.dummy = dataset.dummy_image()
 
     def __call__(self, items: list[dict[str, Any]]) -> Batch | str:
+        """The batch, or the first item's error line (raised by `Batches`)."""
         for it in items:
             if "error" in it:
                 return it["error"]
         comp = (
-            [i for i, it in enumerate(items) if it["missing"] == 0]
+            [i for i, it in enumerate(items) if it["missing"] == Missing.COMPLETE]
             if self.copies
             else []
         )
@@ -306,6 +182,23 @@ class Collate:
         )
 
 
+class Batches:
+    """The batches of a DataLoader; raises `SampleError` for an unreadable
+    image. `len()` is the number of batches."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for batch in self.loader:
+            if isinstance(batch, str):
+                raise SampleError(batch)
+            yield batch
+
+
 def make_loader(
     dataset: SampleDataset,
     batch_size: int,
@@ -315,12 +208,12 @@ def make_loader(
     seed: int = 0,
     num_workers: int = 0,
     device: torch.device | None = None,
-) -> DataLoader:
-    """A DataLoader over `dataset`; shuffling is seeded by `seed` (same order on
-    every run), pinned memory on CUDA."""
+) -> Batches:
+    """Batches of `dataset` from a DataLoader; shuffling is seeded by `seed`
+    (same order on every run), pinned memory on CUDA."""
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     cuda = device is not None and device.type == "cuda"
-    return DataLoader(
+    loader = DataLoader(
         dataset,
         batch_size=batch_size,
         shuffle=shuffle,
@@ -331,3 +224,4 @@ def make_loader(
         persistent_workers=False,
         prefetch_factor=4 if num_workers else None,
     )
+    return Batches(loader)

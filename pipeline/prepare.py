@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -45,14 +44,16 @@ import click
 import numpy as np
 
 from pipeline import protocol
-from pipeline.datasets import SPLITS, DatasetError, FileIndex, Listing, read_dataset
+from pipeline.datasets import DatasetError, FileIndex, Listing, read_dataset
 from pipeline.params import DataParams, load
+from pipeline.samples import SAMPLE_KEYS, SAMPLES_FILE, SPLITS, TASKS_FILE
 from solver.cliutil import clean_errors, folder_option, params_option
+from solver.codes import Missing
+from solver.outputs import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
 FIRST_IDS = 5  # ids quoted in absent-modality reports
-KEYS = ("id", "split", "task", "label", "class_name", "image", "text", "missing")
 
 
 @dataclasses.dataclass
@@ -81,12 +82,12 @@ def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
             continue
         if not has_image:
             absent["image"].ids.append(s.id)
-            kept.append((s, protocol.IMAGE_MISSING, None, s.text))
+            kept.append((s, Missing.IMAGE, None, s.text))
         elif not has_text:
             absent["text"].ids.append(s.id)
-            kept.append((s, protocol.TEXT_MISSING, s.image, ""))
+            kept.append((s, Missing.TEXT, s.image, ""))
         else:
-            kept.append((s, protocol.COMPLETE, s.image, s.text))
+            kept.append((s, Missing.COMPLETE, s.image, s.text))
     report = {k: v.report() for k, v in absent.items()}
     for kind, what, then in (
         ("image", "have no image file", "keep them"),
@@ -169,7 +170,10 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
                 natural, mtype, rate, params.seed, task, split
             )
             t1, t2 = protocol.missing_targets(len(group), mtype, rate)
-            over = (int(np.sum(codes == 1)) > t1, int(np.sum(codes == 2)) > t2)
+            over = (
+                int(np.sum(codes == Missing.TEXT)) > t1,
+                int(np.sum(codes == Missing.IMAGE)) > t2,
+            )
             if any(over):
                 log.warning(
                     "task %d %s: naturally missing samples exceed the table's %d/%d "
@@ -178,8 +182,8 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
                     split,
                     t1,
                     t2,
-                    int(np.sum(codes == 1)),
-                    int(np.sum(codes == 2)),
+                    int(np.sum(codes == Missing.TEXT)),
+                    int(np.sum(codes == Missing.IMAGE)),
                 )
             for (sid, label, s, _, image, text), code in zip(group, codes, strict=True):
                 rows.append(
@@ -196,7 +200,7 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
                 )
             counts[split] = {
                 "total": len(group),
-                "by_missing": np.bincount(codes, minlength=3).tolist(),
+                "by_missing": np.bincount(codes, minlength=len(Missing)).tolist(),
             }
         labels = list(range(first_label, first_label + size))
         first_label += size
@@ -224,20 +228,13 @@ def write_outputs(rows: list[dict], doc: dict, out: str | Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     encode = json.JSONEncoder(ensure_ascii=False).encode  # one encoder for all rows
     files = {
-        "samples.jsonl": "".join(encode({k: r[k] for k in KEYS}) + "\n" for r in rows),
-        "tasks.json": json.dumps(doc, indent=2, ensure_ascii=False) + "\n",
+        SAMPLES_FILE: "".join(
+            encode({k: r[k] for k in SAMPLE_KEYS}) + "\n" for r in rows
+        ),
+        TASKS_FILE: json.dumps(doc, indent=2, ensure_ascii=False) + "\n",
     }
-    tmps = {}
-    try:
-        for name, text in files.items():
-            tmp = out / f"{name}.tmp.{os.getpid()}"
-            tmps[name] = tmp
-            tmp.write_text(text, encoding="utf-8")
-        for name, tmp in tmps.items():
-            os.replace(tmp, out / name)
-    finally:
-        for tmp in tmps.values():
-            tmp.unlink(missing_ok=True)
+    for name, text in files.items():
+        write_bytes_atomic(out / name, text.encode("utf-8"))
 
 
 @click.command("prepare")

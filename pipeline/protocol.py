@@ -34,10 +34,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from solver.codes import Missing
 from solver.errors import ParamsError
 
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
-COMPLETE, TEXT_MISSING, IMAGE_MISSING = 0, 1, 2
 
 
 def class_order(classes: Sequence[str], seed: int) -> list[str]:
@@ -106,12 +106,12 @@ def missing_table(
     """
     natural = np.asarray(natural, dtype=np.int8)
     t1, t2 = missing_targets(len(natural), missing_type, rate)
-    need1 = max(0, t1 - int(np.sum(natural == TEXT_MISSING)))
-    need2 = max(0, t2 - int(np.sum(natural == IMAGE_MISSING)))
+    need1 = max(0, t1 - int(np.sum(natural == Missing.TEXT)))
+    need2 = max(0, t2 - int(np.sum(natural == Missing.IMAGE)))
     codes = natural.copy()
-    free = np.flatnonzero(natural == COMPLETE)
+    free = np.flatnonzero(natural == Missing.COMPLETE)
     rng = np.random.default_rng([seed, task, SPLIT_CODES[split]])
     chosen = free[rng.permutation(len(free))[: need1 + need2]]
-    codes[chosen[:need2]] = IMAGE_MISSING
-    codes[chosen[need2:]] = TEXT_MISSING
+    codes[chosen[:need2]] = Missing.IMAGE
+    codes[chosen[need2:]] = Missing.TEXT
     return codes

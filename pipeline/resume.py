@@ -64,7 +64,7 @@ def imported_modules(path: Path, name: str, root: Path = ROOT) -> set[str]:
             else:
                 base = node.module or ""
             found.add(base)
-            # `from pipeline import demo_data` imports a module, not a name
+            # `from pipeline.demo import data` imports a module, not a name
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return {m for m in found if module_file(m, root) is not None}
 

@@ -44,29 +44,40 @@ from pipeline.backbone import (
     load_backbone,
     resolve_device,
 )
-from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
-from pipeline.loader import SampleDataset, Tasks, make_loader, read_prepare, select
-from pipeline.model import (
-    Batch,
+from pipeline.checkpoint import (
     CheckpointError,
-    DummySegments,
-    PalModel,
-    QueryCache,
-    build_cache,
-    check_batch,
     checkpoint_path,
-    dummy_segments,
     load_checkpoint,
     params_record,
+    restore,
     save_checkpoint,
+)
+from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
+from pipeline.loader import SampleDataset, make_loader
+from pipeline.losses import (
+    DummySegments,
+    Parts,
+    dummy_segments,
+    loss,
+    static_inputs,
     static_loss,
 )
+from pipeline.model import PalModel, QueryCache, build_cache
 from pipeline.resume import (
     PartialRun,
     code_digest,
     file_digest,
     folder_digest,
     signature,
+)
+from pipeline.samples import (
+    SAMPLES_FILE,
+    TASKS_FILE,
+    Batch,
+    Sample,
+    Tasks,
+    read_prepare,
+    select,
 )
 from solver.cliutil import clean_errors, folder_option, params_option
 from solver.outputs import write_bytes_atomic
@@ -127,7 +138,7 @@ def tune(
     for task in range(done + 1, tasks.n_tasks + 1):
         train = select(samples, "train", [task])
         epochs = train_task(model, task, train, tasks, tune_p)
-        for entry in epochs:
+        for entry in epochs:  # timings stay out of the DVC output
             seconds = entry.pop("seconds")
             if timings is not None:
                 _append_timing(Path(timings), dict(entry, seconds=seconds))
@@ -160,8 +171,8 @@ def _signature(
         {
             "code": code_digest(__name__),
             "params": record,
-            "samples": file_digest(prepare / "samples.jsonl"),
-            "tasks": file_digest(prepare / "tasks.json"),
+            "samples": file_digest(prepare / SAMPLES_FILE),
+            "tasks": file_digest(prepare / TASKS_FILE),
             "backbone": folder_digest(backbone_folder(backbone.name)),
             "device": device.type,
             "versions": [torch.__version__, transformers.__version__],
@@ -182,22 +193,19 @@ def _resume(model: PalModel, folder: Path, tasks: Tasks) -> int:
             raise CheckpointError(f"{path}: holds step {ckpt['step']}, expected {k}")
         done, state = k, ckpt["state"]
     if done:
-        generator = torch.Generator().manual_seed(0)  # values replaced below
-        for _ in range(done):
-            model.add_task(generator)
-        model.to(model.backbone.device)
-        model.load_state_dict(state, strict=False)
+        restore(model, state, done)
     return done
 
 
 def train_task(
     model: PalModel,
     task: int,
-    train: list,
+    train: list[Sample],
     tasks: Tasks,
     tune_p: pparams.TuneParams,
 ) -> list[dict]:
-    """Train step `task` in place; returns its log entries (one per epoch)."""
+    """Train step `task` in place; returns its log entries (one per epoch,
+    with `seconds`)."""
     if not train:
         raise CheckpointError(f"task {task} has no training samples")
     device = model.backbone.device
@@ -214,66 +222,33 @@ def train_task(
         backbone.image_side,
     )
     copies = model.prompts is not None and tune_p.recon_weight > 0
-    t0 = time.perf_counter()
-    cache_loader = make_loader(
-        dataset,
-        CACHE_BATCH,
-        copies=copies,
-        num_workers=tune_p.num_workers,
-        device=device,
+    cache = _query_cache(model, dataset, task, copies, tune_p.num_workers)
+    graphed = device.type == "cuda" and model.prompts is not None and tune_p.cuda_graphs
+    optimiser, base_lrs = _optimiser(model, tune_p, capturable=graphed)
+    dummy = (
+        dummy_segments(
+            backbone, dataset.empty_ids, dataset.empty_mask, dataset.dummy_image()
+        )
+        if graphed and copies
+        else None
     )
-    with (
-        autocast(device),
-        tqdm(
-            total=len(dataset),
-            desc=f"task {task} queries",
-            unit="sample",
-            disable=None,
-            leave=False,
-        ) as bar,
-    ):
-        cache = build_cache(model, cache_loader, len(dataset), bar)
-    log.debug(
-        "task %d: cached queries of %d samples in %.1f s",
+    run_step = make_step(
+        model,
+        optimiser,
+        cache,
         task,
-        len(dataset),
-        time.perf_counter() - t0,
+        tune_p.recon_weight,
+        static=graphed,
+        dummy=dummy,
+        graphs=graphed,
     )
-
-    head = [p for p in model.head.parameters() if p.requires_grad]
-    prompts = [p for p in model.trainable_parameters() if all(p is not h for h in head)]
-    groups = [{"params": head, "lr": tune_p.head_lr or tune_p.lr}]
-    if prompts:
-        groups.append({"params": prompts, "lr": tune_p.lr})
-    base_lrs = [g["lr"] for g in groups]
-    graphs = device.type == "cuda" and model.prompts is not None and tune_p.cuda_graphs
-    opt_args = {"betas": BETAS, "weight_decay": tune_p.weight_decay}
-    if graphs:
-        optimiser = capturable_adamw(groups, device, **opt_args)
-        dummy = (
-            dummy_segments(
-                backbone,
-                dataset.empty_ids,
-                dataset.empty_mask,
-                dataset.dummy_image(),
-            )
-            if copies
-            else None
-        )
-        run_step = static_step(
-            model, optimiser, cache, dummy, task, tune_p.recon_weight
-        )
-    else:
-        # fused: one kernel for all parameters
-        optimiser = torch.optim.AdamW(groups, fused=device.type == "cuda", **opt_args)
-        run_step = eager_step(model, optimiser, cache, task, tune_p.recon_weight)
     per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
     total = per_epoch * tune_p.epochs
     warmup = int(tune_p.warmup * total)
     loader = make_loader(
         dataset,
         tune_p.batch_size,
-        copies=copies and not graphs,  # graphed steps build the copies on the GPU
+        copies=copies and not graphed,  # graphed steps splice them on the GPU
         shuffle=True,
         seed=seed,
         num_workers=tune_p.num_workers,
@@ -284,9 +259,6 @@ def train_task(
     entries = []
     for epoch in range(1, tune_p.epochs + 1):
         t0 = time.perf_counter()
-        # ce, recon, correct, complete samples
-        sums = torch.zeros(4, dtype=torch.float64, device=device)
-        n_seen = 0
         batches = (
             loader
             if model.prompts is not None
@@ -300,8 +272,10 @@ def train_task(
             disable=None,
             leave=False,
         )
+        # ce·n, recon·c, correct, c (complete samples)
+        sums = torch.zeros(4, dtype=torch.float64, device=device)
+        n_seen = 0
         for i, batch in enumerate(bar):
-            check_batch(batch)
             factor = lr_factor((epoch - 1) * per_epoch + i, total, warmup)
             set_lr(optimiser, [lr * factor for lr in base_lrs])
             parts = run_step(batch)
@@ -317,19 +291,8 @@ def train_task(
             if i % 20 == 19 or i == per_epoch - 1:
                 bar.set_postfix(loss=f"{sums[0].item() / n_seen:.4f}")
         bar.close()
-        ce, recon, correct, n_complete = sums.tolist()
-        entry = {
-            "task": task,
-            "epoch": epoch,
-            "steps": per_epoch,
-            "samples": n_seen,
-            "ce": round(ce / n_seen, 6),
-            "recon": round(recon / n_complete, 6) if n_complete else 0.0,
-            "train_acc": round(100.0 * correct / n_seen, 4),
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
-        entry["loss"] = round(entry["ce"] + tune_p.recon_weight * entry["recon"], 6)
-        entries.append(entry)
+        entry = _entry(task, epoch, per_epoch, n_seen, sums, tune_p.recon_weight)
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
         log.info(
             "task %d epoch %d: ce %.4f recon %.4f train acc %.1f%% (%.1f s)",
             task,
@@ -339,69 +302,137 @@ def train_task(
             entry["train_acc"],
             entry["seconds"],
         )
+        entries.append(entry)
     model.eval()
     return entries
 
 
-StepRunner = Callable[[Batch], dict[str, torch.Tensor]]
+def _entry(
+    task: int, epoch: int, steps: int, n_seen: int, sums: torch.Tensor, weight: float
+) -> dict:
+    """One epoch's log entry from its sums (ce·n, recon·c, correct, c)."""
+    ce, recon, correct, n_complete = sums.tolist()
+    entry = {
+        "task": task,
+        "epoch": epoch,
+        "steps": steps,
+        "samples": n_seen,
+        "ce": round(ce / n_seen, 6),
+        "recon": round(recon / n_complete, 6) if n_complete else 0.0,
+        "train_acc": round(100.0 * correct / n_seen, 4),
+    }
+    entry["loss"] = round(entry["ce"] + weight * entry["recon"], 6)
+    return entry
 
 
-def eager_step(
+def _query_cache(
+    model: PalModel,
+    dataset: SampleDataset,
+    task: int,
+    copies: bool,
+    num_workers: int,
+) -> QueryCache:
+    """The frozen queries of `dataset`'s samples (and of their copies)."""
+    device = model.backbone.device
+    t0 = time.perf_counter()
+    batches = make_loader(
+        dataset, CACHE_BATCH, copies=copies, num_workers=num_workers, device=device
+    )
+    with (
+        autocast(device),
+        tqdm(
+            total=len(dataset),
+            desc=f"task {task} queries",
+            unit="sample",
+            disable=None,
+            leave=False,
+        ) as bar,
+    ):
+        cache = build_cache(model, batches, len(dataset), bar)
+    log.debug(
+        "task %d: cached queries of %d samples in %.1f s",
+        task,
+        len(dataset),
+        time.perf_counter() - t0,
+    )
+    return cache
+
+
+def _optimiser(
+    model: PalModel, tune_p: pparams.TuneParams, capturable: bool
+) -> tuple[torch.optim.Optimizer, list[float]]:
+    """AdamW over the head rows (`tune.head_lr`) and prompt slices (`tune.lr`)
+    being trained; returns it and the groups' base learning rates."""
+    device = model.backbone.device
+    head = [p for p in model.head.parameters() if p.requires_grad]
+    prompts = [p for p in model.trainable_parameters() if all(p is not h for h in head)]
+    groups = [{"params": head, "lr": tune_p.head_lr or tune_p.lr}]
+    if prompts:
+        groups.append({"params": prompts, "lr": tune_p.lr})
+    base_lrs = [g["lr"] for g in groups]
+    opt_args = {"betas": BETAS, "weight_decay": tune_p.weight_decay}
+    if capturable:
+        return capturable_adamw(groups, device, **opt_args), base_lrs
+    # fused: one kernel for all parameters
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(groups, fused=fused, **opt_args), base_lrs
+
+
+StepRunner = Callable[[Batch], Parts]
+
+
+def make_step(
     model: PalModel,
     optimiser: torch.optim.Optimizer,
     cache: QueryCache,
     task: int,
     recon_weight: float,
+    static: bool = False,
+    dummy: DummySegments | None = None,
+    graphs: bool = False,
 ) -> StepRunner:
-    """One optimiser step of `model.loss` per batch (copies made by the loader)."""
+    """One optimiser step per batch.
+
+    static=False: `loss` on the batch as the loader made it (with copies).
+    static=True: `static_loss`; the loader must not add copies, they are
+    spliced from `dummy` (None: no reconstruction loss), and a short last
+    batch is padded to a full one with rows labelled −1, which count for
+    nothing. graphs=True (CUDA): each static step is replayed as a CUDA graph
+    per batch shape (`GraphedSteps`).
+    """
     device = model.backbone.device
+    if not static:
 
-    def run(batch: Batch) -> dict[str, torch.Tensor]:
-        with autocast(device):
-            loss, parts = model.loss(batch, cache, task, recon_weight)
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        optimiser.step()
-        return parts
+        def eager(batch: Batch) -> Parts:
+            with autocast(device):
+                value, parts = loss(model, batch, cache, task, recon_weight)
+            optimiser.zero_grad(set_to_none=True)
+            value.backward()
+            optimiser.step()
+            return parts
 
-    return run
+        return eager
 
-
-def static_step(
-    model: PalModel,
-    optimiser: torch.optim.Optimizer,
-    cache: QueryCache,
-    dummy: DummySegments | None,
-    task: int,
-    recon_weight: float,
-    graphs: bool = True,
-) -> StepRunner:
-    """One optimiser step of `static_loss` per batch, replayed as a CUDA graph
-    per batch shape (`graphs`: False runs it eagerly); a short last batch is
-    padded to a full one (padding rows carry label −1 and count for nothing).
-    The loader must not add copies: they are built on the device."""
-    device = model.backbone.device
-    rows = None
-
-    def step(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def step(inputs: Mapping[str, torch.Tensor]) -> Parts:
         with autocast(device, cache_enabled=False):
-            loss, parts = static_loss(model, inputs, cache, dummy, task, recon_weight)
-        loss.backward()
+            value, parts = static_loss(model, inputs, cache, dummy, task, recon_weight)
+        value.backward()
         optimiser.step()
         return parts
 
-    def eager(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def unrecorded(inputs: Mapping[str, torch.Tensor]) -> Parts:
         optimiser.zero_grad(set_to_none=True)
         return step(inputs)
 
-    graphed = GraphedSteps(step, optimiser) if graphs else eager
+    replay = GraphedSteps(step, optimiser) if graphs else unrecorded
+    rows = None
 
-    def run(batch: Batch) -> dict[str, torch.Tensor]:
+    def run(batch: Batch) -> Parts:
         nonlocal rows
         rows = rows or batch.n  # the first batch is a full one
         with autocast(device):
-            inputs = model.static_inputs(batch, rows)
-        return graphed(inputs)
+            inputs = static_inputs(model, batch, rows)
+        return replay(inputs)
 
     return run
 

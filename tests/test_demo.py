@@ -12,8 +12,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pipeline import demo, demo_data
 from pipeline.cli import main
+from pipeline.demo import data as demo_data
+from pipeline.demo import stage as demo
 from pipeline.params import DemoParams
 
 SMALL = {

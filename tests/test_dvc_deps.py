@@ -115,11 +115,11 @@ def test_command_groups_only_dispatch(group: str) -> None:
 
 
 def test_an_undeclared_import_is_caught(tmp_path: Path) -> None:
-    """A copy of the code where pipeline.demo imports solver.synthetic inside a
+    """A copy of the code where pipeline.demo.stage imports solver.synthetic inside a
     function: the demo stage's deps no longer match."""
     for package in ("pipeline", "solver"):
         shutil.copytree(ROOT / package, tmp_path / package)
-    demo = tmp_path / "pipeline" / "demo.py"
+    demo = tmp_path / "pipeline" / "demo" / "stage.py"
     demo.write_text(
         demo.read_text() + "\n\ndef _extra() -> None:\n    import solver.synthetic\n"
     )
@@ -140,8 +140,10 @@ def test_an_undeclared_params_section_is_caught() -> None:
 
 
 def test_closure_follows_imports_inside_functions_and_packages() -> None:
-    closure = {p.relative_to(ROOT).as_posix() for p in code_closure("pipeline.demo")}
-    assert "pipeline/demo_model.py" in closure  # imported inside write_backbone
+    closure = {
+        p.relative_to(ROOT).as_posix() for p in code_closure("pipeline.demo.stage")
+    }
+    assert "pipeline/demo/model.py" in closure  # imported inside write_backbone
     assert {"pipeline/__init__.py", "solver/__init__.py"} <= closure
     assert "solver/shards.py" not in closure
 

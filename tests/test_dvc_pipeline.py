@@ -15,6 +15,8 @@ import pytest
 import yaml
 from scratch_project import BIN, TINY, make_scratch_project
 
+pytestmark = pytest.mark.slow  # a real `dvc repro` of every stage: about 1.5 minutes
+
 STAGES = ("demo", "prepare", "tune", "extract", "solve", "evaluate")
 
 

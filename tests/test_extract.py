@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline import params as pparams
+from pipeline.checkpoint import checkpoint_path
 from pipeline.extract import cli, extract, parse_steps
-from pipeline.loader import read_prepare, select
-from pipeline.model import checkpoint_path
+from pipeline.samples import read_prepare, select
 from solver.shards import open_features
 
 

@@ -5,14 +5,16 @@ import torch
 from helpers import PROMPT, make_model
 
 from pipeline.backbone import autocast, load_backbone
-from pipeline.loader import SampleDataset, make_loader, read_prepare, select
-from pipeline.model import (
+from pipeline.checkpoint import (
     CheckpointError,
-    build_cache,
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
 )
+from pipeline.loader import SampleDataset, make_loader
+from pipeline.losses import loss as batch_loss
+from pipeline.model import build_cache
+from pipeline.samples import read_prepare, select
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_only_active_slice_and_head_get_gradients(backbone, data):
     model = make_model(backbone, tasks, steps=2)
     ds, loader = _task_data(backbone, samples, tasks, 2)
     cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
-    loss, _ = model.loss(_batch_with(loader, True), cache, 2, recon_weight=0.01)
+    loss, _ = batch_loss(model, _batch_with(loader, True), cache, 2, recon_weight=0.01)
     loss.backward()
     named = dict(model.named_parameters())
     for pool in ("text", "image"):
@@ -84,7 +86,7 @@ def test_reconstruction_only_from_complete_samples_copies(backbone, data, monkey
     )
     cache_m = build_cache(model, make_loader(ds_m, 16, copies=True), len(ds_m))
     no_complete = _batch_with(make_loader(ds_m, 4, copies=True), False)
-    _, parts = model.loss(no_complete, cache_m, 1, recon_weight=0.01)
+    _, parts = batch_loss(model, no_complete, cache_m, 1, recon_weight=0.01)
     assert parts["recon"].item() == 0.0
     assert rows == [int((no_complete.missing != 0).sum())]  # only the missing samples
 
@@ -93,7 +95,7 @@ def test_reconstruction_only_from_complete_samples_copies(backbone, data, monkey
     batch = _batch_with(loader, True)
     c, n_missing = len(batch.complete), int((batch.missing != 0).sum())
     assert batch.input_ids.shape[0] == batch.n + 2 * c
-    _, parts = model.loss(batch, cache, 1, recon_weight=0.01)
+    _, parts = batch_loss(model, batch, cache, 1, recon_weight=0.01)
     assert parts["recon"].item() > 0
     assert rows == [n_missing + 2 * c]  # missing samples + two copies per complete
     # reconstruct, then query: a missing modality's query is replaced, the rest kept
@@ -114,12 +116,14 @@ def test_reconstruction_loss_goes_down_over_an_epoch(backbone, data):
     def recon() -> float:
         torch.manual_seed(0)
         with torch.no_grad():
-            return model.loss(full, cache, 1, recon_weight=1.0)[1]["recon"].item()
+            return batch_loss(model, full, cache, 1, recon_weight=1.0)[1][
+                "recon"
+            ].item()
 
     before = recon()
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=3e-2)
     for batch in loader:  # one epoch, reconstruction only (λ large)
-        loss, _ = model.loss(batch, cache, 1, recon_weight=1.0)
+        loss, _ = batch_loss(model, batch, cache, 1, recon_weight=1.0)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -156,7 +160,7 @@ def test_every_variant_trains_and_extracts(backbone, data, prompt):
     ds, loader = _task_data(backbone, samples, tasks, 1)
     cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
     batch = _batch_with(loader, True)
-    loss, parts = model.loss(batch, cache, 1, recon_weight=0.01)
+    loss, parts = batch_loss(model, batch, cache, 1, recon_weight=0.01)
     loss.backward()
     assert torch.isfinite(loss)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -9,14 +9,17 @@ from helpers import make_model
 
 from pipeline.backbone import autocast, load_backbone
 from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
-from pipeline.loader import SampleDataset, make_loader, read_prepare, select
-from pipeline.model import (
+from pipeline.loader import SampleDataset, make_loader
+from pipeline.losses import (
     DummySegments,
     _splice_copies,
-    build_cache,
     dummy_segments,
+    static_inputs,
     static_loss,
 )
+from pipeline.losses import loss as batch_loss
+from pipeline.model import build_cache
+from pipeline.samples import read_prepare, select
 
 T = 12  # model.max_text_len of the fixtures
 
@@ -45,7 +48,7 @@ def _setup(tiny_vilt, data, device="cpu", task=2, **prompt):
 
 def _static(model, batch, cache, dummy, task, rows=None, weight=0.01):
     return static_loss(
-        model, model.static_inputs(batch, rows), cache, dummy, task, weight
+        model, static_inputs(model, batch, rows), cache, dummy, task, weight
     )
 
 
@@ -90,7 +93,7 @@ def _compare(model, ds, cache, dummy, task, widen=False):
         if widen:
             b_dyn, b_st = _widen(b_dyn, i), _widen(b_st, i)
         kinds.add((len(b_dyn.complete) > 0, bool((b_dyn.missing != 0).any())))
-        loss_d, parts_d = model.loss(b_dyn, cache, task, 0.5)
+        loss_d, parts_d = batch_loss(model, b_dyn, cache, task, 0.5)
         loss_d.backward()
         grads_d = _grads(model)
         loss_s, parts_s = _static(model, b_st, cache, dummy, task, weight=0.5)
@@ -228,7 +231,7 @@ def test_graphed_steps_train_like_eager_steps(tiny_vilt, data):
             for batch in batches:
                 set_lr(opt, [1e-2 / (epoch + 1)])
                 with autocast(device):
-                    inp = model.static_inputs(batch, 4)
+                    inp = static_inputs(model, batch, 4)
                 if graphed:
                     parts = runner(inp)
                 else:

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from helpers import make_prepare, write_params
 
 from pipeline import params as pparams
-from pipeline.model import checkpoint_path, load_checkpoint
+from pipeline.checkpoint import checkpoint_path, load_checkpoint
 from pipeline.tune import cli, lr_factor, tune
 
 

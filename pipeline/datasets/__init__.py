@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.datasets.base import (
-    SPLITS,
     DatasetError,
     FileIndex,
     Listing,
@@ -21,7 +20,6 @@ from pipeline.datasets.base import (
 from pipeline.params import DataParams
 
 __all__ = [
-    "SPLITS",
     "DatasetError",
     "FileIndex",
     "Listing",

@@ -17,8 +17,6 @@ from typing import Any
 
 from solver.errors import PalError
 
-SPLITS = ("train", "val", "test")
-
 
 class DatasetError(PalError, ValueError):
     """A dataset folder or file is missing, malformed or inconsistent."""

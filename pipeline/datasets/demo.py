@@ -5,19 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.datasets.base import (
-    SPLITS,
     DatasetError,
     Listing,
     RawSample,
     expect,
     read_json,
 )
+from pipeline.samples import SPLITS
 
 FORMAT = "pal-demo"
 
 
 def read(root: Path) -> Listing:
-    """List the demo's samples; see `pipeline.demo` for the file layout."""
+    """List the demo's samples; see `pipeline.demo.stage` for the file layout."""
     if not root.is_dir():
         raise DatasetError(
             f"data.root: dataset folder {root} not found (`pal demo` makes it)"

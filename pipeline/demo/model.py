@@ -1,7 +1,7 @@
 """The demo's tiny ViLT: vocabulary, config, brief pre-training, saving.
 
 The backbone is pre-trained on synthetic (look, flavour) pairs that are *not*
-demo classes (`demo_data.pretrain_pairs`), with one linear head per attribute
+demo classes (`data.pretrain_pairs`), with one linear head per attribute
 (shape, colour, texture, flavour) on the text-CLS token after the final
 LayerNorm, the token PAL classifies from. Some pre-training samples lack their
 caption (empty text) or their image (all white), so the backbone has seen
@@ -26,7 +26,7 @@ from transformers import (
     ViltProcessor,
 )
 
-from pipeline import demo_data as dd
+from pipeline.demo import data as dd
 from pipeline.params import DemoParams
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ Writes, deterministically from `demo.seed`:
 "samples": [...]}`; a class is `{"name", "shape", "colour", "texture",
 "flavour"}`, a sample `{"id", "split", "class_name", "image", "text"}` with
 `image` relative to the dataset folder. The class design (each modality alone
-is ambiguous, the pair is not) is described in `pipeline.demo_data`.
+is ambiguous, the pair is not) is described in `pipeline.demo.data`.
 
 The whole output is built in a temporary folder next to `--out` and renamed
 into place, so an earlier demo is never left half-overwritten.
@@ -31,13 +31,13 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from pipeline import demo_data as dd
+from pipeline.demo import data as dd
 from pipeline.params import DemoParams, load
+from pipeline.samples import SPLITS
 from solver.cliutil import clean_errors, folder_option, params_option
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "val", "test")
 FORMAT = "pal-demo"
 FORMAT_VERSION = 1
 DATA_SEED_TAG = 0  # second entropy word of the per-(class, split) generators
@@ -125,7 +125,7 @@ def _deterministic_torch(seed: int) -> Iterator[None]:
 
 def write_backbone(params: DemoParams, folder: Path) -> None:
     """Build, pre-train and save the tiny ViLT and its processor into `folder`."""
-    from pipeline import demo_model
+    from pipeline.demo import model as demo_model
 
     folder.mkdir(parents=True, exist_ok=True)
     demo_model.write_vocab(folder / "vocab.txt")

@@ -1,0 +1,209 @@
+"""The prepare contract and the batch layout, without torch.
+
+`data/prepare/` holds `samples.jsonl` (one `Sample` per line, keys
+`SAMPLE_KEYS`) and `tasks.json` (class order, the task split, the params of
+`data`). `pal prepare` writes them; `read_prepare` reads and validates them
+for `pal tune`, `pal extract` and the loader. `Batch` is what the loader
+yields and the model consumes. Missing-modality codes are `solver.codes.Missing`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from solver.codes import Missing
+from solver.errors import PalError
+
+if TYPE_CHECKING:
+    import torch
+
+SAMPLES_FILE = "samples.jsonl"
+TASKS_FILE = "tasks.json"
+
+SPLITS = ("train", "val", "test")
+SAMPLE_KEYS = ("id", "split", "task", "label", "class_name", "image", "text", "missing")
+
+
+class PrepareError(PalError):
+    """samples.jsonl / tasks.json are missing or break their contract."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One line of samples.jsonl; `missing` is a `Missing` code."""
+
+    id: str
+    split: str
+    task: int
+    label: int
+    class_name: str
+    image: str | None
+    text: str
+    missing: int
+
+
+@dataclass(frozen=True)
+class Tasks:
+    """tasks.json: class order, classes per task (1..K), dataset root."""
+
+    class_order: list[str]
+    classes_per_task: list[int]
+    root: Path
+    data: dict[str, Any]
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.classes_per_task)
+
+    def record(self) -> dict[str, Any]:
+        """What a tune checkpoint keeps of the task split."""
+        return {
+            "class_order": list(self.class_order),
+            "classes_per_task": list(self.classes_per_task),
+        }
+
+
+def read_prepare(prepare_dir: str | Path) -> tuple[list[Sample], Tasks]:
+    """Read and validate `samples.jsonl` and `tasks.json` of a prepare folder."""
+    folder = Path(prepare_dir)
+    tasks = _read_tasks(folder / TASKS_FILE)
+    path = folder / SAMPLES_FILE
+    if not path.is_file():
+        raise PrepareError(f"{path}: not found (run `pal prepare`)")
+    bounds, lo = [], 0
+    for n in tasks.classes_per_task:
+        bounds.append((lo, lo + n))
+        lo += n
+    samples = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError:
+                raise PrepareError(f"{where}: not valid JSON") from None
+            samples.append(_sample(raw, where, bounds))
+    if not samples:
+        raise PrepareError(f"{path}: no samples")
+    return samples, tasks
+
+
+def _read_tasks(path: Path) -> Tasks:
+    if not path.is_file():
+        raise PrepareError(f"{path}: not found (run `pal prepare`)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        order = [str(c) for c in raw["class_order"]]
+        task_list = sorted(raw["tasks"], key=lambda t: int(t["task"]))
+        labels = [list(map(int, t["labels"])) for t in task_list]
+        data = dict(raw["data"])
+        root = Path(data["root"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise PrepareError(
+            f"{path}: malformed tasks.json ({type(exc).__name__}: {exc})"
+        ) from None
+    expected, lo = [], 0
+    for k, ls in enumerate(labels, 1):
+        if int(task_list[k - 1]["task"]) != k or ls != list(range(lo, lo + len(ls))):
+            raise PrepareError(
+                f"{path}: task {k} must own a contiguous label range starting at {lo}"
+            )
+        expected.append(len(ls))
+        lo += len(ls)
+    if lo != len(order) or not expected or min(expected) == 0:
+        raise PrepareError(
+            f"{path}: tasks cover {lo} labels but class_order has {len(order)} classes"
+        )
+    return Tasks(order, expected, root, data)
+
+
+def _sample(raw: Any, where: str, bounds: list[tuple[int, int]]) -> Sample:
+    if not isinstance(raw, dict):
+        raise PrepareError(f"{where}: expected a JSON object")
+    for key in SAMPLE_KEYS:
+        if key not in raw:
+            raise PrepareError(f"{where}: missing key '{key}'")
+    s = Sample(**{k: raw[k] for k in SAMPLE_KEYS})
+    if s.split not in SPLITS:
+        raise PrepareError(f"{where}: split must be one of {SPLITS}, got {s.split!r}")
+    if not isinstance(s.task, int) or not 1 <= s.task <= len(bounds):
+        raise PrepareError(f"{where}: task must be 1..{len(bounds)}, got {s.task!r}")
+    lo, hi = bounds[s.task - 1]
+    if not isinstance(s.label, int) or not lo <= s.label < hi:
+        raise PrepareError(
+            f"{where}: label {s.label!r} is outside task {s.task}'s range [{lo}, {hi})"
+        )
+    if s.missing not in tuple(Missing):
+        raise PrepareError(f"{where}: missing must be 0, 1 or 2, got {s.missing!r}")
+    if s.missing != Missing.IMAGE and not s.image:
+        raise PrepareError(
+            f"{where}: sample {s.id!r} has no image but missing is {s.missing}"
+        )
+    if not isinstance(s.text, str):
+        raise PrepareError(f"{where}: text must be a string")
+    return s
+
+
+def select(samples: Sequence[Sample], split: str, tasks: Sequence[int]) -> list[Sample]:
+    """Samples of `split` whose task is in `tasks`, in file order."""
+    wanted = set(tasks)
+    return [s for s in samples if s.split == split and s.task in wanted]
+
+
+@dataclass
+class Batch:
+    """A collated batch; rows [0, n) are the samples, rows after them (training
+    only) are copies of the complete samples: first text-dropped, then
+    image-dropped, in the order of `complete`.
+
+    input_ids, attention_mask: (R, T) int64; pixel_values: (R, 3, H, W) float32;
+    pixel_mask: (R, H, W) int64; index: (n,) int64 position in the dataset;
+    missing: (n,) int64 codes; labels: (n,) int64; complete: (c,) int64
+    positions (in [0, n)) of the complete samples that have copies;
+    ids: n sample ids.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    pixel_values: torch.Tensor
+    pixel_mask: torch.Tensor
+    index: torch.Tensor
+    missing: torch.Tensor
+    labels: torch.Tensor
+    complete: torch.Tensor
+    ids: list[str]
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    def inputs_to(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(input_ids, attention_mask, pixel_values, pixel_mask) on `device`."""
+        nb = device.type == "cuda"
+        return tuple(
+            t.to(device, non_blocking=nb)
+            for t in (
+                self.input_ids,
+                self.attention_mask,
+                self.pixel_values,
+                self.pixel_mask,
+            )
+        )
+
+    def pin_memory(self) -> Batch:
+        """Page-locked copies of the tensors (DataLoader `pin_memory=True`)."""
+        return dataclasses.replace(
+            self,
+            **{
+                f.name: getattr(self, f.name).pin_memory()
+                for f in dataclasses.fields(self)
+                if f.name != "ids"
+            },
+        )
