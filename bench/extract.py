@@ -39,7 +39,7 @@ from pipeline.losses import dummy_segments  # noqa: E402
 from pipeline.model import PalModel, QueryCache  # noqa: E402
 from pipeline.params import PromptParams  # noqa: E402
 from pipeline.samples import Batch  # noqa: E402
-from pipeline.tune import make_step  # noqa: E402
+from pipeline.train import make_step  # noqa: E402
 
 N_TASKS = 10
 

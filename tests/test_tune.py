@@ -9,7 +9,8 @@ from helpers import make_prepare, write_params
 
 from pipeline import params as pparams
 from pipeline.checkpoint import checkpoint_path, load_checkpoint
-from pipeline.tune import cli, lr_factor, tune
+from pipeline.train import lr_factor
+from pipeline.tune import cli, tune
 
 
 def _run(params, prepare, out, **kw):
