@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
 from solver.cliutil import clean_errors, folder_option, params_option
+from solver.codes import Missing
 from solver.errors import ShardError
 from solver.metrics import Counts, summarize
 from solver.options import apply_overrides, metavar
@@ -197,7 +198,7 @@ def _score_group(
 
 
 def _count_missing(counts: Counts, hit: np.ndarray, missing: np.ndarray) -> None:
-    for code in range(3):
+    for code in Missing:
         sel = missing == code
         counts.missing_correct[code] += int(hit[sel].sum())
         counts.missing_total[code] += int(sel.sum())

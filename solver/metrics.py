@@ -75,8 +75,8 @@ class Counts:
 
     correct: list[list[int]] = field(default_factory=list)
     total: list[list[int]] = field(default_factory=list)
-    missing_correct: list[int] = field(default_factory=lambda: [0, 0, 0])
-    missing_total: list[int] = field(default_factory=lambda: [0, 0, 0])
+    missing_correct: list[int] = field(default_factory=lambda: [0] * len(Missing))
+    missing_total: list[int] = field(default_factory=lambda: [0] * len(Missing))
 
     def matrix(self) -> list[list[float]]:
         """a[k][i] in percent; an empty test set counts as 0 %."""

@@ -363,3 +363,17 @@ def test_sample_lacking_both_modalities_is_dropped_and_reported(tmp_path):
         "1 samples have neither image nor text (first: train/dish_001_0.jpg); "
         "set data.absent: missing to drop them" in r.output
     )
+
+
+def test_prepare_and_the_samples_contract_never_import_torch():
+    """The data layer's contract (samples.jsonl, tasks.json, Batch) and the
+    prepare stage load without torch: `pal prepare` runs on a machine without it."""
+    code = (
+        "import sys, pipeline.samples, pipeline.prepare; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
