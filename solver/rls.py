@@ -107,6 +107,14 @@ class RidgeRLS:
     def weights(self, classes_seen: int) -> list[np.ndarray]:
         raise NotImplementedError
 
+    def export_state(self, classes_seen: int) -> dict[str, np.ndarray]:
+        """The statistics later steps need, as host arrays (`solver.state`)."""
+        raise NotImplementedError
+
+    def import_state(self, arrays: dict[str, np.ndarray], n_rows: int) -> None:
+        """Continue from `export_state`'s arrays (`n_rows` rows absorbed)."""
+        raise NotImplementedError
+
     def _absorb(self, H: Any, classes_seen: int) -> None:
         """Check a chunk's shape against the solver and count its rows."""
         if classes_seen > self.max_classes:
@@ -202,6 +210,17 @@ class GramRLS(RidgeRLS):
                 f"{self.dtype}; use dtype float64 or a larger eta"
             ) from None
 
+    def export_state(self, classes_seen: int) -> dict[str, np.ndarray]:
+        b = self.backend
+        return {"G": b.to_host(self.G_), "Q": b.to_host(self.Q_[:, :classes_seen])}
+
+    def import_state(self, arrays: dict[str, np.ndarray], n_rows: int) -> None:
+        b = self.backend
+        self.G_[...] = b.asarray(arrays["G"], dtype=self.dtype)
+        self.Q_[:, : arrays["Q"].shape[1]] = b.asarray(arrays["Q"], dtype=self.dtype)
+        self.n_rows_ = n_rows
+        self._X, self._y = None, []  # the earlier rows are gone: primal form
+
     def weights(self, classes_seen: int) -> list[np.ndarray]:
         if self._dual_pays(classes_seen):
             self.dual_steps_ += 1
@@ -260,6 +279,21 @@ class WoodburyRLS(RidgeRLS):
 
     def weights(self, classes_seen: int) -> list[np.ndarray]:
         return [self.backend.to_host(W[:, :classes_seen]).copy() for W in self.W_]
+
+    def export_state(self, classes_seen: int) -> dict[str, np.ndarray]:
+        b, arrays = self.backend, {}
+        for i, (R, W) in enumerate(zip(self.R_, self.W_, strict=True)):
+            arrays[f"R_{i}"] = b.to_host(R)
+            arrays[f"W_{i}"] = b.to_host(W[:, :classes_seen])
+        return arrays
+
+    def import_state(self, arrays: dict[str, np.ndarray], n_rows: int) -> None:
+        b = self.backend
+        for i, (R, W) in enumerate(zip(self.R_, self.W_, strict=True)):
+            R[...] = b.asarray(arrays[f"R_{i}"], dtype=self.dtype)
+            W_old = arrays[f"W_{i}"]
+            W[:, : W_old.shape[1]] = b.asarray(W_old, dtype=self.dtype)
+        self.n_rows_ = n_rows
 
 
 def make_rls(

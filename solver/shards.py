@@ -271,10 +271,12 @@ class StepShards:
     test: dict[int, BlockReader]  # task (1-based) -> block
 
 
-def open_features(features_dir: str | Path) -> list[StepShards]:
-    """Validate a features folder and return its steps in order (1..K).
+def open_features(features_dir: str | Path, first: int = 1) -> list[StepShards]:
+    """Validate a features folder and return its steps in order (first..K).
 
-    Checks: the folder exists and holds `step_01 … step_K` without gaps; each
+    Steps before `first` are ignored and may be absent (a solve resumed from a
+    state after step first−1). Checks: the folder exists and holds
+    `step_<first> … step_K` without gaps; each
     step has a train and a test shard (or parts); attrs, shapes and dtypes are
     as in the contract; one feature_dim across steps; classes_seen never
     decreases. Finiteness is checked when rows are streamed.
@@ -290,9 +292,15 @@ def open_features(features_dir: str | Path) -> list[StepShards]:
             if step in found:
                 raise ShardError(f"{child}: step {step} also in {found[step].name}")
             found[step] = child
+    found = {k: v for k, v in found.items() if k >= first}
+    if not found and first > 1:
+        raise ShardError(
+            f"{root}: no step folders after step {first - 1} (the solver state "
+            f"already holds steps 1..{first - 1})"
+        )
     if not found:
         raise ShardError(f"{root}: no step_XX folders (expected step_01, step_02, …)")
-    expected = list(range(1, max(found) + 1))
+    expected = list(range(first, max(found) + 1))
     gaps = [s for s in expected if s not in found]
     if gaps:
         raise ShardError(

@@ -13,14 +13,16 @@ import time
 from pathlib import Path
 
 import click
+import numpy as np
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
 from solver.cliutil import clean_errors, folder_option, params_option
 from solver.options import apply_overrides, metavar
 from solver.params import SolveParams, load_section
-from solver.rls import Expander, make_rls, upsampling_matrix
-from solver.shards import open_features
+from solver.rls import Expander, RidgeRLS, make_rls, upsampling_matrix
+from solver.shards import StepShards, open_features
+from solver.state import SolverState, StateInfo, check_state, load_state, save_state
 from solver.weights import WeightsInfo, WeightsWriter, weights_name
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ def solve(
     out_dir: str | Path,
     params: SolveParams,
     backend: Backend | None = None,
+    state: str | Path | None = None,
+    save_state: str | Path | None = None,
 ) -> list[Path]:
     """Fit the RLS classifier on every step of `features_dir`; write weights.
 
@@ -38,11 +42,30 @@ def solve(
     `params.etas`): `out_dir/weights.h5` for a single η, or
     `out_dir/weights-eta<η>.h5` for each η of a sweep. Input errors raise a
     `PalError` before anything is renamed into place.
+
+    `state`: start from a solver state after step k (`solver.state`) and read
+    only the shards of steps k+1..; `save_state`: write the state after the
+    last step.
     """
-    steps = open_features(features_dir)
+    start_from = load_state(state) if state is not None else None
+    first = start_from.info.step + 1 if start_from else 1
+    steps = open_features(features_dir, first=first)
     backend = backend or get_backend(params.device)
     feature_dim = steps[0].feature_dim
     etas = params.etas
+    if start_from is not None:
+        check_state(
+            state,
+            start_from.info,
+            {
+                "method": params.method,
+                "width": params.width,
+                "seed": params.seed,
+                "dtype": params.dtype,
+                "feature_dim": feature_dim,
+                "etas": etas,
+            },
+        )
     expand = Expander(
         backend, upsampling_matrix(feature_dim, params.width, params.seed), params.dtype
     )
@@ -55,6 +78,12 @@ def solve(
         dtype=params.dtype,
         expand=expand,
     )
+    # W_k of the steps before `first`, per η, when the state has them for these η
+    known: list[dict[int, np.ndarray]] = [{} for _ in etas]
+    if start_from is not None:
+        rls.import_state(start_from.arrays, start_from.info.n_rows)
+        if start_from.info.etas == etas:
+            known = start_from.weights
     out_dir = Path(out_dir)
     infos = [
         WeightsInfo(
@@ -69,22 +98,26 @@ def solve(
     ]
     n_rows = sum(s.train.n_rows for s in steps)
     log.info(
-        "solve: %d steps, %d training rows, D=%d -> d=%d, method %s, eta %s, %s",
-        len(steps),
+        "solve: steps %d-%d, %d training rows, D=%d -> d=%d, method %s, eta %s, %s%s",
+        first,
+        steps[-1].step,
         n_rows,
         feature_dim,
         params.width,
         params.method,
         ",".join(f"{e:g}" for e in etas),
         backend.name,
+        f", from the state after step {first - 1} ({state})" if start_from else "",
     )
     start = time.perf_counter()
     writers: list[WeightsWriter] = []
     try:
-        for info in infos:
-            writers.append(
-                WeightsWriter(out_dir / weights_name(info.eta, params.is_sweep), info)
-            )
+        for info, earlier in zip(infos, known, strict=True):
+            name = weights_name(info.eta, params.is_sweep)
+            writer = WeightsWriter(out_dir / name, info, min(earlier, default=first))
+            for k in sorted(earlier):
+                writer.add_step(k, earlier[k])
+            writers.append(writer)
         with tqdm(total=n_rows, unit="row", desc="solve", disable=None) as bar:
             for shards in steps:
                 bar.set_postfix(step=shards.step)
@@ -94,10 +127,13 @@ def solve(
                         expand(X), backend.asarray(y), shards.classes_seen, X=X
                     )
                     bar.update(len(y))
-                for writer, W in zip(
-                    writers, rls.weights(shards.classes_seen), strict=True
+                for writer, earlier, W in zip(
+                    writers, known, rls.weights(shards.classes_seen), strict=True
                 ):
                     writer.add_step(shards.step, W)
+                    earlier[shards.step] = W
+        if save_state is not None:
+            _save_state(save_state, rls, params, feature_dim, steps[-1], known)
         paths = [w.commit() for w in writers]
     finally:
         for w in writers:
@@ -108,6 +144,29 @@ def solve(
         time.perf_counter() - start,
     )
     return paths
+
+
+def _save_state(
+    path: str | Path,
+    rls: RidgeRLS,
+    params: SolveParams,
+    feature_dim: int,
+    last: StepShards,
+    weights: list[dict[int, np.ndarray]],
+) -> None:
+    info = StateInfo(
+        method=params.method,
+        width=params.width,
+        seed=params.seed,
+        dtype=params.dtype,
+        feature_dim=feature_dim,
+        etas=params.etas,
+        step=last.step,
+        classes_seen=last.classes_seen,
+        n_rows=rls.n_rows_,
+    )
+    save_state(path, SolverState(info, rls.export_state(last.classes_seen), weights))
+    log.info("solve: wrote the solver state after step %d to %s", last.step, path)
 
 
 @click.command("solve")
@@ -150,9 +209,28 @@ def solve(
     metavar="N",
     help="Rows per streamed chunk and per Woodbury update [solve.batch_rows].",
 )
+@click.option(
+    "--state",
+    type=click.Path(dir_okay=False),
+    help="Start from this solver state (written by --save-state after step k) "
+    "and read only the shards of steps k+1..; those of steps 1..k may be gone.",
+)
+@click.option(
+    "--save-state",
+    type=click.Path(dir_okay=False),
+    help="Write the solver state after the last step (G and Q, or R and W, "
+    "with the weights so far): 8·d² bytes per d×d matrix.",
+)
 @params_option
 @clean_errors
-def cli(features: str, out: str, params_file: str, **overrides: str | None) -> None:
+def cli(
+    features: str,
+    out: str,
+    state: str | None,
+    save_state: str | None,
+    params_file: str,
+    **overrides: str | None,
+) -> None:
     """Fit the analytic classifier after every step; write weights.h5.
 
     Streams each step's train shard once in row chunks, up-samples
@@ -164,4 +242,4 @@ def cli(features: str, out: str, params_file: str, **overrides: str | None) -> N
     params = apply_overrides(
         load_section(params_file, "solve", SolveParams), **overrides
     )
-    solve(features, out, params)
+    solve(features, out, params, state=state, save_state=save_state)

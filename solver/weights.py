@@ -6,6 +6,7 @@ Layout::
     step_02/W   (d, C_2)
     …
     attrs: format_version, eta, width, seed, feature_dim, method, dtype, n_steps
+           (and first_step when the file starts after step 1)
 
 Each `step_XX` group also carries `classes_seen`. No timestamps: the same
 inputs and params give the same bytes. The file is written under a temporary
@@ -66,7 +67,9 @@ class WeightsWriter:
     earlier file untouched.
     """
 
-    def __init__(self, path: str | Path, info: WeightsInfo) -> None:
+    def __init__(
+        self, path: str | Path, info: WeightsInfo, first_step: int = 1
+    ) -> None:
         self.path = Path(path)
         self._tmp = temp_path(self.path)
         try:
@@ -85,7 +88,9 @@ class WeightsWriter:
         a["method"] = info.method
         a["dtype"] = info.dtype
         self._dtype = np.dtype(info.dtype)
-        self._n_steps = 0
+        if first_step != 1:  # a solve resumed from a state with other η
+            a["first_step"] = first_step
+        self._n_steps = first_step - 1
 
     def add_step(self, step: int, W: np.ndarray) -> None:
         """Store W_step: (width, classes_seen) host array."""
@@ -113,7 +118,7 @@ class WeightsWriter:
 class WeightsFile:
     """A validated weights file: `info`, `n_steps`, `classes_seen[k-1]`, `W(k)`."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, partial: bool = False) -> None:
         self.path = Path(path)
         where = str(self.path)
         if not self.path.is_file():
@@ -146,8 +151,15 @@ class WeightsFile:
                 dtype=_text(a["dtype"]),
             )
             self.n_steps = int(a["n_steps"])
-            self.classes_seen: list[int] = []
-            for step in range(1, self.n_steps + 1):
+            self.first_step = int(a.get("first_step", 1))
+            if self.first_step != 1 and not partial:
+                raise WeightsError(
+                    f"{where}: holds steps {self.first_step}..{self.n_steps} only "
+                    "(solved from a state with another eta); evaluating needs "
+                    "the weights of every step"
+                )
+            self.classes_seen: list[int] = [0] * (self.first_step - 1)
+            for step in range(self.first_step, self.n_steps + 1):
                 name = f"{step_dir_name(step)}/W"
                 if name not in f:
                     raise WeightsError(f"{where}: dataset '{name}' missing")
