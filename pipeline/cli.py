@@ -28,6 +28,10 @@ COMMANDS = {
         "pipeline.extract:cli",
         "Dump prompted joint embeddings into HDF5 shards.",
     ),
+    "predict": (
+        "pipeline.predict:cli",
+        "Classify new image–text rows with a tuned step and its weights.",
+    ),
 }
 
 

@@ -273,7 +273,7 @@ def _extract_step(
         t: _share(select(samples, "test", [t]), rank, world) for t in range(1, step + 1)
     }
     every = train + [s for t in range(1, step + 1) for s in test[t]]
-    x, logits = embed_samples(model, every, tasks, params, f"step {step}")
+    x, logits = embed_samples(model, every, tasks.root, params, f"step {step}")
     x = x.astype(params.dtype)
     classes_seen = sum(tasks.classes_per_task[:step])
     attrs = ShardAttrs(
@@ -310,11 +310,13 @@ def _extract_step(
 def embed_samples(
     model: PalModel,
     samples: list[Sample],
-    tasks: Tasks,
+    root: Path,
     params: pparams.ExtractParams,
     desc: str = "extract",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Joint embeddings (n, D) float32 and head logits (n, C_k) float32."""
+    """Joint embeddings (n, D) float32 and head logits (n, C_k) float32 of
+    `samples` (image paths relative to `root`), in order. Also the forward of
+    `pal predict`."""
     backbone = model.backbone
     D, C = backbone.hidden_size, sum(model.classes_per_task[: model.step])
     if not samples:
@@ -322,7 +324,7 @@ def embed_samples(
     device = backbone.device
     dataset = SampleDataset(
         samples,
-        tasks.root,
+        root,
         backbone.processor,
         backbone.max_text_len,
         backbone.image_side,

@@ -1,0 +1,277 @@
+"""`pal predict`: classify new image–text pairs with what the pipeline learnt.
+
+The model of step k is rebuilt from `step_XX.pt`, its prompted joint
+embedding is computed exactly as `pal extract` does (`embed_samples`, with a
+missing image or text handled by PAL's reconstruction path), and the analytic
+classifier of step k scores it: H = max(X W_up, 0) with the weights file's
+own up-sampling (`solver.rls`), logits = H W_k. So predicting the samples of a
+test shard gives the accuracy `pal-solver evaluate` reports for them.
+
+Input: JSONL (one object per line) or CSV (a header row), each row with
+`image` (a path, relative to the input file's folder, or absolute) and/or
+`text`, and optionally `id`. An absent or empty field is a missing modality;
+a row needs one of the two. Output: one JSON line per row, in input order,
+`{"row", "id", "missing", "top": [{"class", "score"}, …]}` (`row` counts
+rows from 1; `id` is the row's own or null) — `score` is the
+ridge classifier's output for the class (about 1 for a confident one-hot
+fit) — and a summary line on stderr.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from pipeline import params as pparams
+from pipeline.backbone import load_backbone, resolve_device
+from pipeline.checkpoint import checkpoint_path, load_checkpoint, model_from_checkpoint
+from pipeline.extract import embed_samples
+from pipeline.samples import Sample
+from solver.backend import get_backend
+from solver.cliutil import clean_errors, folder_option, params_option
+from solver.codes import Missing
+from solver.errors import PalError
+from solver.outputs import write_bytes_atomic
+from solver.params import SolveParams, load_section
+from solver.rls import Expander, upsampling_matrix
+from solver.weights import WeightsFile
+
+log = logging.getLogger(__name__)
+
+
+class PredictError(PalError):
+    """Bad input rows, or a model and weights that do not fit together."""
+
+
+def read_rows(path: Path) -> tuple[list[Sample], list[str | None]]:
+    """The rows of a JSONL or CSV file as samples (id `row N`, N the line
+    number, so a loader error names the row; label unknown: 0), and each
+    row's own `id` (None when it has none)."""
+    if not path.is_file():
+        raise PredictError(f"{path}: input file not found")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        if not reader.fieldnames or not {"image", "text"} & set(reader.fieldnames):
+            raise PredictError(f"{path}: the CSV header needs an image or text column")
+        raw = [(n, row) for n, row in enumerate(reader, start=2)]
+    else:
+        raw = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise PredictError(f"{path}:{n}: not valid JSON") from None
+            if not isinstance(row, dict):
+                raise PredictError(f"{path}:{n}: expected a JSON object")
+            raw.append((n, row))
+    if not raw:
+        raise PredictError(f"{path}: no rows")
+    ids = [
+        str(row["id"]) if row.get("id") not in (None, "") else None for _, row in raw
+    ]
+    return [_sample(row, f"{path}:{n}", n) for n, row in raw], ids
+
+
+def _sample(row: dict[str, Any], where: str, line: int) -> Sample:
+    image = row.get("image") or None
+    text = row.get("text") or ""
+    if image is not None and not isinstance(image, str):
+        raise PredictError(f"{where}: image must be a path")
+    if not isinstance(text, str):
+        raise PredictError(f"{where}: text must be a string")
+    if image is None and not text.strip():
+        raise PredictError(f"{where}: the row has neither an image nor a text")
+    missing = (
+        Missing.IMAGE if image is None else Missing.TEXT if not text.strip() else 0
+    )
+    return Sample(f"row {line}", "test", 1, 0, "", image, text, int(missing))
+
+
+def predict(
+    input_path: str | Path,
+    tune_dir: str | Path,
+    weights_path: str | Path,
+    step: int | None = None,
+    top_k: int = 5,
+    batch_size: int = 32,
+    device: str = "auto",
+    solve_params: SolveParams | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Predictions of every row of `input_path` (in order) and a summary."""
+    t0 = time.perf_counter()
+    input_path, tune_dir = Path(input_path), Path(tune_dir)
+    samples, ids = read_rows(input_path)
+    steps = sorted(int(p.stem[5:]) for p in tune_dir.glob("step_[0-9][0-9]*.pt"))
+    if not steps:
+        raise PredictError(f"{tune_dir}: no step_XX.pt checkpoints (run `pal tune`)")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise PredictError(
+            f"--step {step}: {tune_dir} has the checkpoints of steps "
+            f"{steps[0]}..{steps[-1]}"
+        )
+    ckpt = load_checkpoint(checkpoint_path(tune_dir, step))
+    weights = WeightsFile(weights_path, partial=True)
+    W = _weights_for(weights, step, ckpt, solve_params)
+    dev = resolve_device(device, "--device")
+    m = ckpt["params"]["model"]
+    backbone = load_backbone(m["backbone"], m["max_text_len"]).place(dev)
+    if weights.info.feature_dim != backbone.hidden_size:
+        raise PredictError(
+            f"{weights.path}: weights of feature_dim {weights.info.feature_dim}, but "
+            f"the model's embeddings have {backbone.hidden_size}"
+        )
+    model = model_from_checkpoint(ckpt, backbone)
+    x, _ = embed_samples(
+        model,
+        samples,
+        input_path.parent,
+        pparams.ExtractParams(batch_size=batch_size, device=device),
+        desc="predict",
+    )
+    info = weights.info
+    backend = get_backend("cpu")
+    expand = Expander(
+        backend, upsampling_matrix(info.feature_dim, info.width, info.seed), info.dtype
+    )
+    scores = backend.to_host(expand(x) @ backend.asarray(W))  # (n, C_k)
+    names = ckpt["tasks"]["class_order"][: W.shape[1]]
+    k = min(top_k, W.shape[1])
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    rows = [
+        {
+            "row": i + 1,
+            "id": ids[i],
+            "missing": Missing(s.missing).key,
+            "top": [
+                {"class": names[c], "score": round(float(scores[i, c]), 6)}
+                for c in top[i]
+            ],
+        }
+        for i, s in enumerate(samples)
+    ]
+    seconds = time.perf_counter() - t0
+    summary = {
+        "rows": len(rows),
+        "step": step,
+        "classes": int(W.shape[1]),
+        "seconds": round(seconds, 2),
+        "rows_per_second": round(len(rows) / seconds, 1),
+    }
+    return rows, summary
+
+
+def _weights_for(
+    weights: WeightsFile, step: int, ckpt: dict, solve_params: SolveParams | None
+) -> np.ndarray:
+    """W_step, after checking it fits the checkpoint and the params."""
+    where = weights.path
+    if not weights.first_step <= step <= weights.n_steps:
+        raise PredictError(
+            f"{where}: holds the weights of steps {weights.first_step}.."
+            f"{weights.n_steps}, not step {step}"
+        )
+    seen = sum(ckpt["tasks"]["classes_per_task"][:step])
+    if weights.classes_seen[step - 1] != seen:
+        raise PredictError(
+            f"{where}: step {step} has {weights.classes_seen[step - 1]} classes, "
+            f"but the checkpoint's step {step} knows {seen}"
+        )
+    if solve_params is not None:
+        for key in ("width", "seed"):
+            have, want = getattr(weights.info, key), getattr(solve_params, key)
+            if have != want:
+                raise PredictError(
+                    f"{where}: weights of {key} {have}, but solve.{key} is {want} "
+                    "(rerun `pal-solver solve`, or pass --weights)"
+                )
+    return weights.W(step)
+
+
+@click.command("predict")
+@click.argument("input_file", metavar="INPUT", type=click.Path(dir_okay=False))
+@params_option
+@folder_option("tune", "data/tune", "Folder written by `pal tune`.", dest="tune_dir")
+@click.option(
+    "--weights",
+    default="data/solve/weights.h5",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Weights file written by `pal-solver solve`.",
+)
+@click.option(
+    "--step",
+    type=int,
+    default=None,
+    help="Use the model and weights of this step (default: the last).",
+)
+@click.option("--top-k", default=5, show_default=True, help="Classes per row.")
+@click.option("--batch-size", default=32, show_default=True, help="Rows per batch.")
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where the ViLT forward runs.",
+)
+@click.option(
+    "--out",
+    default="-",
+    show_default=True,
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Output JSONL file (- for stdout).",
+)
+@clean_errors
+def cli(
+    input_file: str,
+    params_file: str,
+    tune_dir: str,
+    weights: str,
+    step: int | None,
+    top_k: int,
+    batch_size: int,
+    device: str,
+    out: str,
+) -> None:
+    """Classify image–text rows with the tuned model and analytic weights.
+
+    INPUT is a JSONL or CSV file whose rows have `image` (a path relative to
+    INPUT's folder) and/or `text`, and optionally `id`; a missing image or text
+    takes PAL's missing-modality path. Writes one JSON line per row with the
+    top-k classes and their scores, in input order, and a summary on stderr.
+    Checks the weights against the `solve:` section of --params when the file
+    exists.
+    """
+    solve_p = (
+        load_section(params_file, "solve", SolveParams)
+        if Path(params_file).is_file()
+        else None
+    )
+    rows, summary = predict(
+        input_file, tune_dir, weights, step, top_k, batch_size, device, solve_p
+    )
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    if out == "-":
+        sys.stdout.write(text)
+    else:
+        write_bytes_atomic(out, text.encode("utf-8"))
+    log.info(
+        "predict: %d rows with step %d (%d classes) in %.2f s, %.1f rows/s -> %s",
+        summary["rows"],
+        summary["step"],
+        summary["classes"],
+        summary["seconds"],
+        summary["rows_per_second"],
+        out if out != "-" else "stdout",
+    )

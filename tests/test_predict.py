@@ -1,0 +1,124 @@
+"""`pal predict`: the test samples' predictions reproduce `evaluate`'s accuracy;
+rows in order; one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline import params as pparams
+from pipeline.extract import extract
+from pipeline.predict import cli, predict
+from pipeline.samples import read_prepare
+from solver.evaluate import evaluate
+from solver.params import SolveParams
+from solver.solve import solve
+from solver.synthetic import make_features
+
+WIDTH = 64
+
+
+@pytest.fixture(scope="module")
+def solved(tuned, tmp_path_factory):
+    """(prepare, tune, weights, metrics.json path) of the tiny pipeline at width 64."""
+    params, prepare, tune_dir = tuned
+    root = tmp_path_factory.mktemp("predict")
+    extract(prepare, tune_dir, root / "extract", pparams.load(params, "extract"))
+    (weights,) = solve(
+        root / "extract", root / "solve", SolveParams(width=WIDTH, device="cpu")
+    )
+    (metrics,) = evaluate(root / "extract", [weights], root / "results")
+    return prepare, tune_dir, weights, metrics
+
+
+def _test_rows(prepare: Path) -> tuple[list[dict], list[str]]:
+    """The test samples as predict input rows (absolute image paths, a missing
+    modality left out) and their class names."""
+    samples, tasks = read_prepare(prepare)
+    rows, names = [], []
+    for s in samples:
+        if s.split != "test":
+            continue
+        row = {"id": s.id}
+        if s.missing != 2:
+            row["image"] = str(tasks.root / s.image)
+        if s.missing != 1:
+            row["text"] = s.text
+        rows.append(row)
+        names.append(s.class_name)
+    return rows, names
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_predictions_reproduce_evaluate_accuracy(solved, tmp_path):
+    prepare, tune_dir, weights, metrics = solved
+    rows, names = _test_rows(prepare)
+    preds, summary = predict(_jsonl(tmp_path / "in.jsonl", rows), tune_dir, weights)
+    assert [p["row"] for p in preds] == list(range(1, len(rows) + 1))
+    assert [p["id"] for p in preds] == [r["id"] for r in rows]
+    assert all(len(p["top"]) == 5 for p in preds)
+    hits = sum(p["top"][0]["class"] == y for p, y in zip(preds, names, strict=True))
+    # evaluate's accuracy over every seen task's test samples after the last step
+    last = (metrics.parent / "step_accuracy.csv").read_text().splitlines()[-1]
+    step, al, _ = last.split(",")
+    assert summary["step"] == int(step) == 3 and summary["rows"] == len(rows)
+    assert f"{100 * hits / len(rows):.4f}" == al
+
+
+def test_csv_input_gives_the_jsonl_predictions(solved, tmp_path):
+    prepare, tune_dir, weights, _ = solved
+    rows, _ = _test_rows(prepare)
+    path = tmp_path / "in.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["id", "image", "text"])
+        writer.writeheader()
+        writer.writerows(rows)
+    a, _ = predict(path, tune_dir, weights, step=2, top_k=3)
+    b, _ = predict(_jsonl(tmp_path / "in.jsonl", rows), tune_dir, weights, 2, 3)
+    assert [p["top"] for p in a] == [p["top"] for p in b]
+    assert all(len(p["top"]) == 3 for p in a)
+
+
+def _cli(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    return result.exit_code, result.output.strip().splitlines()
+
+
+def test_errors_are_one_line(solved, tmp_path):
+    prepare, tune_dir, weights, _ = solved
+    rows, _ = _test_rows(prepare)
+    rows = [r for r in rows if "image" in r][:3]
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"not an image")
+    rows[1]["image"] = str(bad)
+    base = ["--tune", tune_dir, "--weights", weights, "--params", tmp_path / "none"]
+    code, out = _cli(_jsonl(tmp_path / "a.jsonl", rows), *base)
+    assert code == 1 and len(out) == 1
+    assert out[0].startswith(f"Error: sample 'row 2': cannot read image {bad} (")
+    code, out = _cli(_jsonl(tmp_path / "b.jsonl", rows[:1]), *base, "--step", 7)
+    assert (code, out) == (1, [f"Error: --step 7: {tune_dir} has the checkpoints "
+                               "of steps 1..3"])  # fmt: skip
+    _jsonl(tmp_path / "c.jsonl", [{"id": "x"}])
+    code, out = _cli(tmp_path / "c.jsonl", *base)
+    assert out == [f"Error: {tmp_path / 'c.jsonl'}:1: the row has neither an "
+                   "image nor a text"]  # fmt: skip
+    params = tmp_path / "params.yaml"
+    params.write_text(f"solve:\n  width: {2 * WIDTH}\n")
+    code, out = _cli(tmp_path / "b.jsonl", *base[:4], "--params", params)
+    assert out == [
+        f"Error: {weights}: weights of width {WIDTH}, but solve.width is "
+        f"{2 * WIDTH} (rerun `pal-solver solve`, or pass --weights)"
+    ]
+    other = make_features(tmp_path / "feat", [30, 30, 30], [2, 2, 2], feature_dim=24)
+    (w24,) = solve(other, tmp_path / "w24", SolveParams(width=WIDTH, device="cpu"))
+    code, out = _cli(tmp_path / "b.jsonl", *base[:2], "--weights", w24, *base[4:])
+    assert out == [f"Error: {w24}: weights of feature_dim 24, but the model's "
+                   "embeddings have 32"]  # fmt: skip
