@@ -212,6 +212,8 @@ def metrics_dict(e: Evaluation) -> dict[str, Any]:
     out = summarize(e.al)
     if e.bp is not None:
         out["bp"] = summarize(e.bp)
+    if e.weights.eta_by_step is not None:
+        out["eta_by_step"] = e.weights.eta_by_step  # solve.eta: auto
     return out
 
 
@@ -280,7 +282,8 @@ def write_outputs(out_dir: Path, e: Evaluation) -> Path:
         f"step_accuracy{sfx}.csv": step_csv(al, bp).encode(),
     }
     try:
-        title = f"{info.method}, eta {info.eta:g}, width {info.width}"
+        eta = "auto" if e.weights.eta_by_step is not None else f"{info.eta:g}"
+        title = f"{info.method}, eta {eta}, width {info.width}"
         files[f"step_accuracy{sfx}.png"] = step_plot_png(al, bp, title)
     except ImportError:  # the solver runs without matplotlib; only the plot is lost
         log.warning(

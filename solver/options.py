@@ -28,7 +28,9 @@ def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _parse_etas(text: str) -> float | tuple[float, ...]:
+def _parse_etas(text: str) -> float | tuple[float, ...] | str:
+    if text.strip() == "auto":
+        return "auto"
     values = []
     for item in text.split(","):
         try:

@@ -163,17 +163,22 @@ class SolveParams:
     """`solve:` — the analytic-learning (RLS) stage."""
 
     # ridge regulariser η (R_0 = I/η); a list of values is a sweep solved from
-    # one pass over the shards, one weights file per value
-    eta: float | tuple[float, ...] = 1.0
+    # one pass over the shards, one weights file per value; "auto" chooses it
+    # per step from `eta_grid` by accuracy on held-out rows of the current task
+    eta: float | tuple[float, ...] | Literal["auto"] = 1.0
     width: int = 4096  # up-sampling width d (random ReLU layer D -> d)
     seed: int = 0  # seed of the up-sampling matrix W_up
     method: SolveMethod = "gram"  # gram: G += HᵀH + Cholesky; woodbury: RLS (Thm 1)
     device: SolveDevice = "auto"  # auto: CuPy when a working GPU is found
     dtype: SolveDtype = "float64"  # accumulation / solve precision
     batch_rows: int = 4096  # rows per streamed chunk (and per Woodbury update)
+    eta_grid: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 100.0)  # eta: auto's choices
+    holdout: float = 0.2  # eta: auto: share of each step's rows held out to choose
 
     def __post_init__(self) -> None:
-        if isinstance(self.eta, tuple):
+        if self.eta == "auto":
+            check(self.method == "gram", "solve.eta", "auto needs solve.method gram")
+        elif isinstance(self.eta, tuple):
             check(len(self.eta) > 0, "solve.eta", "must not be an empty list")
             for i, eta in enumerate(self.eta):
                 check(eta > 0, f"solve.eta[{i}]", f"must be > 0, got {eta}")
@@ -188,10 +193,26 @@ class SolveParams:
             "solve.batch_rows",
             f"must be > 0, got {self.batch_rows}",
         )
+        check(len(self.eta_grid) > 0, "solve.eta_grid", "must not be an empty list")
+        for i, eta in enumerate(self.eta_grid):
+            check(eta > 0, f"solve.eta_grid[{i}]", f"must be > 0, got {eta}")
+        check(
+            0.0 < self.holdout < 1.0,
+            "solve.holdout",
+            f"must lie in (0, 1), got {self.holdout}",
+        )
+
+    @property
+    def is_auto(self) -> bool:
+        """True when η is chosen per step from held-out rows."""
+        return self.eta == "auto"
 
     @property
     def etas(self) -> tuple[float, ...]:
-        """The η values to solve for (one for a single run, several for a sweep)."""
+        """The η values to solve for (one for a single run, several for a
+        sweep; with `auto`, the one η each step starts from)."""
+        if self.is_auto:
+            return (1.0,)
         return self.eta if isinstance(self.eta, tuple) else (self.eta,)
 
     @property

@@ -18,9 +18,11 @@ from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
 from solver.cliutil import clean_errors, folder_option, params_option
+from solver.errors import PalError
 from solver.options import apply_overrides, metavar
 from solver.params import SolveParams, load_section
 from solver.rls import Expander, RidgeRLS, make_rls, upsampling_matrix
+from solver.select import EtaSelector
 from solver.shards import StepShards, open_features
 from solver.state import SolverState, StateInfo, check_state, load_state, save_state
 from solver.weights import WeightsInfo, WeightsWriter, weights_name
@@ -47,6 +49,8 @@ def solve(
     only the shards of steps k+1..; `save_state`: write the state after the
     last step.
     """
+    if params.is_auto and (state is not None or save_state is not None):
+        raise PalError("solve.eta auto does not combine with --state/--save-state")
     start_from = load_state(state) if state is not None else None
     first = start_from.info.step + 1 if start_from else 1
     steps = open_features(features_dir, first=first)
@@ -78,6 +82,19 @@ def solve(
         dtype=params.dtype,
         expand=expand,
     )
+    selector = (
+        EtaSelector(
+            backend,
+            params.width,
+            steps[-1].classes_seen,
+            params.dtype,
+            params.eta_grid,
+            params.holdout,
+            params.seed,
+        )
+        if params.is_auto
+        else None
+    )
     # W_k of the steps before `first`, per η, when the state has them for these η
     known: list[dict[int, np.ndarray]] = [{} for _ in etas]
     if start_from is not None:
@@ -87,7 +104,7 @@ def solve(
     out_dir = Path(out_dir)
     infos = [
         WeightsInfo(
-            eta=eta,
+            eta=0.0 if params.is_auto else eta,
             width=params.width,
             seed=params.seed,
             feature_dim=feature_dim,
@@ -105,7 +122,7 @@ def solve(
         feature_dim,
         params.width,
         params.method,
-        ",".join(f"{e:g}" for e in etas),
+        "auto" if params.is_auto else ",".join(f"{e:g}" for e in etas),
         backend.name,
         f", from the state after step {first - 1} ({state})" if start_from else "",
     )
@@ -121,16 +138,32 @@ def solve(
         with tqdm(total=n_rows, unit="row", desc="solve", disable=None) as bar:
             for shards in steps:
                 bar.set_postfix(step=shards.step)
+                if selector is not None:
+                    selector.start_step(shards.step, shards.train.n_rows)
                 for X, y, _, _ in shards.train.iter_chunks(params.batch_rows):
-                    # H = expand(X): (r, d), freed before the next chunk's
-                    rls.partial_fit(
-                        expand(X), backend.asarray(y), shards.classes_seen, X=X
-                    )
+                    H = expand(X)  # (r, d), freed before the next chunk's
+                    rls.partial_fit(H, backend.asarray(y), shards.classes_seen, X=X)
+                    if selector is not None:
+                        selector.absorb(H, X, y)
+                    del H
                     bar.update(len(y))
+                chosen = None
+                if selector is not None:
+                    chosen, accs = selector.choose(rls, shards.classes_seen, expand)
+                    rls.etas = (chosen,)
+                    log.info(
+                        "solve: step %d: eta %g (held-out accuracy %s)",
+                        shards.step,
+                        chosen,
+                        ", ".join(
+                            f"{e:g}: {a:.1f}%"
+                            for e, a in zip(params.eta_grid, accs, strict=False)
+                        ),
+                    )
                 for writer, earlier, W in zip(
                     writers, known, rls.weights(shards.classes_seen), strict=True
                 ):
-                    writer.add_step(shards.step, W)
+                    writer.add_step(shards.step, W, eta=chosen)
                     earlier[shards.step] = W
         if save_state is not None:
             _save_state(save_state, rls, params, feature_dim, steps[-1], known)
@@ -178,10 +211,11 @@ def _save_state(
 )
 @click.option(
     "--eta",
-    metavar="X[,X…]",
+    metavar="X[,X…]|auto",
     help="Ridge regulariser η > 0 [solve.eta]. Several comma-separated "
     "values run a sweep: one pass over the shards, one weights file "
-    "per η, named weights-eta<η>.h5.",
+    "per η, named weights-eta<η>.h5. auto: per step, the η of "
+    "solve.eta_grid most accurate on held-out rows of the current task.",
 )
 @click.option("--width", metavar="N", help="Up-sampling width d > 0 [solve.width].")
 @click.option(

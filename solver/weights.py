@@ -8,6 +8,9 @@ Layout::
     attrs: format_version, eta, width, seed, feature_dim, method, dtype, n_steps
            (and first_step when the file starts after step 1)
 
+With `solve.eta: auto` the file attr `eta` is 0 and `eta_auto` is 1, and each
+`step_XX` group carries the `eta` chosen for it.
+
 Each `step_XX` group also carries `classes_seen`. No timestamps: the same
 inputs and params give the same bytes. The file is written under a temporary
 name and renamed into place only when every step is in it.
@@ -81,7 +84,9 @@ class WeightsWriter:
             ) from None
         a = self._file.attrs
         a["format_version"] = FORMAT_VERSION
-        a["eta"] = float(info.eta)
+        a["eta"] = float(info.eta)  # 0: chosen per step (eta_auto)
+        if info.eta == 0:
+            a["eta_auto"] = 1
         a["width"] = int(info.width)
         a["seed"] = int(info.seed)
         a["feature_dim"] = int(info.feature_dim)
@@ -92,11 +97,14 @@ class WeightsWriter:
             a["first_step"] = first_step
         self._n_steps = first_step - 1
 
-    def add_step(self, step: int, W: np.ndarray) -> None:
-        """Store W_step: (width, classes_seen) host array."""
+    def add_step(self, step: int, W: np.ndarray, eta: float | None = None) -> None:
+        """Store W_step: (width, classes_seen) host array (and the η chosen for
+        this step, with `eta: auto`)."""
         assert self._file is not None and step == self._n_steps + 1
         g = self._file.create_group(step_dir_name(step))
         g.attrs["classes_seen"] = int(W.shape[1])
+        if eta is not None:
+            g.attrs["eta"] = float(eta)
         g.create_dataset("W", data=np.ascontiguousarray(W, dtype=self._dtype))
         self._n_steps = step
 
@@ -159,6 +167,7 @@ class WeightsFile:
                     "the weights of every step"
                 )
             self.classes_seen: list[int] = [0] * (self.first_step - 1)
+            self.eta_by_step: list[float] | None = None  # eta: auto's choices
             for step in range(self.first_step, self.n_steps + 1):
                 name = f"{step_dir_name(step)}/W"
                 if name not in f:
@@ -170,6 +179,11 @@ class WeightsFile:
                         f"({self.info.width}, classes_seen)"
                     )
                 self.classes_seen.append(int(shape[1]))
+            if int(a.get("eta_auto", 0)):
+                self.eta_by_step = [
+                    float(f[step_dir_name(k)].attrs["eta"])
+                    for k in range(self.first_step, self.n_steps + 1)
+                ]
 
     def W(self, step: int) -> np.ndarray:
         """W_step: (width, classes_seen) in the stored dtype."""
