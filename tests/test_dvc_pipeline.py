@@ -117,7 +117,7 @@ def test_queued_grid_reuses_cached_features(repo: tuple[Path, dict[str, str]]) -
             "--drop",
             ".*",
             "--keep",
-            "solve.eta|solve.width|^acc$",
+            "^solve.eta$|^solve.width$|^acc$",
         ],
         path,
         env,
