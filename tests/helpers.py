@@ -207,3 +207,20 @@ def write_params(path: Path, backbone: Path, **sections) -> Path:
         params[section].update(values)
     path.write_text(yaml.safe_dump(params))
     return path
+
+
+def heavy_modules_after(imports: str) -> list[str]:
+    """Which of torch, transformers a fresh interpreter has loaded after
+    running `imports` (e.g. "import solver.cli")."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys; {imports}; "
+        "print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    return [m for m in r.stdout.strip().split(",") if m]
