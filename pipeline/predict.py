@@ -36,7 +36,7 @@ from pipeline.checkpoint import checkpoint_path, load_checkpoint, model_from_che
 from pipeline.extract import embed_samples
 from pipeline.samples import Sample
 from solver.backend import get_backend
-from solver.cliutil import clean_errors, folder_option, params_option
+from solver.cliutil import clean_errors, file_option, folder_option, params_option
 from solver.codes import Missing
 from solver.errors import PalError
 from solver.outputs import write_bytes_atomic
@@ -203,12 +203,8 @@ def _weights_for(
 @click.argument("input_file", metavar="INPUT", type=click.Path(dir_okay=False))
 @params_option
 @folder_option("tune", "data/tune", "Folder written by `pal tune`.", dest="tune_dir")
-@click.option(
-    "--weights",
-    default="data/solve/weights.h5",
-    show_default=True,
-    type=click.Path(dir_okay=False),
-    help="Weights file written by `pal-solver solve`.",
+@file_option(
+    "weights", "data/solve/weights.h5", "Weights file written by `pal-solver solve`."
 )
 @click.option(
     "--step",

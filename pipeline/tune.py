@@ -54,7 +54,7 @@ from pipeline.samples import (
     select,
 )
 from pipeline.train import train_task
-from solver.cliutil import clean_errors, folder_option, params_option
+from solver.cliutil import clean_errors, file_option, folder_option, params_option
 from solver.outputs import write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -197,12 +197,10 @@ def _append_timing(path: Path, entry: dict) -> None:
     help="Discard the finished steps of an interrupted run (<out>.partial/) "
     "instead of resuming after them.",
 )
-@click.option(
-    "--timings",
-    default="logs/tune.jsonl",
-    show_default=True,
-    type=click.Path(dir_okay=False),
-    help="JSON-lines file that gets each epoch's losses and seconds appended.",
+@file_option(
+    "timings",
+    "logs/tune.jsonl",
+    "JSON-lines file that gets each epoch's losses and seconds appended.",
 )
 @clean_errors
 def cli(

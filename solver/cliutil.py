@@ -103,3 +103,18 @@ def folder_option(
         type=click.Path(file_okay=False),
         help=help,
     )
+
+
+def file_option(
+    flag: str, default: str | None, help: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--<flag> FILE`: an input or output file of a command (default shown in
+    --help; None: the option is off unless given)."""
+    return click.option(
+        f"--{flag}",
+        default=default,
+        show_default=default is not None,
+        metavar="FILE",
+        type=click.Path(dir_okay=False),
+        help=help,
+    )

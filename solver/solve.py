@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
-from solver.cliutil import clean_errors, folder_option, params_option
+from solver.cliutil import clean_errors, file_option, folder_option, params_option
 from solver.errors import PalError
 from solver.options import apply_overrides, metavar
 from solver.params import SolveParams, load_section
@@ -243,17 +243,17 @@ def _save_state(
     metavar="N",
     help="Rows per streamed chunk and per Woodbury update [solve.batch_rows].",
 )
-@click.option(
-    "--state",
-    type=click.Path(dir_okay=False),
-    help="Start from this solver state (written by --save-state after step k) "
-    "and read only the shards of steps k+1..; those of steps 1..k may be gone.",
+@file_option(
+    "state",
+    None,
+    "Start from this solver state (written by --save-state after step k) and "
+    "read only the shards of steps k+1..; those of steps 1..k may be gone.",
 )
-@click.option(
-    "--save-state",
-    type=click.Path(dir_okay=False),
-    help="Write the solver state after the last step (G and Q, or R and W, "
-    "with the weights so far): 8·d² bytes per d×d matrix.",
+@file_option(
+    "save-state",
+    None,
+    "Write the solver state after the last step (G and Q, or R and W, with the "
+    "weights so far): 8·d² bytes per d×d matrix.",
 )
 @params_option
 @clean_errors
