@@ -11,8 +11,11 @@ reseeded before every batch; the same checkpoint and samples give the same
 bytes. Finished steps wait in `<out>.partial/` until the run completes, so an
 interrupted run resumes after them (`pipeline.resume`).
 
-Several GPUs: run under `torchrun --nproc-per-node N`; rank r takes the r-th
-contiguous share of every block and writes `train-0000r.h5` / `test-0000r.h5`.
+Several GPUs: `extract.processes: N` (or run under `torchrun --nproc-per-node
+N`); rank r takes the r-th contiguous share of the step's batches and writes
+`train-0000r.h5` / `test-0000r.h5`. Whole batches keep every sample in the
+batch, and under the seed, it has in a one-process run: read in rank order,
+the parts hold the same bytes as one shard.
 
 Reads params `extract` (and the params recorded in the checkpoints).
 """
@@ -24,6 +27,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -251,9 +256,14 @@ def _provenance(
     }
 
 
-def _share(items: list, rank: int, world: int) -> list:
-    n = len(items)
-    return items[rank * n // world : (rank + 1) * n // world]
+def _rank_range(n: int, batch_size: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank `rank`'s rows [lo, hi) of n: whole batches of `batch_size`, so every
+    row lands in the batch (and the patch-order seed) it has in a one-process
+    run, and the parts hold the same bytes as one shard."""
+    n_batches = -(-n // batch_size)
+    lo = rank * n_batches // world * batch_size
+    hi = min((rank + 1) * n_batches // world * batch_size, n)
+    return lo, hi
 
 
 def _extract_step(
@@ -268,12 +278,21 @@ def _extract_step(
     rank: int,
     world: int,
 ) -> None:
-    train = _share(select(samples, "train", [step]), rank, world)
-    test = {
-        t: _share(select(samples, "test", [t]), rank, world) for t in range(1, step + 1)
-    }
-    every = train + [s for t in range(1, step + 1) for s in test[t]]
-    x, logits = embed_samples(model, every, tasks.root, params, f"step {step}")
+    # task `step`'s training samples, then the test samples of tasks 1..step,
+    # embedded as one list in batches; this rank takes whole batches of it
+    blocks = [select(samples, "train", [step])] + [
+        select(samples, "test", [t]) for t in range(1, step + 1)
+    ]
+    every = [s for block in blocks for s in block]
+    lo, hi = _rank_range(len(every), params.batch_size, rank, world)
+    x, logits = embed_samples(
+        model,
+        every[lo:hi],
+        tasks.root,
+        params,
+        f"step {step}",
+        first_batch=lo // params.batch_size,
+    )
     x = x.astype(params.dtype)
     classes_seen = sum(tasks.classes_per_task[:step])
     attrs = ShardAttrs(
@@ -282,27 +301,28 @@ def _extract_step(
         feature_dim=x.shape[1],
         provenance=provenance,
     )
-
-    def block(lo: int, hi: int, part: list[Sample], with_logits: bool) -> Block:
-        return Block(
-            features=np.ascontiguousarray(x[lo:hi]),
-            labels=np.array([s.label for s in part], dtype=np.int64),
-            missing=np.array([s.missing for s in part], dtype=np.int8),
-            sample_ids=[s.id for s in part],
-            bp_logits=np.ascontiguousarray(logits[lo:hi]) if with_logits else None,
+    parts, start = [], 0
+    for i, block in enumerate(blocks):
+        a = max(start, lo)
+        b = max(a, min(start + len(block), hi))  # a == b: the ranges do not meet
+        part, rows = every[a:b], slice(a - lo, b - lo)
+        parts.append(
+            Block(
+                features=np.ascontiguousarray(x[rows]),
+                labels=np.array([s.label for s in part], dtype=np.int64),
+                missing=np.array([s.missing for s in part], dtype=np.int8),
+                sample_ids=[s.id for s in part],
+                bp_logits=np.ascontiguousarray(logits[rows]) if i else None,
+            )
         )
-
-    write_train(folder / names[0], block(0, len(train), train, False), attrs)
-    groups, lo = {}, len(train)
-    for t in range(1, step + 1):
-        groups[t] = block(lo, lo + len(test[t]), test[t], True)
-        lo += len(test[t])
-    write_test(folder / names[1], groups, attrs)
+        start += len(block)
+    write_train(folder / names[0], parts[0], attrs)
+    write_test(folder / names[1], dict(enumerate(parts[1:], start=1)), attrs)
     log.info(
         "%s: %d train, %d test samples (classes seen %d)",
         folder,
-        len(train),
-        lo - len(train),
+        len(parts[0].labels),
+        sum(len(p.labels) for p in parts[1:]),
         classes_seen,
     )
 
@@ -313,6 +333,7 @@ def embed_samples(
     root: Path,
     params: pparams.ExtractParams,
     desc: str = "extract",
+    first_batch: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Joint embeddings (n, D) float32 and head logits (n, C_k) float32 of
     `samples` (image paths relative to `root`), in order. Also the forward of
@@ -341,7 +362,8 @@ def embed_samples(
         ) as bar,
     ):
         for b, batch in enumerate(loader):
-            torch.manual_seed(b)  # ViLT's patch order: same batch, same bytes
+            # ViLT's patch order: the same batch gets the same seed, and bytes
+            torch.manual_seed(first_batch + b)
             x, logits = model.features(batch)
             xs.append(x.float())
             ls.append(logits.float())
@@ -389,4 +411,17 @@ def cli(
     section extract; under torchrun each rank writes its own part files.
     """
     params = pparams.load(params_file, "extract")
+    if params.processes > 1 and "WORLD_SIZE" not in os.environ:
+        args = ["--params", params_file, "--prepare", prepare_dir, "--tune", tune_dir]
+        args += ["--out", out_dir, *(["--steps", steps] if steps else [])]
+        sys.exit(launch(params.processes, [*args, *(["--fresh"] if fresh else [])]))
     extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh)
+
+
+def launch(processes: int, args: list[str]) -> int:
+    """Run `pal extract ARGS` as `processes` ranks under torch.distributed.run
+    (on this machine); returns its exit status."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={processes}", "-m", "pipeline", "extract", *args]
+    log.info("extract: %d processes: %s", processes, " ".join(cmd))
+    return subprocess.run(cmd, check=False).returncode

@@ -222,10 +222,14 @@ class ExtractParams:
     batch_size: int = 32  # samples per forward pass
     dtype: Literal["float32", "float16"] = "float32"  # stored feature dtype
     device: Device = "auto"  # auto: cuda when available
+    # ranks (GPUs); > 1: `pal extract` relaunches itself under torch.distributed.run
+    # and each rank writes its own part files (same bytes as one shard)
+    processes: int = 1
     # DataLoader workers decoding images (run-only: batches are the same)
     num_workers: int = dataclasses.field(default=0, metadata=RUN_ONLY)
 
     def __post_init__(self) -> None:
+        check(self.processes > 0, "extract.processes", "must be > 0")
         check(
             self.batch_size > 0,
             "extract.batch_size",
