@@ -405,18 +405,38 @@ def load_backbone(name: str, max_text_len: int) -> Backbone:
             ) from None
         if model_type != "vilt":
             raise BackboneError(f"{where}: not a ViLT (model_type {model_type!r})")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its multi-line load report: one line below
     try:
-        vilt = ViltModel.from_pretrained(name)
+        vilt, info = ViltModel.from_pretrained(name, output_loading_info=True)
         processor = ViltProcessor.from_pretrained(name)
     except Exception as exc:  # OSError, SafetensorError, ValueError…: a damaged folder
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
         raise BackboneError(
             f"{where}: cannot load the ViLT model or processor ({first})"
         ) from None
-    log.debug(
-        "loaded %s: %d layers, hidden %d",
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    n = sum(1 for _ in vilt.state_dict())
+    log.info(
+        "loaded ViLT %s: %d layers, hidden %d, %d tensors; ignored %s; "
+        "randomly initialised %s",
         name,
         vilt.config.num_hidden_layers,
         vilt.config.hidden_size,
+        n,
+        _key_groups(info.get("unexpected_keys", [])),
+        _key_groups(info.get("missing_keys", [])),
     )
     return Backbone(vilt, processor, name, max_text_len)
+
+
+def _key_groups(keys) -> str:
+    """'mlm_score (6 tensors)' for a list of state-dict keys; 'nothing' if none."""
+    groups: dict[str, int] = {}
+    for key in keys:
+        head = key.split(".")[0] if not key.startswith("vilt.") else key.split(".")[1]
+        groups[head] = groups.get(head, 0) + 1
+    if not groups:
+        return "nothing"
+    return ", ".join(f"{k} ({v} tensors)" for k, v in sorted(groups.items()))

@@ -224,3 +224,65 @@ def heavy_modules_after(imports: str) -> list[str]:
     )
     assert r.returncode == 0, r.stderr
     return [m for m in r.stdout.strip().split(",") if m]
+
+
+def make_hub_vilt(folder: Path, seed: int = 0) -> Path:
+    """A random tiny ViLT saved as the hub's `dandelin/vilt-b32-mlm` is laid
+    out: ViltForMaskedLM keys (with the MLM head) in `pytorch_model.bin`, the
+    old feature-extractor `preprocessor_config.json` (integer `size`), and the
+    tokenizer files `tokenizer.json`, `vocab.txt`, `tokenizer_config.json`
+    (BertTokenizer, lower case, 40 tokens) and `special_tokens_map.json`."""
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import ViltConfig, ViltForMaskedLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (folder / "vocab.txt").write_text("\n".join(special + WORDS) + "\n")
+    cfg = ViltConfig(
+        vocab_size=len(special) + len(WORDS),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+        max_position_embeddings=40,
+        max_image_length=-1,
+        architectures=["ViltForMaskedLM"],
+    )
+    cfg.save_pretrained(folder)
+    torch.manual_seed(seed)
+    torch.save(ViltForMaskedLM(cfg).state_dict(), folder / "pytorch_model.bin")
+    BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=True).save(
+        str(folder / "tokenizer.json")
+    )
+    files = {
+        "tokenizer_config.json": {
+            "do_lower_case": True,
+            "model_max_length": 40,
+            "name_or_path": "bert-base-uncased",
+            "special_tokens_map_file": None,
+            "tokenizer_class": "BertTokenizer",
+        },
+        "special_tokens_map.json": {
+            "unk_token": "[UNK]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "cls_token": "[CLS]",
+            "mask_token": "[MASK]",
+        },
+        "preprocessor_config.json": {  # the hub's: size 384, size_divisor 32
+            "do_normalize": True,
+            "do_resize": True,
+            "feature_extractor_type": "ViltFeatureExtractor",
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "resample": 3,
+            "size": 32,
+            "size_divisor": 8,
+        },
+    }
+    for name, doc in files.items():
+        (folder / name).write_text(json.dumps(doc, indent=2))
+    return folder
