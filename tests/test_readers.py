@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -363,3 +364,38 @@ def test_demo_reader_errors(tmp_path):
     (tmp_path / "j" / "captions.json").write_text("[1, 2")
     with pytest.raises(DatasetError, match=r"captions.json: malformed JSON at line 1"):
         _read("demo", tmp_path / "j")
+
+
+def make_n24news_full(root: Path, per_section: int = 10) -> Path:
+    """The build script's layout: nytimes_dataset_full.json and images/."""
+    root.mkdir(parents=True, exist_ok=True)
+    items = []
+    for s in N24_SECTIONS:
+        for k in range(per_section):
+            image_id = f"{s[-2:]}{k:03d}"
+            items.append({"section": s, "headline": f"head {image_id}",
+                          "image_id": image_id})  # fmt: skip
+            _touch(root / "images" / f"{image_id}.jpg")
+    (root / "nytimes_dataset_full.json").write_text(json.dumps(items[::-1]))
+    return root
+
+
+def test_n24news_build_script_layout_gets_a_seeded_8_1_1_split(tmp_path):
+    listing = _read("n24news", make_n24news_full(tmp_path / "a"))
+    counts = Counter((s.class_name, s.split) for s in listing.samples)
+    for section in N24_SECTIONS:
+        assert [counts[(section, x)] for x in ("train", "val", "test")] == [8, 1, 1]
+    assert all(s.image == f"images/{s.id.split('/')[1]}.jpg" for s in listing.samples)
+    again = _read("n24news", make_n24news_full(tmp_path / "b"))
+    assert [s.id for s in again.samples] == [s.id for s in listing.samples]
+
+
+def test_n24news_without_either_layout_says_what_to_provide(tmp_path):
+    (tmp_path / "x").mkdir()
+    with pytest.raises(DatasetError) as info:
+        _read("n24news", tmp_path / "x")
+    assert str(info.value) == (
+        f"data.root: {tmp_path / 'x'} holds neither news/nytimes_{{train,dev,test}}"
+        ".json (with imgs/) nor nytimes_dataset_full.json (with images/), the two "
+        "N24News layouts"
+    )
