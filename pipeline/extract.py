@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,7 +53,7 @@ from pipeline.checkpoint import (
     model_from_checkpoint,
     params_diff,
 )
-from pipeline.loader import SampleDataset, make_loader
+from pipeline.loader import SampleDataset, WaitClock, make_loader
 from pipeline.model import PalModel
 from pipeline.resume import (
     PartialRun,
@@ -354,6 +355,7 @@ def embed_samples(
         dataset, params.batch_size, num_workers=params.num_workers, device=device
     )
     xs, ls = [], []
+    clock, t0 = WaitClock(loader), time.perf_counter()
     with (
         torch.inference_mode(),
         autocast(device),
@@ -361,13 +363,20 @@ def embed_samples(
             total=len(dataset), desc=desc, unit="sample", disable=None, leave=False
         ) as bar,
     ):
-        for b, batch in enumerate(loader):
+        for b, batch in enumerate(clock):
             # ViLT's patch order: the same batch gets the same seed, and bytes
             torch.manual_seed(first_batch + b)
             x, logits = model.features(batch)
             xs.append(x.float())
             ls.append(logits.float())
             bar.update(batch.n)
+    log.info(
+        "%s: %d samples in %.1f s, %.1f s of it waiting for data",
+        desc,
+        len(dataset),
+        time.perf_counter() - t0,
+        clock.seconds,
+    )
     return torch.cat(xs).cpu().numpy(), torch.cat(ls).cpu().numpy()
 
 

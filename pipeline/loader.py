@@ -18,6 +18,8 @@ with a multi-line traceback in its message.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,11 +52,13 @@ class SampleDataset(Dataset):
         processor,
         max_text_len: int,
         image_side: int,
+        draft: bool = True,
     ):
         self.samples = list(samples)
         self.root = Path(root)
         self.image_processor = processor.image_processor
         self.image_side = image_side
+        self.draft = draft
         texts = ["" if s.missing == Missing.TEXT else s.text for s in self.samples] or [
             ""
         ]
@@ -115,9 +119,45 @@ class SampleDataset(Dataset):
         from PIL import Image
 
         with Image.open(path) as im:
+            if self.draft and im.format == "JPEG":
+                # decode at 1/2, 1/4 or 1/8 scale when the result still covers
+                # the processor's size (shorter side image_side): several
+                # times faster on photos (bench/loader.py, tolerance there)
+                w, h = im.size
+                scale = self.image_side / min(w, h)
+                im.draft(None, (math.ceil(w * scale), math.ceil(h * scale)))
             rgb = im.convert("RGB")
-        out = self.image_processor(images=rgb, return_tensors="np", do_pad=False)
-        return torch.from_numpy(np.ascontiguousarray(out["pixel_values"][0]))
+        return torch.from_numpy(vilt_pixels(rgb, self.image_processor))
+
+
+def vilt_pixels(rgb, image_processor) -> np.ndarray:
+    """(3, h, w) float32: what ViLT's image processor makes of one RGB PIL image
+    (resize keeping the aspect ratio — shorter side `size.shortest_edge`, longer
+    capped at 1333/800 of it, both floored to `size_divisor` — then rescale and
+    normalise), bit for bit, through the same PIL resize and NumPy functions,
+    without the processor's per-call overhead (several times its cost for one
+    image; bench/loader.py)."""
+    from transformers.image_transforms import normalize, rescale
+    from transformers.models.vilt import image_processing_pil_vilt as vilt
+
+    ip = image_processor
+    if ip.do_resize:
+        shorter = ip.size.shortest_edge
+        longer = int(vilt.MAX_LONGER_EDGE / vilt.MAX_SHORTER_EDGE * shorter)
+        height, width = vilt.get_resize_output_image_size(
+            np.empty((rgb.height, rgb.width, 0)),
+            shorter=shorter,
+            longer=longer,
+            size_divisor=ip.size_divisor,
+            input_data_format="channels_last",
+        )
+        rgb = rgb.resize((width, height), resample=ip.resample)
+    x = np.asarray(rgb)  # (h, w, 3) uint8
+    if ip.do_rescale:
+        x = rescale(x, ip.rescale_factor, input_data_format="channels_last")
+    if ip.do_normalize:
+        x = normalize(x, ip.image_mean, ip.image_std, input_data_format="channels_last")
+    return np.ascontiguousarray(x.transpose(2, 0, 1), dtype=np.float32)
 
 
 class SampleError(PalError):
@@ -180,6 +220,29 @@ class Collate:
             complete=torch.tensor(comp, dtype=torch.int64),
             ids=[it["id"] for it in items],
         )
+
+
+class WaitClock:
+    """Iterates `batches`, adding up in `seconds` the time spent waiting for
+    each next one: how long the loop (and so the GPU) waited for the loader."""
+
+    def __init__(self, batches: Any) -> None:
+        self.batches = batches
+        self.seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.batches)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self.seconds += time.perf_counter() - t0
+            yield batch
 
 
 class Batches:

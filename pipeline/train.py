@@ -27,7 +27,7 @@ from pipeline import params as pparams
 from pipeline.backbone import autocast
 from pipeline.checkpoint import CheckpointError
 from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
-from pipeline.loader import SampleDataset, make_loader
+from pipeline.loader import SampleDataset, WaitClock, make_loader
 from pipeline.losses import (
     DummySegments,
     Parts,
@@ -125,8 +125,9 @@ def train_task(
             if model.prompts is not None
             else _index_batches(labels, tune_p.batch_size, seed, epoch)
         )
+        clock = WaitClock(batches)
         bar = tqdm(
-            batches,
+            clock,
             total=per_epoch,
             desc=f"task {task} epoch {epoch}",
             unit="batch",
@@ -154,14 +155,17 @@ def train_task(
         bar.close()
         entry = _entry(task, epoch, per_epoch, n_seen, sums, tune_p.recon_weight)
         entry["seconds"] = round(time.perf_counter() - t0, 1)
+        entry["data_wait"] = round(clock.seconds, 1)
         log.info(
-            "task %d epoch %d: ce %.4f recon %.4f train acc %.1f%% (%.1f s)",
+            "task %d epoch %d: ce %.4f recon %.4f train acc %.1f%% "
+            "(%.1f s, %.1f s of it waiting for data)",
             task,
             epoch,
             entry["ce"],
             entry["recon"],
             entry["train_acc"],
             entry["seconds"],
+            entry["data_wait"],
         )
         entries.append(entry)
     model.eval()

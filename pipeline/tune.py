@@ -99,9 +99,9 @@ def tune(
         train = select(samples, "train", [task])
         epochs = train_task(model, task, train, tasks, tune_p)
         for entry in epochs:  # timings stay out of the DVC output
-            seconds = entry.pop("seconds")
+            clock = {k: entry.pop(k) for k in ("seconds", "data_wait")}
             if timings is not None:
-                _append_timing(Path(timings), dict(entry, seconds=seconds))
+                _append_timing(Path(timings), dict(entry, **clock))
         entries += epochs
         path = checkpoint_path(partial.path, task)
         digest = save_checkpoint(
