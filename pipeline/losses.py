@@ -94,13 +94,16 @@ def loss(
 
 
 def static_inputs(
-    model: PalModel, batch: Batch, rows: int | None = None
+    model: PalModel, batch: Batch, rows: int | None = None, min_tokens: int = 0
 ) -> dict[str, torch.Tensor]:
     """The inputs of `static_loss` for a batch (without copies), on the
     device: h (rows, N, D) and mask (rows, N), the samples embedded with
     their text padded to `max_text_len`; index, missing, labels (rows,).
     With `rows`, the batch is padded to `rows` rows by repeating its first
-    sample with label −1. Call under `autocast`."""
+    sample with label −1; with `min_tokens`, h and mask get masked tokens up
+    to N = min_tokens (a batch of very wide photos has fewer image tokens than
+    the square dummy image its copies need; masked tokens change nothing).
+    Call under `autocast`."""
     dev = model.backbone.device
     n = batch.n
     rows = rows or n
@@ -119,6 +122,9 @@ def static_inputs(
     ids, am = F.pad(ids, (0, pad)), F.pad(am, (0, pad))
     with torch.no_grad():
         h, mask = model.backbone.embed(ids, am, px, pm)
+    if h.shape[1] < min_tokens:
+        extra = min_tokens - h.shape[1]
+        h, mask = F.pad(h, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
     return {
         "h": h,
         "mask": mask,

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -245,3 +246,38 @@ def test_graphed_steps_train_like_eager_steps(tiny_vilt, data):
     assert ce_graph == pytest.approx(ce_eager, rel=1e-3, abs=1e-4)
     for a, b in zip(p_eager, p_graph, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-4)
+
+
+def test_wide_photos_with_fewer_tokens_than_the_dummy_image(tiny_vilt, data, tmp_path):
+    """Photos wider than 1333:800 lose rows of patches to the processor's cap on
+    the longer side: a batch of them has fewer image tokens than the square
+    dummy image. Padded with masked tokens, the static loss equals the dynamic
+    one; unpadded, the copies cannot be spliced."""
+    from PIL import Image
+
+    from pipeline.samples import Sample
+
+    model, ds, cache, dummy = _setup(tiny_vilt, data, task=1)
+    rng = np.random.default_rng(0)
+    wide = []
+    for i, s in enumerate(ds.samples[:4]):
+        name = f"wide{i}.png"
+        pixels = rng.integers(0, 255, (24, 96, 3), dtype=np.uint8)  # 4:1
+        Image.fromarray(pixels).save(tmp_path / name)
+        wide.append(
+            Sample(s.id, s.split, s.task, s.label, s.class_name, name, s.text, 0)
+        )
+    backbone = model.backbone
+    ds_w = SampleDataset(wide, tmp_path, backbone.processor, T, backbone.image_side)
+    b_dyn = next(iter(make_loader(ds_w, 4, copies=True)))
+    b_st = next(iter(make_loader(ds_w, 4, copies=False)))
+    n_dummy = dummy.image.shape[0]
+    assert b_st.pixel_mask.shape[1:] == (8, 48)  # 1 × 6 patches < the dummy's 16
+    with pytest.raises(ValueError, match="fewer than the dummy image's"):
+        static_loss(model, static_inputs(model, b_st), cache, dummy, 1, 0.5)
+    inputs = static_inputs(model, b_st, min_tokens=T + n_dummy)
+    assert inputs["h"].shape[1] == T + n_dummy
+    loss_s, parts_s = static_loss(model, inputs, cache, dummy, 1, 0.5)
+    loss_d, parts_d = batch_loss(model, b_dyn, cache, 1, 0.5)
+    assert loss_s.item() == pytest.approx(loss_d.item(), rel=1e-5, abs=1e-6)
+    assert parts_s["complete"].item() == parts_d["complete"].item() == 4
