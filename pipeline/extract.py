@@ -166,6 +166,9 @@ def extract(
             partial.path,
         )
     partial.finish(moved)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        log.info("extract: GPU memory peak %.1f GiB", peak)
     if rank == 0:
         for step in steps:
             _remove_stale(out / step_dir_name(step), world)

@@ -168,6 +168,16 @@ def train_task(
             entry["data_wait"],
         )
         entries.append(entry)
+    replay = getattr(run_step, "graphs", None)
+    if replay is not None:
+        steps = per_epoch * tune_p.epochs
+        log.info(
+            "task %d: %d of %d steps replayed a CUDA graph (%d graphs)",
+            task,
+            steps - replay.eager_steps,
+            steps,
+            len(replay.graphs),
+        )
     model.eval()
     return entries
 
@@ -302,6 +312,7 @@ def make_step(
             inputs = static_inputs(model, batch, rows, min_tokens)
         return replay(inputs)
 
+    run.graphs = replay if graphs else None  # GraphedSteps: its counts for the log
     return run
 
 

@@ -115,6 +115,9 @@ def tune(
             stale.unlink()
     partial.finish([*names, LOG_NAME])
     log.info("wrote %s (%d steps)", out, tasks.n_tasks)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        log.info("tune: GPU memory peak %.1f GiB", peak)
     return [checkpoint_path(out, k) for k in range(1, tasks.n_tasks + 1)]
 
 

@@ -1,0 +1,185 @@
+"""The paper's run rehearsed: a UPMC-Food101-shaped tree, a ViLT in the hub's
+layout, the food101 preset, `dvc repro evaluate`, per-stage figures.
+
+In a scratch copy of the project it builds
+
+- `data/raw/food101/`: the titles-CSV layout (images/{train,test}/<class>/,
+  texts/{train,test}_titles.csv) with `--classes` classes (101 as the real one;
+  the last has one training photo fewer and is dropped) of photo-sized JPEGs
+  (the mix of bench/loader.py) and titles of the real length;
+- `models/vilt-b32-mlm/`: random weights in the hub layout (`pytorch_model.bin`
+  with the MLM head, old preprocessor config, tokenizer files), of ViLT-B/32's
+  sizes (`--config vilt-b32`) or a tiny one (`--config tiny`, for CPU);
+
+installs configs/food101.yaml as params.yaml with only the scale knobs changed
+(dataset size, backbone path, `tune.epochs`, `solve.width`, the device and the
+loader workers this machine has), runs `dvc repro evaluate`, and prints per
+stage: wall time, samples/s, the share of graphed steps, the GPU memory peak
+and the time spent waiting for data; then projects the full Food101 and
+N24News runs from the measured per-sample rates.
+
+    .venv/bin/python bench/rehearsal.py --config tiny --classes 20 --epochs 1 \\
+        --width 1024                       # smallest scale, CPU, ~3 minutes
+    python bench/rehearsal.py --config vilt-b32 --classes 101 --train 12 --test 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from loader import SIZES, photo  # noqa: E402
+from scratch_project import BIN, make_scratch_project  # noqa: E402
+
+# full datasets (after Food101's smallest class is dropped): training and test
+# samples, tasks, epochs of the presets
+FULL = {"UPMC-Food101": (61127, 22716, 10), "N24News": (48988, 6106, 6)}
+WORDS = "grilled chicken salad with fresh herbs and lemon dressing recipe".split()
+
+
+def make_tree(root: Path, classes: int, train: int, test: int) -> int:
+    """The Food101 titles-CSV tree; returns the number of photos."""
+    rng = np.random.default_rng(0)
+    (root / "texts").mkdir(parents=True)
+    n = 0
+    for split, count in (("train", train), ("test", test)):
+        with (root / "texts" / f"{split}_titles.csv").open("w") as f:
+            f.write("image_name,text,class_name\n")
+            for c in range(classes):
+                dish = f"dish_{c:03d}"
+                for k in range(count - (split == "train" and c == classes - 1)):
+                    name = f"{dish}_{k}.jpg"
+                    path = root / "images" / split / dish / name
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    photo(SIZES[n % len(SIZES)], rng).save(path, quality=90)
+                    title = " ".join(rng.choice(WORDS, 12))
+                    f.write(f"{name},{title},{dish}\n")
+                    n += 1
+    return n
+
+
+def make_backbone(folder: Path, config: str) -> None:
+    """Random ViLT weights in the hub layout (`make_hub_vilt` for tiny)."""
+    from helpers import make_hub_vilt
+
+    make_hub_vilt(folder)
+    if config == "vilt-b32":  # the same layout at ViLT-B/32's sizes
+        import torch
+        from transformers import ViltConfig, ViltForMaskedLM
+
+        cfg = ViltConfig(
+            vocab_size=len((folder / "vocab.txt").read_text().split()),
+            max_position_embeddings=40,
+            max_image_length=-1,
+            architectures=["ViltForMaskedLM"],
+        )  # hidden 768, 12 layers, 384-px images, 32-px patches
+        cfg.save_pretrained(folder)
+        torch.save(ViltForMaskedLM(cfg).state_dict(), folder / "pytorch_model.bin")
+        pre = json.loads((folder / "preprocessor_config.json").read_text())
+        pre.update(size=384, size_divisor=32)
+        (folder / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", choices=("tiny", "vilt-b32"), default="tiny")
+    ap.add_argument("--classes", type=int, default=20)
+    ap.add_argument("--train", type=int, default=6, help="training photos per class")
+    ap.add_argument("--test", type=int, default=2, help="test photos per class")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--width", type=int, default=15000, help="solve.width")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--workdir", type=Path)
+    a = ap.parse_args()
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-rehearsal-"))
+    params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
+    workers = max(0, min(params["extract"]["num_workers"], (os.cpu_count() or 1) - 1))
+    params["data"]["root"] = "data/raw/food101"
+    params["model"]["backbone"] = "models/vilt-b32-mlm"
+    params["tune"].update(epochs=a.epochs, device=a.device,
+                          num_workers=min(workers, params["tune"]["num_workers"]))  # fmt: skip
+    params["extract"].update(device=a.device, num_workers=workers)
+    params["solve"].update(width=a.width, device=a.device)
+    env = make_scratch_project(work, params)
+    photos = make_tree(work / "data/raw/food101", a.classes, a.train, a.test)
+    make_backbone(work / "models/vilt-b32-mlm", a.config)
+    print(f"# rehearsal in {work}: {a.classes} classes, {photos} photos, "
+          f"{a.config}, epochs {a.epochs}, width {a.width}, device {a.device}, "
+          f"{workers} loader workers")  # fmt: skip
+
+    starts: dict[str, float] = {}
+    lines: list[str] = []
+    proc = subprocess.Popen(
+        [str(BIN / "dvc"), "repro", "evaluate"], cwd=work, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        m = re.match(r"Running stage '(\w+)'", line)
+        if m:
+            starts[m.group(1)] = time.perf_counter()
+    end = time.perf_counter()
+    if proc.wait() != 0:
+        raise SystemExit("dvc repro failed:\n" + "".join(lines[-40:]))
+    names = list(starts)
+    wall = {
+        s: (starts[names[i + 1]] if i + 1 < len(names) else end) - starts[s]
+        for i, s in enumerate(names)
+    }
+    text = "".join(lines)
+    samples = [json.loads(x) for x in (work / "data/prepare/samples.jsonl").open()]
+    n_train = sum(s["split"] == "train" for s in samples)
+    tasks = params["data"]["tasks"]
+    n_test = sum(s["split"] == "test" for s in samples)
+    # extraction embeds each step's training samples and every seen task's test
+    n_extract = n_train + sum(k * n_test / tasks for k in range(1, tasks + 1))
+    timings = [json.loads(x) for x in (work / "logs/tune.jsonl").open()]
+    tune_wait = sum(t["data_wait"] for t in timings)
+    extract_wait = sum(float(x) for x in re.findall(r"([\d.]+) s of it waiting", text))
+    graphed = re.findall(r"(\d+) of (\d+) steps replayed a CUDA graph", text)
+    share = (
+        f"{100 * sum(int(g) for g, _ in graphed) / sum(int(n) for _, n in graphed):.1f} %"
+        if graphed
+        else "– (no CUDA graphs)"
+    )
+    peaks = dict(re.findall(r"(tune|extract): GPU memory peak ([\d.]+) GiB", text))
+    rate = {
+        "tune": n_train * a.epochs / wall["tune"],
+        "extract": n_extract / wall["extract"],
+        "solve": n_train / wall["solve"],
+    }
+    print(
+        "| stage | wall s | samples/s | graphed steps | GPU peak GiB | waiting for data s |"
+    )
+    print("|---|---|---|---|---|---|")
+    for s in names:
+        r = f"{rate[s]:.1f}" if s in rate else ""
+        g = share if s == "tune" else ""
+        w = {"tune": f"{tune_wait:.1f}", "extract": f"{extract_wait:.1f}"}.get(s, "")
+        print(f"| {s} | {wall[s]:.1f} | {r} | {g} | {peaks.get(s, '')} | {w} |")
+    for name, (train, test, k) in FULL.items():
+        n_ext = train + sum(j * test / k for j in range(1, k + 1))
+        t = train * params["tune"]["epochs"] / rate["tune"]
+        e = n_ext / rate["extract"]
+        print(f"projected {name}: tune {t / 60:.0f} min at the preset's "
+              f"{params['tune']['epochs']} epochs, extract {e / 60:.1f} min "
+              f"(rates of this run)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
