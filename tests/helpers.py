@@ -226,7 +226,9 @@ def heavy_modules_after(imports: str) -> list[str]:
     return [m for m in r.stdout.strip().split(",") if m]
 
 
-def make_hub_vilt(folder: Path, seed: int = 0) -> Path:
+def make_hub_vilt(
+    folder: Path, seed: int = 0, layers: int = 2, hidden: int = 32
+) -> Path:
     """A random tiny ViLT saved as the hub's `dandelin/vilt-b32-mlm` is laid
     out: ViltForMaskedLM keys (with the MLM head) in `pytorch_model.bin`, the
     old feature-extractor `preprocessor_config.json` (integer `size`), and the
@@ -241,10 +243,10 @@ def make_hub_vilt(folder: Path, seed: int = 0) -> Path:
     (folder / "vocab.txt").write_text("\n".join(special + WORDS) + "\n")
     cfg = ViltConfig(
         vocab_size=len(special) + len(WORDS),
-        hidden_size=32,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
-        intermediate_size=64,
+        intermediate_size=2 * hidden,
         image_size=32,
         patch_size=8,
         max_position_embeddings=40,
