@@ -173,9 +173,11 @@ def main() -> None:
         n_ext = train + sum(j * test / k for j in range(1, k + 1))
         t = train * preset_epochs / rate["tune"]
         e = n_ext / rate["extract"]
-        print(f"projected {name}: tune {t / 60:.0f} min at the preset's "
-              f"{preset_epochs} epochs, extract {e / 60:.1f} min (rates of this "
-              "run; at a small scale they are mostly start-up and loading)")  # fmt: skip
+        print(
+            f"projected {name}: tune {t / 60:.0f} min at the preset's "
+            f"{preset_epochs} epochs, extract {e / 60:.1f} min (rates of this run; "
+            "at a small scale they are mostly start-up and loading)"
+        )
 
 
 if __name__ == "__main__":
