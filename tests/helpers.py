@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -38,6 +39,36 @@ COLOURS = {
 CLASSES = ["red cat", "green dog", "blue bird", "yellow fish", "red car", "blue tree"]
 
 
+def tiny_config(
+    folder: Path,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    image: int = 32,
+    patch: int = 8,
+    **extra: Any,
+):
+    """`folder/vocab.txt` (the test words) and a tiny `ViltConfig` over it."""
+    from transformers import ViltConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (folder / "vocab.txt").write_text("\n".join(special + WORDS) + "\n")
+    return ViltConfig(
+        vocab_size=len(special) + len(WORDS),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        image_size=image,
+        patch_size=patch,
+        max_position_embeddings=40,
+        max_image_length=-1,
+        pad_token_id=0,
+        **extra,
+    )
+
+
 def make_vilt(
     folder: Path,
     *,
@@ -52,7 +83,6 @@ def make_vilt(
     import torch
     from transformers import (
         BertTokenizer,
-        ViltConfig,
         ViltImageProcessorPil,
         ViltModel,
         ViltProcessor,
@@ -60,21 +90,7 @@ def make_vilt(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    folder.mkdir(parents=True, exist_ok=True)
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    (folder / "vocab.txt").write_text("\n".join(special + WORDS) + "\n")
-    cfg = ViltConfig(
-        vocab_size=len(special) + len(WORDS),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=2 * hidden,
-        image_size=image,
-        patch_size=patch,
-        max_position_embeddings=40,
-        max_image_length=-1,
-        pad_token_id=0,
-    )
+    cfg = tiny_config(folder, hidden, layers, heads, image, patch)
     torch.manual_seed(seed)
     ViltModel(cfg).eval().save_pretrained(folder)
     tok = BertTokenizer(
@@ -236,23 +252,9 @@ def make_hub_vilt(
     (BertTokenizer, lower case, 40 tokens) and `special_tokens_map.json`."""
     import torch
     from tokenizers import BertWordPieceTokenizer
-    from transformers import ViltConfig, ViltForMaskedLM
+    from transformers import ViltForMaskedLM
 
-    folder.mkdir(parents=True, exist_ok=True)
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    (folder / "vocab.txt").write_text("\n".join(special + WORDS) + "\n")
-    cfg = ViltConfig(
-        vocab_size=len(special) + len(WORDS),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        intermediate_size=2 * hidden,
-        image_size=32,
-        patch_size=8,
-        max_position_embeddings=40,
-        max_image_length=-1,
-        architectures=["ViltForMaskedLM"],
-    )
+    cfg = tiny_config(folder, hidden, layers, architectures=["ViltForMaskedLM"])
     cfg.save_pretrained(folder)
     torch.manual_seed(seed)
     torch.save(ViltForMaskedLM(cfg).state_dict(), folder / "pytorch_model.bin")
