@@ -33,7 +33,7 @@ import numpy as np
 from pipeline import params as pparams
 from pipeline.backbone import load_backbone, resolve_device
 from pipeline.checkpoint import checkpoint_path, load_checkpoint, model_from_checkpoint
-from pipeline.extract import embed_samples
+from pipeline.embed import embed_samples
 from pipeline.samples import Sample
 from solver.backend import get_backend
 from solver.cliutil import clean_errors, file_option, folder_option, params_option
