@@ -20,6 +20,7 @@ fit) — and a summary line on stderr.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import sys
@@ -57,12 +58,23 @@ def read_rows(path: Path) -> tuple[list[Sample], list[str | None]]:
     row's own `id` (None when it has none)."""
     if not path.is_file():
         raise PredictError(f"{path}: input file not found")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PredictError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(text.splitlines())
+        # a quoted title may hold line breaks: rows are numbered by the line
+        # they start on
+        reader = csv.DictReader(io.StringIO(text, newline=""))
         if not reader.fieldnames or not {"image", "text"} & set(reader.fieldnames):
             raise PredictError(f"{path}: the CSV header needs an image or text column")
-        raw = [(n, row) for n, row in enumerate(reader, start=2)]
+        raw, start = [], reader.line_num + 1
+        try:
+            for row in reader:
+                raw.append((start, row))
+                start = reader.line_num + 1
+        except csv.Error as exc:
+            raise PredictError(f"{path}:{start}: malformed CSV ({exc})") from None
     else:
         raw = []
         for n, line in enumerate(text.splitlines(), start=1):

@@ -122,3 +122,25 @@ def test_errors_are_one_line(solved, tmp_path):
     code, out = _cli(tmp_path / "b.jsonl", *base[:2], "--weights", w24, *base[4:])
     assert out == [f"Error: {w24}: weights of feature_dim 24, but the model's "
                    "embeddings have 32"]  # fmt: skip
+
+
+def test_csv_rows_are_numbered_by_their_first_line(tmp_path):
+    from pipeline.predict import read_rows
+
+    path = tmp_path / "in.csv"
+    path.write_text('image,text\n,"two\nlines"\n,\n')
+    with pytest.raises(Exception, match=rf"^{path}:4: the row has neither"):
+        read_rows(path)
+    path.write_text('image,text\n,"two\nlines"\n,third\n')
+    samples, ids = read_rows(path)
+    assert [s.id for s in samples] == ["row 2", "row 4"] and ids == [None, None]
+    assert samples[0].text == "two\nlines"
+
+
+def test_input_that_is_not_utf8_is_one_line(tmp_path):
+    from pipeline.predict import read_rows
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"text": "caf\xe9"}\n')
+    with pytest.raises(Exception, match=rf"^{path}: not UTF-8 text \(byte 13\)$"):
+        read_rows(path)
