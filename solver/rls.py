@@ -221,6 +221,18 @@ class GramRLS(RidgeRLS):
         self.n_rows_ = n_rows
         self._X, self._y = None, []  # the earlier rows are gone: primal form
 
+    def weights_without(
+        self, G_out: Any, Q_out: Any, eta: float, classes_seen: int
+    ) -> Any:
+        """(G − G_out + ηI)⁻¹ (Q − Q_out)[:, :classes_seen] on the backend: the
+        weights fitted without some absorbed rows (their G_out = HᵀH, lower
+        triangle, and Q_out = HᵀY), as `solve.eta: auto` scores them."""
+        M = self._M
+        self.xp.subtract(self.G_, G_out, out=M)
+        self.backend.add_diag_(M, eta)
+        Q = self.Q_[:, :classes_seen] - Q_out[:, :classes_seen]
+        return self.backend.cho_solve(self._cholesky(M, eta, "G - G_out"), Q)
+
     def weights(self, classes_seen: int) -> list[np.ndarray]:
         if self._dual_pays(classes_seen):
             self.dual_steps_ += 1

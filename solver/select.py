@@ -86,17 +86,12 @@ class EtaSelector:
         if not self._y:
             log.warning("solve: eta auto: no held-out rows in this step; eta 1")
             return 1.0, []
-        b, xp = self.backend, self.xp
         H_v = expand(np.concatenate(self._X))
-        y = b.asarray(np.concatenate(self._y))
-        Q = rls.Q_[:, :classes_seen] - self.Q_v[:, :classes_seen]
+        y = self.backend.asarray(np.concatenate(self._y))
         accs = []
         for eta in self.grid:
-            M = rls._M
-            xp.subtract(rls.G_, self.G_v, out=M)
-            b.add_diag_(M, eta)
-            W = b.cho_solve(rls._cholesky(M, eta, "G - G_v"), Q)
-            hits = xp.argmax(H_v @ W, axis=1) == y
+            W = rls.weights_without(self.G_v, self.Q_v, eta, classes_seen)
+            hits = self.xp.argmax(H_v @ W, axis=1) == y
             accs.append(100.0 * float(hits.mean()))
         best = max(range(len(self.grid)), key=lambda i: (accs[i], self.grid[i]))
         return self.grid[best], accs
