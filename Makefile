@@ -1,4 +1,6 @@
-# Entry points: `make run` (set up, then the pipeline), `make test`, `make lint`.
+# Entry points: `make run` (set up, then the pipeline: every run of the
+# protocol), `make ablation` (the paper's whole ablation table), `make test`,
+# `make lint`.
 # Every target runs with .venv/bin first on PATH, so the stage commands that
 # `dvc repro` calls (`pal`, `pal-solver`) are found without activating the venv.
 PYTHON ?= python3
@@ -8,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: setup run test lint clean
+.PHONY: setup run ablation test lint clean
 
 setup: $(STAMP)
 
@@ -19,6 +21,9 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(VENV)/bin/dvc repro
+
+ablation: $(STAMP)
+	$(VENV)/bin/dvc repro ablation/dvc.yaml
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

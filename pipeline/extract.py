@@ -60,9 +60,9 @@ from pipeline.resume import (
     signature,
 )
 from pipeline.samples import SAMPLES_FILE, Sample, Tasks, read_prepare, select
-from solver.cliutil import clean_errors, folder_option, params_option
+from solver.cliutil import clean_errors, folder_option, run_params_option
 from solver.errors import PalError
-from solver.params import outcome_record
+from solver.params import Source, outcome_record
 from solver.shards import Block, ShardAttrs, step_dir_name, write_test, write_train
 
 log = logging.getLogger(__name__)
@@ -329,7 +329,7 @@ def _extract_step(
 
 
 @click.command("extract")
-@params_option
+@run_params_option
 @folder_option(
     "prepare", "data/prepare", "Folder written by `pal prepare`.", dest="prepare_dir"
 )
@@ -351,7 +351,7 @@ def _extract_step(
 )
 @clean_errors
 def cli(
-    params_file: str,
+    params_file: Source,
     prepare_dir: str,
     tune_dir: str,
     out_dir: str,
@@ -369,7 +369,7 @@ def cli(
     """
     params = pparams.load(params_file, "extract")
     if params.processes > 1 and "WORLD_SIZE" not in os.environ:
-        args = ["--params", params_file, "--prepare", prepare_dir, "--tune", tune_dir]
+        args = [*params_file.args(), "--prepare", prepare_dir, "--tune", tune_dir]
         args += ["--out", out_dir, *(["--steps", steps] if steps else [])]
         sys.exit(launch(params.processes, [*args, *(["--fresh"] if fresh else [])]))
     extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh)

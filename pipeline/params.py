@@ -183,7 +183,7 @@ Device = Literal["auto", "cpu", "cuda"]
 class TuneParams:
     """`tune:` — per-task prompt tuning by backprop."""
 
-    epochs: int = 3  # epochs per task
+    epochs: int = 3  # epochs per task; 0: prompts and head stay at their init
     batch_size: int = 4  # samples per optimiser step (before reconstruction copies)
     lr: float = 1e-4  # AdamW learning rate
     head_lr: float | None = None  # the head's learning rate (None: same as lr)
@@ -197,7 +197,7 @@ class TuneParams:
     num_workers: int = dataclasses.field(default=0, metadata=RUN_ONLY)
 
     def __post_init__(self) -> None:
-        check(self.epochs > 0, "tune.epochs", f"must be > 0, got {self.epochs}")
+        check(self.epochs >= 0, "tune.epochs", f"must be >= 0, got {self.epochs}")
         check(
             self.batch_size > 0,
             "tune.batch_size",

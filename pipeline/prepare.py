@@ -47,7 +47,7 @@ from pipeline import protocol
 from pipeline.datasets import DatasetError, FileIndex, Listing, read_dataset
 from pipeline.params import DataParams, load
 from pipeline.samples import SAMPLE_KEYS, SAMPLES_FILE, SPLITS, TASKS_FILE
-from solver.cliutil import clean_errors, folder_option, params_option
+from solver.cliutil import clean_errors, folder_option, run_params_option
 from solver.codes import Missing
 from solver.outputs import write_bytes_atomic
 
@@ -238,7 +238,7 @@ def write_outputs(rows: list[dict], doc: dict, out: str | Path) -> None:
 
 
 @click.command("prepare")
-@params_option
+@run_params_option
 @folder_option("out", "data/prepare", "Output folder for samples.jsonl and tasks.json.")
 @clean_errors
 def cli(params_file: str, out: str) -> None:

@@ -74,6 +74,10 @@ def train_task(
     torch.manual_seed(seed)  # patch order of the ViLT embeddings
     model.add_task(torch.Generator().manual_seed(seed))
     model.to(device)
+    if tune_p.epochs == 0:  # the "never trained" ablation: init prompts and head
+        log.info("task %d: tune.epochs 0, prompts and head stay at their init", task)
+        model.eval()
+        return []
     backbone = model.backbone
     dataset = SampleDataset(
         train,

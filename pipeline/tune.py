@@ -54,7 +54,7 @@ from pipeline.samples import (
     select,
 )
 from pipeline.train import train_task
-from solver.cliutil import clean_errors, file_option, folder_option, params_option
+from solver.cliutil import clean_errors, file_option, folder_option, run_params_option
 from solver.outputs import write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ def _append_timing(path: Path, entry: dict) -> None:
 
 
 @click.command("tune")
-@params_option
+@run_params_option
 @folder_option(
     "prepare", "data/prepare", "Folder written by `pal prepare`.", dest="prepare_dir"
 )

@@ -21,6 +21,10 @@ COMMANDS = {
         "solver.evaluate:cli",
         "Score the weights on every step's test shards; write metrics.",
     ),
+    "report": (
+        "solver.report:cli",
+        "Mean ± std over the protocol's runs, per variant: tables and plots.",
+    ),
 }
 
 
@@ -31,7 +35,7 @@ COMMANDS = {
 )
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
-    """PAL's analytic-learning solver: `solve` then `evaluate`.
+    """PAL's analytic-learning solver: `solve`, `evaluate`, then `report`.
 
     Reads the feature shards written by `pal extract` (DESIGN §3) and the
     `solve:` section of params.yaml. Needs only NumPy/SciPy, h5py and click

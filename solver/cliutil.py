@@ -7,11 +7,13 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
 from solver.errors import PalError
+from solver.params import Source
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,36 @@ def params_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(dir_okay=False),
         help="Params file to read the stage's section(s) from.",
     )(fn)
+
+
+def run_params_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--params FILE --run N --variant NAME`, passed on as one
+    `params_file: solver.params.Source` (the file as that run and ablation
+    variant see it)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["params_file"] = Source(
+            Path(kwargs.pop("params_file")), kwargs.pop("run"), kwargs.pop("variant")
+        )
+        return fn(*args, **kwargs)
+
+    wrapper = click.option(
+        "--variant",
+        metavar="NAME",
+        default=None,
+        help="Read the params as ablation variant NAME sees them: the keys "
+        "under ablation.NAME replace the sections' own.",
+    )(wrapper)
+    wrapper = click.option(
+        "--run",
+        metavar="N",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Read the params as run N of the protocol: N is added to each "
+        "seed protocol.vary names.",
+    )(wrapper)
+    return params_option(wrapper)
 
 
 def folder_option(

@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
-from solver.cliutil import clean_errors, folder_option, params_option
+from solver.cliutil import clean_errors, folder_option, run_params_option
 from solver.codes import Missing
 from solver.errors import ShardError
 from solver.metrics import Counts, summarize
@@ -312,18 +312,22 @@ def write_outputs(out_dir: Path, e: Evaluation) -> Path:
     multiple=True,
     metavar="PATH",
     help="Weights file from `solve`; repeat for several. A folder means all its "
-    "weights-eta*.h5 files (an η sweep). Default: data/solve/weights.h5, or "
-    "data/solve/weights-eta<η>.h5 for each η when solve.eta is a list.",
+    "weights-eta*.h5 files (an η sweep). Default: <solve>/weights.h5, or "
+    "<solve>/weights-eta<η>.h5 for each η when solve.eta is a list.",
+)
+@folder_option(
+    "solve", "data/solve", "Folder of solve's weights, read when --weights is not given."
 )
 @folder_option("out", "results", "Output folder for metrics, CSVs and the plot.")
 @click.option(
     "--device", metavar=metavar("device"), help="Backend for scoring [solve.device]."
 )
-@params_option
+@run_params_option
 @clean_errors
 def cli(
     features: str,
     weights: tuple[str, ...],
+    solve: str,
     out: str,
     params_file: str,
     device: str | None,
@@ -340,7 +344,7 @@ def cli(
     )
     if not weights:
         names = [weights_name(eta, params.is_sweep) for eta in params.etas]
-        weights = tuple(str(Path("data/solve") / name) for name in names)
+        weights = tuple(str(Path(solve) / name) for name in names)
     evaluate(
         features,
         [Path(w) for w in weights],

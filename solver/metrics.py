@@ -110,7 +110,8 @@ def metrics_from_matrix(
 
 
 def summarize(counts: Counts, digits: int = 6) -> dict[str, object]:
-    """The metrics dict: acc, fg, fg_diag, aia, last, matrix, acc_by_missing.
+    """The metrics dict: acc, fg, fg_diag, aia, last, matrix, step_accuracy
+    (pooled over seen tasks, per step), acc_by_missing.
 
     Floats are rounded to `digits` decimals so the JSON text is stable; a
     missing type without test samples gives None.
@@ -125,6 +126,7 @@ def summarize(counts: Counts, digits: int = 6) -> dict[str, object]:
         for key, value in metrics_from_matrix(matrix, counts.pooled()).items()
     }
     out["matrix"] = [[r(a) for a in row] for row in matrix]
+    out["step_accuracy"] = [r(a) for a in counts.pooled()]  # aia's terms
     out["acc_by_missing"] = {
         key: r(percent(counts.missing_correct[c], counts.missing_total[c]))
         for c, key in enumerate(MISSING_KEYS)

@@ -43,15 +43,90 @@ def read_params_file(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-def load_section(path: str | Path, section: str, cls: type[T]) -> T:
-    """Load `section` of the params file at `path` into the dataclass `cls`."""
-    raw = read_params_file(path)
+# protocol.vary names → the seed each one moves: run r adds r to it
+RUN_SEEDS = {
+    "class_order": ("data", "class_order_seed"),  # which classes form each task
+    "missing": ("data", "seed"),  # which samples lose a modality
+    "prompts": ("tune", "seed"),  # prompt init, batch order, patch order
+    "upsampling": ("solve", "seed"),  # the analytic classifier's W_up
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A params file as one run of the protocol and one ablation variant read it.
+
+    `run` r adds r to each seed that `protocol.vary` names (`RUN_SEEDS`);
+    `variant` overlays the section→keys mapping `ablation.<variant>`. Without
+    either, the file's sections as written. `os.fspath(source)` is the file.
+    """
+
+    path: Path
+    run: int | None = None
+    variant: str | None = None
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def args(self) -> list[str]:
+        """The command-line options that name this source again."""
+        out = ["--params", str(self.path)]
+        if self.run is not None:
+            out += ["--run", str(self.run)]
+        if self.variant is not None:
+            out += ["--variant", self.variant]
+        return out
+
+
+def _as_run(raw: dict[str, Any], source: Source) -> dict[str, Any]:
+    """The sections of `raw` as `source.run` and `source.variant` see them."""
+    path = source.path
+    raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    if source.variant is not None:
+        rows = raw.get("ablation")
+        if not isinstance(rows, Mapping) or source.variant not in rows:
+            known = ", ".join(sorted(rows)) if isinstance(rows, Mapping) else "none"
+            raise ParamsError(
+                f"{path}: unknown variant 'ablation.{source.variant}' (known: {known})"
+            )
+        for section, values in (rows[source.variant] or {}).items():
+            where = f"ablation.{source.variant}.{section}"
+            if section in ("protocol", "ablation") or not isinstance(values, Mapping):
+                raise ParamsError(
+                    f"{path}: {where} must be a mapping of keys of a stage's section"
+                )
+            raw.setdefault(section, {})
+            raw[section] = {**(raw[section] or {}), **values}
+    if source.run is not None:
+        protocol = section_from_mapping(
+            ProtocolParams, "protocol", raw.get("protocol", {})
+        )
+        for name in protocol.vary:
+            section, key = RUN_SEEDS[name]
+            if section in raw and isinstance(raw[section], Mapping):
+                values = dict(raw[section])
+                values[key] = values.get(key, 0) + source.run  # every seed: 0
+                raw[section] = values
+    return raw
+
+
+def load_section(path: str | Path | Source, section: str, cls: type[T]) -> T:
+    """Load `section` of the params file at `path` into the dataclass `cls`;
+    for a `Source`, as its run and variant see it."""
+    source = path if isinstance(path, Source) else Source(Path(path))
+    raw = read_params_file(source.path)
+    try:
+        raw = _as_run(raw, source)
+    except ParamsError as exc:
+        if str(exc).startswith(f"{source.path}:"):
+            raise
+        raise ParamsError(f"{source.path}: {exc}") from None
     if section not in raw:
-        raise ParamsError(f"{path}: missing section '{section}'")
+        raise ParamsError(f"{source.path}: missing section '{section}'")
     try:
         return section_from_mapping(cls, section, raw[section])
     except ParamsError as exc:
-        raise ParamsError(f"{path}: {exc}") from None
+        raise ParamsError(f"{source.path}: {exc}") from None
 
 
 def section_from_mapping(cls: type[T], section: str, raw: Any) -> T:
@@ -219,3 +294,27 @@ class SolveParams:
     def is_sweep(self) -> bool:
         """True when `eta` is a list: outputs are named per η."""
         return isinstance(self.eta, tuple)
+
+
+RunSeed = Literal["class_order", "missing", "prompts", "upsampling"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolParams:
+    """`protocol:` — the runs the results are averaged over (the paper: 3)."""
+
+    runs: tuple[int, ...] = (0, 1, 2)  # run ids r; run r adds r to each seed in vary
+    vary: tuple[RunSeed, ...] = ("class_order", "missing", "prompts", "upsampling")
+
+    def __post_init__(self) -> None:
+        check(len(self.runs) > 0, "protocol.runs", "must list at least one run")
+        check(
+            min(self.runs) >= 0 and len(set(self.runs)) == len(self.runs),
+            "protocol.runs",
+            f"must be distinct ids >= 0, got {list(self.runs)}",
+        )
+        check(
+            len(set(self.vary)) == len(self.vary),
+            "protocol.vary",
+            f"names a seed twice: {list(self.vary)}",
+        )

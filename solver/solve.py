@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
-from solver.cliutil import clean_errors, file_option, folder_option, params_option
+from solver.cliutil import clean_errors, file_option, folder_option, run_params_option
 from solver.errors import PalError
 from solver.options import apply_overrides, metavar
 from solver.params import SolveParams, load_section
@@ -255,7 +255,7 @@ def _save_state(
     "Write the solver state after the last step (G and Q, or R and W, with the "
     "weights so far): 8·d² bytes per d×d matrix.",
 )
-@params_option
+@run_params_option
 @clean_errors
 def cli(
     features: str,

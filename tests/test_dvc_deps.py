@@ -8,12 +8,18 @@ pipeline/ and solver/ (folders expanded to their .py files) must equal it.
 
 Params: the sections its code loads (`load(path, "tune")` and the like), each
 as the whole section, or key by key where run-only keys are left out
-(`solver.params.outcome_keys`).
+(`solver.params.outcome_keys`); with `--run`, also `protocol.vary` (the seeds a
+run moves), with `--variant NAME`, also `ablation.NAME` (the keys it changes).
+
+The stages are those DVC resolves from dvc.yaml and ablation/dvc.yaml (one
+per run and variant of a `matrix`/`foreach` stage).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,10 +31,10 @@ from pipeline import cli as pipeline_cli
 from pipeline.params import SECTIONS
 from pipeline.resume import ROOT, code_closure, imported_modules
 from solver import cli as solver_cli
-from solver.params import SolveParams, outcome_keys
+from solver.params import ProtocolParams, SolveParams, outcome_keys
 
 GROUPS = {"pal": pipeline_cli.COMMANDS, "pal-solver": solver_cli.COMMANDS}
-SECTION_CLASSES = {**SECTIONS, "solve": SolveParams}
+SECTION_CLASSES = {**SECTIONS, "solve": SolveParams, "protocol": ProtocolParams}
 CODE = ("pipeline/", "solver/")
 
 
@@ -84,6 +90,15 @@ def expected_params(sections: set[str]) -> set[str]:
     return keys
 
 
+def run_params(cmd: str) -> set[str]:
+    """The params a stage's --run and --variant options make it read."""
+    words = shlex.split(cmd)
+    keys = {"protocol.vary"} if "--run" in words else set()
+    if "--variant" in words:
+        keys.add(f"ablation.{words[words.index('--variant') + 1]}")
+    return keys
+
+
 def mismatches(spec: dict[str, Any], root: Path = ROOT) -> list[str]:
     """What is wrong with one stage's deps and params (empty: nothing)."""
     files = code_closure(stage_module(spec["cmd"]), root)
@@ -91,14 +106,32 @@ def mismatches(spec: dict[str, Any], root: Path = ROOT) -> list[str]:
     listed = declared_code(spec.get("deps", []), root)
     problems = [f"undeclared code dep {p}" for p in sorted(code - listed)]
     problems += [f"declared but not imported {p}" for p in sorted(listed - code)]
-    params = expected_params(loaded_sections(files))
+    params = expected_params(loaded_sections(files)) | run_params(spec["cmd"])
     declared = set(spec.get("params", []))
     problems += [f"undeclared params {p}" for p in sorted(params - declared)]
     problems += [f"declared params not read {p}" for p in sorted(declared - params)]
     return problems
 
 
-STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+def resolved_stages() -> dict[str, dict[str, Any]]:
+    """Every stage of both pipelines as DVC resolves it: cmd, deps, params."""
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    stages = {}
+    with Repo(str(ROOT)) as repo:
+        for stage in repo.index.stages:
+            params = [d for d in stage.deps if isinstance(d, ParamsDependency)]
+            stages[stage.addressing] = {
+                "cmd": stage.cmd,
+                "deps": [d.def_path for d in stage.deps if d not in params],
+                "params": [k for d in params for k in d.params],
+            }
+    return stages
+
+
+STAGES = resolved_stages()
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
@@ -132,11 +165,17 @@ def test_an_undeclared_import_is_caught(tmp_path: Path) -> None:
 
 
 def test_an_undeclared_params_section_is_caught() -> None:
-    spec = dict(STAGES["tune"], params=["model", "prompt"])
+    spec = dict(STAGES["tune@pal-0"], params=["model", "prompt"])
     problems = mismatches(spec)
     assert "undeclared params tune.lr" in problems
-    assert all(p.startswith("undeclared params tune.") for p in problems)
+    assert all(
+        p.startswith(("undeclared params tune.", "undeclared params protocol.vary"))
+        or p == "undeclared params ablation.pal"
+        for p in problems
+    )
     assert "undeclared params tune.num_workers" not in problems  # run-only
+    assert "undeclared params protocol.vary" in problems  # pal tune --run
+    assert "undeclared params ablation.pal" in problems  # pal tune --variant pal
 
 
 def test_closure_follows_imports_inside_functions_and_packages() -> None:

@@ -95,6 +95,7 @@ def test_solve_and_evaluate_write_their_files(run):
         "aia",
         "last",
         "matrix",
+        "step_accuracy",
         "acc_by_missing",
         "bp",
     }

@@ -175,7 +175,11 @@ def test_stale_steps_of_a_longer_run_are_removed(tuned, tmp_path):
             r"^Error: prompt\.pool_size 2 is smaller than the number of tasks "
             r"\(3\): each task needs ≥ 1 component$",
         ),
-        ("tune", {"epochs": 0}, r"^Error: .*p\.yaml: tune\.epochs must be > 0, got 0$"),
+        (
+            "tune",
+            {"epochs": -1},
+            r"^Error: .*p\.yaml: tune\.epochs must be >= 0, got -1$",
+        ),
     ],
 )
 def test_bad_input_is_one_line(

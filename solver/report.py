@@ -1,0 +1,364 @@
+"""`pal-solver report`: the protocol's runs and variants as one table.
+
+Reads each evaluated run, `<evaluations>/<variant>/<run>/metrics.json`, for the
+runs `protocol.runs` lists and the variants given, and writes (DESIGN §8):
+
+- metrics.json: per row, the mean, sample std (ddof 1) and per-run values of
+  acc, fg, fg_diag, aia, last and the accuracy by missing type;
+- table.md, table.csv: the rows as "mean ± std";
+- step_accuracy.csv, step_accuracy.png: accuracy over seen tasks after each
+  step, mean and std per row (the plot shades mean ± std);
+- accuracy_matrix.csv, accuracy_matrix.png: PAL's mean accuracy matrix.
+
+Rows: each variant's analytic classifier, and for `pal` also its BP head
+("w/o AL module"). Same inputs, same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from solver.cliutil import clean_errors, folder_option, params_option
+from solver.errors import PalError
+from solver.outputs import write_bytes_atomic
+from solver.params import ProtocolParams, load_section
+
+log = logging.getLogger(__name__)
+
+# row name → label; the BP head of PAL is the row `bp`
+LABELS = {
+    "pal": "PAL (prompts + AL)",
+    "bp": "w/o AL module (BP head)",
+    "init": "prompts at init, never trained + AL",
+    "frozen": "w/o prompt module (ACIL on frozen features)",
+    "no_recon": "w/o reconstruction loss (λ = 0)",
+    "shared": "shared pool",
+    "vector": "prompt vector",
+    "input": "input-position prompts",
+}
+SCALARS = ("acc", "fg", "fg_diag", "aia", "last")
+MISSING = ("complete", "image_missing", "text_missing")
+COLUMNS = {
+    "acc": "Acc",
+    "fg": "FG",
+    "fg_diag": "FG_diag",
+    "aia": "AIA",
+    "last": "Last",
+    "complete": "complete",
+    "image_missing": "image missing",
+    "text_missing": "text missing",
+}
+SEED_WORDS = {
+    "class_order": "class order",
+    "missing": "missing tables",
+    "prompts": "prompt init and batch order",
+    "upsampling": "up-sampling",
+}
+
+
+class ReportError(PalError):
+    """A run's metrics are absent or not what `pal-solver evaluate` writes."""
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (ddof 1; None for one value)."""
+    n = len(values)
+    mean = math.fsum(values) / n
+    if n < 2:
+        return mean, None
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def read_runs(
+    evaluations: Path, variant: str, runs: Sequence[int]
+) -> list[dict[str, Any]]:
+    """The metrics.json of each run of `variant`, in the order of `runs`."""
+    out = []
+    for run in runs:
+        path = evaluations / variant / str(run) / "metrics.json"
+        try:
+            m = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ReportError(f"{path}: not found (run {run} not evaluated)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ReportError(f"{path}: not valid JSON") from None
+        missing = [k for k in (*SCALARS, "matrix", "step_accuracy") if k not in m]
+        if missing:
+            raise ReportError(f"{path}: no '{missing[0]}' (not evaluate's metrics)")
+        out.append(m)
+    return out
+
+
+def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Mean, std and per-run values of each metric over the runs of one row."""
+    row: dict[str, Any] = {}
+    for key in SCALARS:
+        values = [float(m[key]) for m in per_run]
+        mean, std = mean_std(values)
+        row[key] = {"mean": _round(mean), "std": _round(std), "runs": values}
+    by_missing = {}
+    for key in MISSING:
+        values = [
+            float(m["acc_by_missing"][key])
+            for m in per_run
+            if m.get("acc_by_missing", {}).get(key) is not None
+        ]
+        if len(values) == len(per_run):
+            mean, std = mean_std(values)
+            by_missing[key] = {"mean": _round(mean), "std": _round(std), "runs": values}
+    row["acc_by_missing"] = by_missing
+    steps = [m["step_accuracy"] for m in per_run]
+    if len({len(s) for s in steps}) != 1:
+        raise ReportError("the runs of one row have different numbers of steps")
+    row["step_accuracy"] = [
+        {"mean": _round(mean), "std": _round(std)}
+        for mean, std in (mean_std(col) for col in zip(*steps, strict=True))
+    ]
+    row["matrix"] = [
+        [
+            _round(math.fsum(m["matrix"][k][i] for m in per_run) / len(per_run))
+            for i in range(len(per_run[0]["matrix"][k]))
+        ]
+        for k in range(len(per_run[0]["matrix"]))
+    ]
+    return row
+
+
+def build(
+    evaluations: Path, variants: Sequence[str], protocol: ProtocolParams
+) -> dict[str, Any]:
+    """The report's content: runs, which seeds vary, and one entry per row."""
+    rows: dict[str, Any] = {}
+    for variant in variants:
+        per_run = read_runs(evaluations, variant, protocol.runs)
+        rows[variant] = aggregate(per_run)
+        if variant == "pal" and all(m.get("bp") for m in per_run):
+            rows["bp"] = aggregate([m["bp"] for m in per_run])
+    return {"runs": list(protocol.runs), "vary": list(protocol.vary), "rows": rows}
+
+
+def _cell(stat: dict[str, Any] | None) -> str:
+    if stat is None:
+        return ""
+    if stat["std"] is None:
+        return f"{stat['mean']:.2f}"
+    return f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    cells = [_cell(row[k]) for k in SCALARS]
+    return cells + [_cell(row["acc_by_missing"].get(k)) for k in MISSING]
+
+
+def caption(report: dict[str, Any]) -> str:
+    """Which runs the table averages and which seeds differ between them."""
+    runs = ", ".join(str(r) for r in report["runs"])
+    n = len(report["runs"])
+    varied = [SEED_WORDS[v] for v in report["vary"]]
+    seeds = (
+        f"run r adds r to the seeds of: {', '.join(varied)}"
+        if varied
+        else "no seed differs between runs"
+    )
+    spread = "mean ± sample std" if n > 1 else "one run, no spread"
+    return f"{spread} over {n} run{'s' * (n > 1)} ({runs}); {seeds}."
+
+
+def table_md(report: dict[str, Any]) -> str:
+    """The rows as a Markdown table, accuracies in %."""
+    header = ["", *COLUMNS.values()]
+    lines = [
+        f"Accuracy (%) of each variant, {caption(report)}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for name, row in report["rows"].items():
+        lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(_cells(row)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table_csv(report: dict[str, Any]) -> str:
+    """One line per row: name, then mean and std of each column."""
+    cols = [f"{k}_{s}" for k in COLUMNS for s in ("mean", "std")]
+    lines = ["row," + ",".join(cols)]
+    for name, row in report["rows"].items():
+        stats = [row[k] for k in SCALARS]
+        stats += [row["acc_by_missing"].get(k) for k in MISSING]
+        cells = []
+        for stat in stats:
+            for s in ("mean", "std"):
+                value = None if stat is None else stat[s]
+                cells.append("" if value is None else f"{value:.4f}")
+        lines.append(f"{name}," + ",".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def steps_csv(report: dict[str, Any]) -> str:
+    """step, then <row>_mean and <row>_std for each row."""
+    rows = report["rows"]
+    names = list(rows)
+    lines = ["step," + ",".join(f"{n}_{s}" for n in names for s in ("mean", "std"))]
+    n_steps = len(next(iter(rows.values()))["step_accuracy"])
+    for k in range(n_steps):
+        cells = []
+        for n in names:
+            stat = rows[n]["step_accuracy"][k]
+            cells.append(f"{stat['mean']:.4f}")
+            cells.append("" if stat["std"] is None else f"{stat['std']:.4f}")
+        lines.append(f"{k + 1}," + ",".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def matrix_csv(matrix: list[list[float]]) -> str:
+    """Rows = steps, columns = tasks; cells after the diagonal are empty."""
+    K = len(matrix)
+    lines = ["step," + ",".join(f"task_{i:02d}" for i in range(1, K + 1))]
+    for k, row in enumerate(matrix, start=1):
+        cells = [f"{a:.4f}" for a in row] + [""] * (K - len(row))
+        lines.append(f"{k}," + ",".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def steps_png(report: dict[str, Any]) -> bytes:
+    """Mean accuracy over seen tasks per step, each row shaded mean ± std."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, row in report["rows"].items():
+        stats = row["step_accuracy"]
+        steps = list(range(1, len(stats) + 1))
+        mean = [s["mean"] for s in stats]
+        (line,) = ax.plot(steps, mean, marker="o", label=LABELS.get(name, name))
+        if all(s["std"] is not None for s in stats):
+            lo = [s["mean"] - s["std"] for s in stats]
+            hi = [s["mean"] + s["std"] for s in stats]
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("step")
+    ax.set_ylabel("accuracy over seen tasks (%)")
+    ax.set_xticks(steps)
+    ax.set_ylim(0, 102)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(caption(report), fontsize=7, wrap=True)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def matrix_png(matrix: list[list[float]], title: str) -> bytes:
+    """The accuracy matrix (step × task) as an annotated heatmap."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    K = len(matrix)
+    grid = np.full((K, K), np.nan)
+    for k, row in enumerate(matrix):
+        grid[k, : len(row)] = row
+    fig = Figure(figsize=(5, 4.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis")
+    for k, row in enumerate(matrix):
+        for i, a in enumerate(row):
+            ax.text(i, k, f"{a:.0f}", ha="center", va="center", fontsize=8, color="w")
+    ax.set_xticks(range(K), [str(i) for i in range(1, K + 1)])
+    ax.set_yticks(range(K), [str(k) for k in range(1, K + 1)])
+    ax.set_xlabel("task")
+    ax.set_ylabel("after step")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def write_report(out_dir: Path, report: dict[str, Any]) -> None:
+    """Make every file's bytes first, then rename each into place."""
+    metrics = {
+        "runs": report["runs"],
+        "vary": report["vary"],
+        **{
+            name: {k: v for k, v in row.items() if k != "matrix"}
+            for name, row in report["rows"].items()
+        },
+    }
+    first = next(iter(report["rows"]))
+    files = {
+        "metrics.json": (json.dumps(metrics, sort_keys=True, indent=2) + "\n"),
+        "table.md": table_md(report),
+        "table.csv": table_csv(report),
+        "step_accuracy.csv": steps_csv(report),
+        "accuracy_matrix.csv": matrix_csv(report["rows"][first]["matrix"]),
+    }
+    data = {name: text.encode() for name, text in files.items()}
+    try:
+        data["step_accuracy.png"] = steps_png(report)
+        title = f"{LABELS.get(first, first)}: mean over {len(report['runs'])} runs"
+        data["accuracy_matrix.png"] = matrix_png(report["rows"][first]["matrix"], title)
+    except ImportError:
+        log.warning("report: matplotlib missing, the plots are not written")
+    for name, blob in data.items():
+        write_bytes_atomic(out_dir / name, blob)
+
+
+@click.command("report")
+@folder_option(
+    "evaluations",
+    "data/evaluate",
+    "Folder of evaluated runs: <variant>/<run>/metrics.json.",
+)
+@click.option(
+    "--variants",
+    default="pal",
+    show_default=True,
+    metavar="NAME[,NAME…]",
+    help="Variants (rows of params `ablation`) to report, in table order; "
+    "pal also adds its BP head as the row 'w/o AL module'.",
+)
+@folder_option("out", "results", "Output folder for the tables and plots.")
+@params_option
+@clean_errors
+def cli(evaluations: str, variants: str, out: str, params_file: str) -> None:
+    """Mean ± std over the protocol's runs, per variant: tables and plots.
+
+    Reads the runs listed in protocol.runs of each variant's evaluations and
+    writes metrics.json, table.md, table.csv, step_accuracy.csv/.png and
+    accuracy_matrix.csv/.png (the first variant's mean matrix) into OUT.
+    """
+    protocol = load_section(params_file, "protocol", ProtocolParams)
+    names = [v.strip() for v in variants.split(",") if v.strip()]
+    if not names:
+        raise ReportError("--variants: name at least one variant")
+    report = build(Path(evaluations), names, protocol)
+    write_report(Path(out), report)
+    pal = report["rows"][names[0]]["acc"]
+    log.info(
+        "report: %d rows over %d runs in %s; %s Acc %s",
+        len(report["rows"]),
+        len(protocol.runs),
+        out,
+        names[0],
+        _cell(pal),
+    )
