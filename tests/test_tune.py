@@ -259,3 +259,29 @@ def test_cuda_graph_tuning_matches_eager_tuning(tmp_path, tiny_vilt, tiny_prepar
     assert state_e.keys() == state_g.keys()
     for key, value in state_e.items():
         torch.testing.assert_close(state_g[key], value, rtol=0, atol=2e-2)
+
+
+def test_zero_epochs_keep_prompts_and_head_at_their_init(
+    tmp_path, tiny_vilt, tiny_prepare
+):
+    """The "never trained" ablation (tune.epochs 0): step k holds exactly the
+    model that k calls of add_task with tune's per-task seeds build."""
+    from pipeline.backbone import load_backbone
+    from pipeline.model import PalModel
+    from pipeline.samples import read_prepare
+    from pipeline.train import task_seed
+
+    params = write_params(tmp_path / "p.yaml", tiny_vilt, tune={"epochs": 0, "seed": 3})
+    _run(params, tiny_prepare, tmp_path / "tune")
+    assert (tmp_path / "tune" / "log.jsonl").read_text() == ""
+    _, tasks = read_prepare(tiny_prepare)
+    backbone = load_backbone(str(tiny_vilt), 12)
+    model = PalModel(backbone, pparams.load(params, "prompt"), tasks.classes_per_task)
+    for k in (1, 2, 3):
+        torch.manual_seed(task_seed(3, k))
+        model.add_task(torch.Generator().manual_seed(task_seed(3, k)))
+        state = load_checkpoint(checkpoint_path(tmp_path / "tune", k))["state"]
+        expected = model.tuned_state()
+        assert sorted(state) == sorted(expected)
+        for key, value in expected.items():
+            assert torch.equal(state[key], value), key

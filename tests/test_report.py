@@ -1,0 +1,209 @@
+"""`pal-solver report`: mean ± std over hand-built runs, its files and errors;
+and how a run and an ablation variant read the params (`solver.params.Source`)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from solver.cli import main
+from solver.errors import ParamsError
+from solver.params import ProtocolParams, SolveParams, Source, load_section
+from solver.report import build, mean_std, table_md, write_report
+
+
+def metrics(acc: float, *, bp: dict | None = None) -> dict:
+    """A metrics.json of 2 steps whose numbers all follow from `acc`."""
+    m = {
+        "acc": acc,
+        "fg": acc / 10,
+        "fg_diag": acc / 20,
+        "aia": acc + 1,
+        "last": acc - 1,
+        "matrix": [[acc + 2], [acc + 1, acc - 1]],
+        "step_accuracy": [acc + 2, acc],
+        "acc_by_missing": {
+            "complete": acc + 5,
+            "image_missing": acc - 5,
+            "text_missing": None if acc < 0 else acc - 3,
+        },
+    }
+    if bp is not None:
+        m["bp"] = bp
+    return m
+
+
+def write_runs(root: Path, variant: str, accs: list[float], with_bp=False) -> None:
+    for run, acc in enumerate(accs):
+        folder = root / variant / str(run)
+        folder.mkdir(parents=True)
+        bp = metrics(acc / 2) if with_bp else None
+        (folder / "metrics.json").write_text(json.dumps(metrics(acc, bp=bp)))
+
+
+@pytest.fixture
+def evaluations(tmp_path: Path) -> Path:
+    root = tmp_path / "evaluate"
+    write_runs(root, "pal", [60.0, 62.0, 67.0], with_bp=True)
+    write_runs(root, "frozen", [50.0, 50.0, 50.0])
+    return root
+
+
+def test_mean_and_sample_std_in_closed_form() -> None:
+    assert mean_std([60.0, 62.0, 67.0]) == pytest.approx((63.0, math.sqrt(13.0)))
+    assert mean_std([5.0]) == (5.0, None)  # one run: no spread
+
+
+def test_report_rows_means_and_stds(evaluations: Path) -> None:
+    report = build(evaluations, ["pal", "frozen"], ProtocolParams(runs=(0, 1, 2)))
+    assert list(report["rows"]) == ["pal", "bp", "frozen"]  # bp: PAL's BP head
+    pal, bp, frozen = (report["rows"][k] for k in ("pal", "bp", "frozen"))
+    assert pal["acc"] == {
+        "mean": 63.0,
+        "std": round(math.sqrt(13.0), 6),
+        "runs": [60.0, 62.0, 67.0],
+    }
+    assert pal["fg"]["mean"] == pytest.approx(6.3)
+    assert bp["acc"]["mean"] == 31.5 and bp["acc"]["std"] == round(math.sqrt(13) / 2, 6)
+    assert frozen["last"] == {"mean": 49.0, "std": 0.0, "runs": [49.0] * 3}
+    assert pal["step_accuracy"] == [
+        {"mean": 65.0, "std": round(math.sqrt(13.0), 6)},
+        {"mean": 63.0, "std": round(math.sqrt(13.0), 6)},
+    ]
+    assert pal["matrix"] == [[65.0], [64.0, 62.0]]
+    assert pal["acc_by_missing"]["image_missing"]["mean"] == 58.0
+
+
+def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
+    report = build(evaluations, ["pal", "frozen"], ProtocolParams(runs=(0, 1, 2)))
+    out = tmp_path / "results"
+    write_report(out, report)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "accuracy_matrix.csv",
+        "accuracy_matrix.png",
+        "metrics.json",
+        "step_accuracy.csv",
+        "step_accuracy.png",
+        "table.csv",
+        "table.md",
+    ]
+    lines = (out / "table.md").read_text().splitlines()
+    assert lines[0] == (
+        "Accuracy (%) of each variant, mean ± sample std over 3 runs (0, 1, 2); "
+        "run r adds r to the seeds of: class order, missing tables, prompt init "
+        "and batch order, up-sampling."
+    )
+    assert lines[4] == (
+        "| PAL (prompts + AL) | 63.00 ± 3.61 | 6.30 ± 0.36 | 3.15 ± 0.18 | "
+        "64.00 ± 3.61 | 62.00 ± 3.61 | 68.00 ± 3.61 | 58.00 ± 3.61 | 60.00 ± 3.61 |"
+    )
+    assert lines[6].startswith(
+        "| w/o prompt module (ACIL on frozen features) | 50.00 ± 0.00 |"
+    )
+    csv = (out / "step_accuracy.csv").read_text().splitlines()
+    assert csv[0] == "step,pal_mean,pal_std,bp_mean,bp_std,frozen_mean,frozen_std"
+    assert csv[2] == "2,63.0000,3.6056,31.5000,1.8028,50.0000,0.0000"
+    assert (out / "accuracy_matrix.csv").read_text() == (
+        "step,task_01,task_02\n1,65.0000,\n2,64.0000,62.0000\n"
+    )
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["runs"] == [0, 1, 2] and m["pal"]["acc"]["mean"] == 63.0
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    write_report(out, report)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first  # same bytes
+
+
+def test_one_run_has_no_spread(evaluations: Path) -> None:
+    report = build(evaluations, ["frozen"], ProtocolParams(runs=(1,)))
+    assert report["rows"]["frozen"]["acc"] == {
+        "mean": 50.0,
+        "std": None,
+        "runs": [50.0],
+    }
+    assert "one run, no spread over 1 run (1)" in table_md(report)
+
+
+def test_cli_writes_the_report_and_names_a_missing_run(
+    evaluations: Path, tmp_path: Path
+) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"protocol": {"runs": [0, 1, 2, 3]}}))
+    args = ["report", "--evaluations", str(evaluations), "--variants", "pal,frozen"]
+    args += ["--out", str(tmp_path / "out"), "--params", str(params)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    missing = evaluations / "pal" / "3" / "metrics.json"
+    assert result.output == f"Error: {missing}: not found (run 3 not evaluated)\n"
+    assert not (tmp_path / "out").exists()  # nothing half-written
+    params.write_text(yaml.safe_dump({"protocol": {"runs": [0, 1, 2]}}))
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "table.md").is_file()
+
+
+# ------------------------------------------------ runs and variants of params
+
+
+def write(tmp_path: Path, **sections) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(sections))
+    return path
+
+
+def test_a_run_adds_its_index_to_the_seeds_it_varies(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        solve={"seed": 5, "width": 64},
+        protocol={"runs": [0, 1, 2], "vary": ["upsampling"]},
+    )
+    assert load_section(path, "solve", SolveParams).seed == 5
+    assert load_section(Source(path, run=2), "solve", SolveParams).seed == 7
+    path = write(tmp_path, solve={"seed": 5}, protocol={"vary": []})
+    assert load_section(Source(path, run=2), "solve", SolveParams).seed == 5
+
+
+def test_a_variant_overlays_its_keys(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        solve={"seed": 0, "width": 64},
+        ablation={"pal": {}, "wide": {"solve": {"width": 128}}},
+    )
+    wide = load_section(Source(path, run=1, variant="wide"), "solve", SolveParams)
+    assert (wide.width, wide.seed) == (128, 1)  # all four seeds vary by default
+    pal = load_section(Source(path, variant="pal"), "solve", SolveParams)
+    assert (pal.width, pal.seed) == (64, 0)
+    with pytest.raises(ParamsError) as err:
+        load_section(Source(path, variant="tall"), "solve", SolveParams)
+    assert str(err.value) == (
+        f"{path}: unknown variant 'ablation.tall' (known: pal, wide)"
+    )
+    path = write(tmp_path, solve={}, ablation={"bad": {"solve": {"width": 0}}})
+    with pytest.raises(ParamsError, match=r"solve\.width must be > 0, got 0$"):
+        load_section(Source(path, variant="bad"), "solve", SolveParams)
+
+
+def test_protocol_params_are_checked(tmp_path: Path) -> None:
+    path = write(tmp_path, solve={}, protocol={"runs": [0, 0]})
+    with pytest.raises(ParamsError) as err:
+        load_section(Source(path, run=1), "solve", SolveParams)
+    assert str(err.value) == (
+        f"{path}: protocol.runs must be distinct ids >= 0, got [0, 0]"
+    )
+    path = write(tmp_path, protocol={"vary": ["weather"]})
+    with pytest.raises(ParamsError, match=r"protocol\.vary\[0\] must be one of"):
+        load_section(path, "protocol", ProtocolParams)
+
+
+def test_source_options_round_trip() -> None:
+    assert Source(Path("p.yaml"), 2, "init").args() == [
+        "--params",
+        "p.yaml",
+        "--run",
+        "2",
+        "--variant",
+        "init",
+    ]
+    assert Source(Path("p.yaml")).args() == ["--params", "p.yaml"]
