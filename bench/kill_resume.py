@@ -44,13 +44,14 @@ PARAMS = {
     "prompt": {**TINY["prompt"], "pool_size": 5},
     "extract": {"batch_size": 4, "device": "cpu"},
     "solve": {"eta": 1.0, "width": 6144, "seed": 0, "method": "gram", "device": "cpu"},
+    "protocol": {"runs": [0]},  # one run: the kills land in run 0 of PAL
 }
 
 # when to kill: a file that appears once step 2 is finished, or seconds after
 # the stage starts
 KILL_AT = {
-    "tune": "data/tune.partial/step_02.pt",
-    "extract": "data/extract.partial/step_02/test.h5",
+    "tune": "data/tune/pal/0.partial/step_02.pt",
+    "extract": "data/extract/pal/0.partial/step_02/test.h5",
     "solve": 2.5,
 }
 RESUMED = {"tune": "reusing steps 1-2 ", "extract": "reused steps 1,2 "}
@@ -70,7 +71,7 @@ def repro(path: Path, env: dict[str, str], kill_in: str | None = None) -> str:
         )
         if kill_in is not None:
             at = KILL_AT[kill_in]
-            marker = f"Running stage '{kill_in}'"
+            marker = f"Running stage '{kill_in}@pal-0'"
             while proc.poll() is None and marker not in log.read_text():
                 time.sleep(0.05)
             if isinstance(at, str):

@@ -1,5 +1,6 @@
 """The paper's run rehearsed: a UPMC-Food101-shaped tree, a ViLT in the hub's
-layout, the food101 preset, `dvc repro evaluate`, per-stage figures.
+layout, the food101 preset, `dvc repro evaluate@pal-0` (one run of PAL),
+per-stage figures.
 
 In a scratch copy of the project it builds
 
@@ -14,7 +15,7 @@ In a scratch copy of the project it builds
 
 installs configs/food101.yaml as params.yaml with only the scale knobs changed
 (dataset size, backbone path, `tune.epochs`, `solve.width`, the device and the
-loader workers this machine has), runs `dvc repro evaluate`, and prints per
+loader workers this machine has), runs `dvc repro evaluate@pal-0`, and prints per
 stage: wall time, samples/s, the share of graphed steps, the GPU memory peak
 and the time spent waiting for data; then projects the full Food101 and
 N24News runs from the measured per-sample rates.
@@ -116,6 +117,7 @@ def main() -> None:
     params["tune"].update(epochs=a.epochs, device=a.device, num_workers=tune_workers)
     params["extract"].update(device=a.device, num_workers=workers)
     params["solve"].update(width=a.width, device=a.device)
+    params["protocol"] = {"runs": [0]}
     env = make_scratch_project(work, params)
     photos = make_tree(work / "data/raw/food101", a.classes, a.train, a.test)
     make_backbone(work / "models/vilt-b32-mlm", a.config)
@@ -126,7 +128,7 @@ def main() -> None:
     starts: dict[str, float] = {}
     lines: list[str] = []
     proc = subprocess.Popen(
-        [str(BIN / "dvc"), "repro", "evaluate"], cwd=work, env=env,
+        [str(BIN / "dvc"), "repro", "evaluate@pal-0"], cwd=work, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -144,7 +146,7 @@ def main() -> None:
         for i, s in enumerate(names)
     }
     text = "".join(lines)
-    samples = [json.loads(x) for x in (work / "data/prepare/samples.jsonl").open()]
+    samples = [json.loads(x) for x in (work / "data/prepare/0/samples.jsonl").open()]
     n_train = sum(s["split"] == "train" for s in samples)
     tasks = params["data"]["tasks"]
     n_test = sum(s["split"] == "test" for s in samples)

@@ -214,9 +214,16 @@ def _weights_for(
 @click.command("predict")
 @click.argument("input_file", metavar="INPUT", type=click.Path(dir_okay=False))
 @params_option
-@folder_option("tune", "data/tune", "Folder written by `pal tune`.", dest="tune_dir")
+@folder_option(
+    "tune",
+    "data/tune/pal/0",
+    "Folder written by `pal tune` (default: run 0 of PAL in the pipeline).",
+    dest="tune_dir",
+)
 @file_option(
-    "weights", "data/solve/weights.h5", "Weights file written by `pal-solver solve`."
+    "weights",
+    "data/solve/pal/0/weights.h5",
+    "Weights file written by `pal-solver solve` (default: run 0 of PAL).",
 )
 @click.option(
     "--step",

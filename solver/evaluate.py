@@ -316,7 +316,9 @@ def write_outputs(out_dir: Path, e: Evaluation) -> Path:
     "<solve>/weights-eta<η>.h5 for each η when solve.eta is a list.",
 )
 @folder_option(
-    "solve", "data/solve", "Folder of solve's weights, read when --weights is not given."
+    "solve",
+    "data/solve",
+    "Folder of solve's weights, read when --weights is not given.",
 )
 @folder_option("out", "results", "Output folder for metrics, CSVs and the plot.")
 @click.option(

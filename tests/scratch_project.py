@@ -41,6 +41,7 @@ TINY: dict[str, dict[str, Any]] = {
     "tune": {"epochs": 1, "batch_size": 4, "device": "cpu"},
     "extract": {"batch_size": 16, "device": "cpu"},
     "solve": {"eta": 1.0, "width": 256, "seed": 0, "method": "gram", "device": "cpu"},
+    "protocol": {"runs": [0, 1]},
 }
 
 
@@ -65,11 +66,14 @@ def complete_params(params: dict[str, Any]) -> dict[str, Any]:
     """`params` with every key of each section present (defaults filled in):
     dvc.yaml declares some sections key by key, and DVC requires those keys."""
     from pipeline.params import SECTIONS
-    from solver.params import SolveParams
+    from solver.params import ProtocolParams, SolveParams
 
-    classes = {**SECTIONS, "solve": SolveParams}
+    classes = {**SECTIONS, "solve": SolveParams, "protocol": ProtocolParams}
     full = {}
     for section, values in params.items():
+        if section not in classes:  # ablation: variants as written
+            full[section] = values
+            continue
         defaults = dataclasses.asdict(classes[section]())
         merged = {**defaults, **values}
         full[section] = {
@@ -100,6 +104,8 @@ def make_scratch_project(dst: Path, params: dict[str, Any]) -> dict[str, str]:
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
+    variants = yaml.safe_load((ROOT / "params.yaml").read_text())["ablation"]
+    params = {"ablation": variants, **params}  # the project's variants by default
     (dst / "params.yaml").write_text(
         yaml.safe_dump(complete_params(params), sort_keys=False)
     )

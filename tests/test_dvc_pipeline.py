@@ -1,12 +1,14 @@
 """The DVC pipeline end to end, with real `dvc` in a temporary git repository.
 
-A copy of the project (code, dvc.yaml) with tiny params runs `dvc repro`; then
-a change to `solve.eta` must rerun only `solve` and `evaluate`, reusing the
-cached features, and a second `dvc repro` must do nothing.
+A copy of the project (code, dvc.yaml) with tiny params and 2 runs runs `dvc
+repro`; then a change to `solve.eta` must rerun only `solve` and `evaluate` of
+every run and variant and `report`, reusing the cached features, and a second
+`dvc repro` must do nothing.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,9 +17,11 @@ import pytest
 import yaml
 from scratch_project import BIN, TINY, make_scratch_project
 
-pytestmark = pytest.mark.slow  # a real `dvc repro` of every stage: about 1.5 minutes
+pytestmark = pytest.mark.slow  # a real `dvc repro` of every stage: about 3 minutes
 
-STAGES = ("demo", "prepare", "tune", "extract", "solve", "evaluate")
+STAGES = ("demo", "prepare", "tune", "extract", "solve", "evaluate", "report")
+RUNS = (0, 1)
+VARIANTS = ("pal", "init", "frozen")
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
@@ -28,7 +32,12 @@ def _run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
 
 
 def _ran(output: str) -> set[str]:
-    return {s for s in STAGES if f"Running stage '{s}'" in output}
+    """Stage names without their @run/variant, of the stages that ran."""
+    return {
+        s
+        for s in STAGES
+        if f"Running stage '{s}'" in output or f"Running stage '{s}@" in output
+    }
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +55,25 @@ def test_repro_writes_results(repo: tuple[Path, dict[str, str]]) -> None:
     path, _ = repo
     for name in (
         "metrics.json",
+        "table.md",
+        "table.csv",
         "accuracy_matrix.csv",
+        "accuracy_matrix.png",
         "step_accuracy.csv",
         "step_accuracy.png",
     ):
         assert (path / "results" / name).stat().st_size > 0, name
-    for step in ("step_01", "step_02"):
-        assert (path / "data/extract" / step / "train.h5").is_file()
-    assert (path / "data/solve/weights.h5").is_file()
+    for variant in VARIANTS:
+        for run in RUNS:
+            for step in ("step_01", "step_02"):
+                assert (
+                    path / f"data/extract/{variant}/{run}/{step}/train.h5"
+                ).is_file()
+            assert (path / f"data/solve/{variant}/{run}/weights.h5").is_file()
+    metrics = json.loads((path / "results/metrics.json").read_text())
+    assert metrics["runs"] == list(RUNS)
+    assert set(metrics) == {"runs", "vary", "pal", "bp", "init", "frozen"}
+    assert len(metrics["pal"]["acc"]["runs"]) == len(RUNS)
 
 
 def test_second_repro_runs_nothing(repo: tuple[Path, dict[str, str]]) -> None:
@@ -72,18 +92,25 @@ def test_eta_change_reruns_only_the_analytic_stages(
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     status = _run([str(BIN / "dvc"), "status"], path, env)
-    # stage names are the unindented "name:" lines of `dvc status`
+    # stage names are the unindented "name:" lines of `dvc status`; the
+    # ablation pipeline (ablation/dvc.yaml: …) has never run here
     changed = {
         line[:-1]
         for line in status.splitlines()
-        if line.endswith(":") and not line[:1].isspace()
+        if line.endswith(":")
+        and not line[:1].isspace()
+        and not line.startswith("ablation/")
     }
-    assert changed <= {"solve", "evaluate"} and "solve" in changed, status
+    analytic = {
+        f"{s}@{v}-{r}" for s in ("solve", "evaluate") for v in VARIANTS for r in RUNS
+    }
+    assert changed == analytic, status  # report follows once their outputs change
 
-    before = (path / "data/extract/step_01/train.h5").read_bytes()
+    before = (path / "data/extract/pal/1/step_01/train.h5").read_bytes()
     out = _run([str(BIN / "dvc"), "repro"], path, env)
-    assert _ran(out) == {"solve", "evaluate"}, out
-    assert (path / "data/extract/step_01/train.h5").read_bytes() == before
+    assert _ran(out) == {"solve", "evaluate", "report"}, out
+    assert out.count("Running stage 'solve@") == len(VARIANTS) * len(RUNS), out
+    assert (path / "data/extract/pal/1/step_01/train.h5").read_bytes() == before
 
 
 def test_queued_grid_reuses_cached_features(repo: tuple[Path, dict[str, str]]) -> None:
@@ -99,15 +126,13 @@ def test_queued_grid_reuses_cached_features(repo: tuple[Path, dict[str, str]]) -
             "--queue",
             "-S",
             "solve.eta=0.5,2",
-            "-S",
-            "solve.width=128,256",
         ],
         path,
         env,
     )
     out = _run([dvc, "exp", "run", "--run-all"], path, env)
-    assert out.count("Running stage 'solve'") == 4, out
-    assert "Running stage 'extract'" not in out and "Running stage 'tune'" not in out
+    assert out.count("Running stage 'solve@") == 2 * len(VARIANTS) * len(RUNS), out
+    assert _ran(out) == {"solve", "evaluate", "report"}, out
     table = _run(
         [
             dvc,
@@ -117,17 +142,17 @@ def test_queued_grid_reuses_cached_features(repo: tuple[Path, dict[str, str]]) -
             "--drop",
             ".*",
             "--keep",
-            "^solve.eta$|^solve.width$|^acc$",
+            "^solve.eta$|^pal.acc.mean$",
         ],
         path,
         env,
     )
     rows = [line.split(",") for line in table.strip().splitlines()[1:]]
-    # rows: the workspace, HEAD (eta 0.1, width 256), then the four experiments
-    grid = {(r[-2], r[-1]): float(r[0]) for r in rows}
-    for point in [("0.5", "128"), ("0.5", "256"), ("2", "128"), ("2", "256")]:
-        assert 0.0 <= grid[point] <= 100.0, table
-    assert len(rows) == 6, table
+    # rows: the workspace, HEAD (eta 0.1), then the two experiments
+    grid = {r[-1]: float(r[-2]) for r in rows}
+    for eta in ("0.5", "2"):
+        assert 0.0 <= grid[eta] <= 100.0, table
+    assert len(rows) == 4, table
 
 
 def test_shared_cache_lets_a_clone_skip_every_stage(
@@ -141,4 +166,4 @@ def test_shared_cache_lets_a_clone_skip_every_stage(
     _run([dvc, "cache", "dir", "--local", str(path / ".dvc" / "cache")], clone, env)
     out = _run([dvc, "repro"], clone, dict(env, PYTHONPATH=str(clone)))
     assert _ran(out) == set(), out
-    assert (clone / "data/extract/step_02/test.h5").is_file()
+    assert (clone / "data/extract/pal/1/step_02/test.h5").is_file()
