@@ -190,6 +190,11 @@ class TuneParams:
     weight_decay: float = 0.0  # AdamW weight decay (active slice and head only)
     warmup: float = 0.1  # fraction of a task's steps spent in linear warm-up
     recon_weight: float = 0.01  # λ, weight of the reconstruction loss
+    # beyond the paper, 0 (the paper): the prompts train in every task; n > 0:
+    # only in the first n tasks, later tasks add their slices at init and train
+    # their head rows only, so old features stay as the analytic classifier saw
+    # them (first-session adaptation)
+    prompt_tasks: int = 0
     seed: int = 0  # seed of prompt init, batch order and patch order
     device: Device = "auto"  # auto: cuda when available
     cuda_graphs: bool = True  # on a GPU, replay each training step as a CUDA graph
@@ -212,6 +217,7 @@ class TuneParams:
         check(self.weight_decay >= 0, "tune.weight_decay", "must be >= 0")
         check(0.0 <= self.warmup < 1.0, "tune.warmup", "must lie in [0, 1)")
         check(self.recon_weight >= 0, "tune.recon_weight", "must be >= 0")
+        check(self.prompt_tasks >= 0, "tune.prompt_tasks", "must be >= 0")
         check(self.num_workers >= 0, "tune.num_workers", "must be >= 0")
 
 

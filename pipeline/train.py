@@ -86,7 +86,14 @@ def train_task(
         backbone.max_text_len,
         backbone.image_side,
     )
-    copies = model.prompts is not None and tune_p.recon_weight > 0
+    if model.prompts is not None and 0 < tune_p.prompt_tasks < task:
+        log.info("task %d: tune.prompt_tasks %d, prompts stay at their init",
+                 task, tune_p.prompt_tasks)  # fmt: skip
+        model.prompts.requires_grad_(False)
+    prompted = model.prompts is not None and any(
+        p.requires_grad for p in model.prompts.parameters()
+    )
+    copies = prompted and tune_p.recon_weight > 0
     cache = _query_cache(model, dataset, task, copies, tune_p.num_workers)
     graphed = device.type == "cuda" and model.prompts is not None and tune_p.cuda_graphs
     optimiser, base_lrs = _optimiser(model, tune_p, capturable=graphed)
