@@ -285,3 +285,33 @@ def test_zero_epochs_keep_prompts_and_head_at_their_init(
         assert sorted(state) == sorted(expected)
         for key, value in expected.items():
             assert torch.equal(state[key], value), key
+
+
+def test_prompt_tasks_train_the_prompts_of_the_first_tasks_only(
+    tmp_path, tiny_vilt, tiny_prepare
+):
+    """tune.prompt_tasks 1 (beyond the paper): task 1 trains its slice, tasks 2
+    and 3 keep theirs at the init and train only their head rows."""
+    params = write_params(tmp_path / "p.yaml", tiny_vilt, tune={"prompt_tasks": 1})
+    _run(params, tiny_prepare, tmp_path / "a")
+    init = write_params(tmp_path / "i.yaml", tiny_vilt, tune={"epochs": 0})
+    _run(init, tiny_prepare, tmp_path / "i")
+    last = load_checkpoint(checkpoint_path(tmp_path / "a", 3))["state"]
+    first = load_checkpoint(checkpoint_path(tmp_path / "a", 1))["state"]
+    at_init = load_checkpoint(checkpoint_path(tmp_path / "i", 1))["state"]
+    assert not torch.equal(first["prompts.text.P.0"], at_init["prompts.text.P.0"])
+    # the later slices: Gram–Schmidt of the same seeds against the trained
+    # slice 1, never moved: orthogonal to it, unit rows as drawn
+    for t in (1, 2):
+        rows = last[f"prompts.text.P.{t}"].flatten(2)  # (J, n, L·D)
+        norms = rows.norm(dim=-1)
+        assert torch.allclose(norms, torch.ones_like(norms), atol=1e-5)
+        trained = last["prompts.text.P.0"].flatten(2)
+        overlap = torch.einsum(
+            "jnd,jmd->jnm", rows, trained / trained.norm(dim=-1, keepdim=True)
+        )
+        assert overlap.abs().max() < 1e-5
+    # task 3's head rows trained: they left the init the untrained run keeps
+    never = load_checkpoint(checkpoint_path(tmp_path / "i", 3))["state"]
+    head = [k for k in never if k.startswith("head.") and k.endswith(".2")]
+    assert head and all(not torch.equal(last[k], never[k]) for k in head)
