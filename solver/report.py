@@ -43,6 +43,8 @@ LABELS = {
     "shared": "shared pool",
     "vector": "prompt vector",
     "input": "input-position prompts",
+    "fast": "PAL, prompt lr 1e-2 (the prompts learn)",
+    "first": "prompts tuned in task 1 only, lr 1e-2 (beyond the paper)",
 }
 SCALARS = ("acc", "fg", "fg_diag", "aia", "last")
 MISSING = ("complete", "image_missing", "text_missing")
