@@ -1,7 +1,7 @@
 """`pal-solver report`: the protocol's runs and variants as one table.
 
 Reads each evaluated run, `<evaluations>/<variant>/<run>/metrics.json`, for the
-runs `protocol.runs` lists and the variants given, and writes (DESIGN §8):
+runs `protocol.runs` lists and the variants given, and writes (DESIGN §2, §6):
 
 - metrics.json: per row, the mean, sample std (ddof 1) and per-run values of
   acc, fg, fg_diag, aia, last and the accuracy by missing type;
