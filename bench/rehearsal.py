@@ -134,7 +134,7 @@ def main() -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
-        m = re.match(r"Running stage '(\w+)'", line)
+        m = re.match(r"Running stage '(\w+)(?:@[^']*)?'", line)
         if m:
             starts[m.group(1)] = time.perf_counter()
     end = time.perf_counter()
