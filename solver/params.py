@@ -79,34 +79,41 @@ class Source:
 
 
 def _as_run(raw: dict[str, Any], source: Source) -> dict[str, Any]:
-    """The sections of `raw` as `source.run` and `source.variant` see them."""
-    path = source.path
+    """The sections of `raw` as `source.run` and `source.variant` see them
+    (errors name the key, the caller adds the file)."""
     raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     if source.variant is not None:
         rows = raw.get("ablation")
         if not isinstance(rows, Mapping) or source.variant not in rows:
             known = ", ".join(sorted(rows)) if isinstance(rows, Mapping) else "none"
             raise ParamsError(
-                f"{path}: unknown variant 'ablation.{source.variant}' (known: {known})"
+                f"unknown variant 'ablation.{source.variant}' (known: {known})"
             )
-        for section, values in (rows[source.variant] or {}).items():
-            where = f"ablation.{source.variant}.{section}"
+        row = rows[source.variant] or {}
+        if not isinstance(row, Mapping):
+            raise ParamsError(
+                f"ablation.{source.variant} must map sections to the keys it changes"
+            )
+        for section, values in row.items():
             if section in ("protocol", "ablation") or not isinstance(values, Mapping):
                 raise ParamsError(
-                    f"{path}: {where} must be a mapping of keys of a stage's section"
+                    f"ablation.{source.variant}.{section} must be a mapping of "
+                    "keys of a stage's section"
                 )
-            raw.setdefault(section, {})
-            raw[section] = {**(raw[section] or {}), **values}
+            raw[section] = {**(raw.get(section) or {}), **values}
     if source.run is not None:
         protocol = section_from_mapping(
             ProtocolParams, "protocol", raw.get("protocol", {})
         )
         for name in protocol.vary:
             section, key = RUN_SEEDS[name]
-            if section in raw and isinstance(raw[section], Mapping):
-                values = dict(raw[section])
-                values[key] = values.get(key, 0) + source.run  # every seed: 0
-                raw[section] = values
+            values = raw.get(section)
+            if not isinstance(values, Mapping):
+                continue  # a missing section is reported by its loader
+            seed = values.get(key, 0)  # every seed defaults to 0
+            if isinstance(seed, int) and not isinstance(seed, bool):
+                raw[section] = {**values, key: seed + source.run}
+            # else: left as written, for the section's own check to name
     return raw
 
 
@@ -117,13 +124,8 @@ def load_section(path: str | Path | Source, section: str, cls: type[T]) -> T:
     raw = read_params_file(source.path)
     try:
         raw = _as_run(raw, source)
-    except ParamsError as exc:
-        if str(exc).startswith(f"{source.path}:"):
-            raise
-        raise ParamsError(f"{source.path}: {exc}") from None
-    if section not in raw:
-        raise ParamsError(f"{source.path}: missing section '{section}'")
-    try:
+        if section not in raw:
+            raise ParamsError(f"missing section '{section}'")
         return section_from_mapping(cls, section, raw[section])
     except ParamsError as exc:
         raise ParamsError(f"{source.path}: {exc}") from None

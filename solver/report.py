@@ -97,11 +97,20 @@ def read_runs(
             raise ReportError(f"{path}: not found (run {run} not evaluated)") from None
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ReportError(f"{path}: not valid JSON") from None
+        if not isinstance(m, dict):
+            raise ReportError(f"{path}: not evaluate's metrics (no JSON object)")
         missing = [k for k in (*SCALARS, "matrix", "step_accuracy") if k not in m]
         if missing:
             raise ReportError(f"{path}: no '{missing[0]}' (not evaluate's metrics)")
+        bad = [k for k in SCALARS if not _is_number(m[k])]
+        if bad:
+            raise ReportError(f"{path}: '{bad[0]}' is not a number: {m[bad[0]]!r}")
         out.append(m)
     return out
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -124,7 +133,10 @@ def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
     row["acc_by_missing"] = by_missing
     steps = [m["step_accuracy"] for m in per_run]
     if len({len(s) for s in steps}) != 1:
-        raise ReportError("the runs of one row have different numbers of steps")
+        raise ReportError(
+            f"the runs of one row have different numbers of steps: {len(steps[0])}"
+            f" and {next(len(s) for s in steps if len(s) != len(steps[0]))}"
+        )
     row["step_accuracy"] = [
         {"mean": _round(mean), "std": _round(std)}
         for mean, std in (mean_std(col) for col in zip(*steps, strict=True))

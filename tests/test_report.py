@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from solver.cli import main
 from solver.errors import ParamsError
 from solver.params import ProtocolParams, SolveParams, Source, load_section
-from solver.report import build, mean_std, table_md, write_report
+from solver.report import ReportError, build, mean_std, table_md, write_report
 
 
 def metrics(acc: float, *, bp: dict | None = None) -> dict:
@@ -207,3 +207,30 @@ def test_source_options_round_trip() -> None:
         "init",
     ]
     assert Source(Path("p.yaml")).args() == ["--params", "p.yaml"]
+
+
+def test_bad_run_params_are_one_line(tmp_path: Path) -> None:
+    """A seed that is no integer is named by its section's own check; a
+    variant row that is no mapping is named too."""
+    path = write(tmp_path, solve={"seed": "x"}, ablation={"bad": [1, 2]})
+    with pytest.raises(ParamsError) as err:
+        load_section(Source(path, run=1), "solve", SolveParams)
+    assert str(err.value) == f"{path}: solve.seed must be an integer, got 'x'"
+    with pytest.raises(ParamsError) as err:
+        load_section(Source(path, variant="bad"), "solve", SolveParams)
+    assert str(err.value) == (
+        f"{path}: ablation.bad must map sections to the keys it changes"
+    )
+
+
+def test_a_run_that_is_not_evaluate_output_is_named(tmp_path: Path) -> None:
+    for text, message in (
+        ("[1]", "not evaluate's metrics (no JSON object)"),
+        (json.dumps({**metrics(50.0), "acc": "high"}), "'acc' is not a number: 'high'"),
+    ):
+        folder = tmp_path / "evaluate" / "pal" / "0"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.json").write_text(text)
+        with pytest.raises(ReportError) as err:
+            build(tmp_path / "evaluate", ["pal"], ProtocolParams(runs=(0,)))
+        assert str(err.value) == f"{folder / 'metrics.json'}: {message}"
