@@ -23,7 +23,6 @@ in one pass: each test chunk is read and up-sampled once.
 from __future__ import annotations
 
 import io
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from solver.backend import Backend, get_backend
 from solver.cliutil import clean_errors, folder_option, run_params_option
 from solver.codes import Missing
 from solver.errors import ShardError
-from solver.metrics import Counts, summarize
+from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar
 from solver.outputs import write_bytes_atomic
 from solver.params import SolveParams, load_section
@@ -215,21 +214,6 @@ def metrics_dict(e: Evaluation) -> dict[str, Any]:
     if e.weights.eta_by_step is not None:
         out["eta_by_step"] = e.weights.eta_by_step  # solve.eta: auto
     return out
-
-
-def metrics_json(metrics: dict[str, Any]) -> str:
-    """Stable JSON text: sorted keys, fixed indent, trailing newline."""
-    return json.dumps(metrics, sort_keys=True, indent=2) + "\n"
-
-
-def matrix_csv(matrix: list[list[float]]) -> str:
-    """Rows = steps, columns = tasks; cells after the diagonal are empty."""
-    K = len(matrix)
-    lines = ["step," + ",".join(task_group_name(i) for i in range(1, K + 1))]
-    for k, row in enumerate(matrix, start=1):
-        cells = [f"{a:.4f}" for a in row] + [""] * (K - len(row))
-        lines.append(f"{k}," + ",".join(cells))
-    return "\n".join(lines) + "\n"
 
 
 def step_csv(al: list[float], bp: list[float] | None) -> str:

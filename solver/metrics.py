@@ -14,8 +14,10 @@ With one step there is nothing to forget: `fg` and `fg_diag` are 0.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from solver.codes import Missing
 
@@ -132,3 +134,20 @@ def summarize(counts: Counts, digits: int = 6) -> dict[str, object]:
         for c, key in enumerate(MISSING_KEYS)
     }
     return out
+
+
+def metrics_json(metrics: dict[str, Any]) -> str:
+    """Stable JSON text: sorted keys, fixed indent, trailing newline."""
+    return json.dumps(metrics, sort_keys=True, indent=2) + "\n"
+
+
+def matrix_csv(matrix: list[list[float]]) -> str:
+    """Rows = steps, columns = tasks; cells after the diagonal are empty."""
+    K = len(matrix)
+    lines = [
+        "step," + ",".join(f"task_{i:02d}" for i in range(1, K + 1))
+    ]  # shard names
+    for k, row in enumerate(matrix, start=1):
+        cells = [f"{a:.4f}" for a in row] + [""] * (K - len(row))
+        lines.append(f"{k}," + ",".join(cells))
+    return "\n".join(lines) + "\n"

@@ -28,6 +28,7 @@ import click
 
 from solver.cliutil import clean_errors, folder_option, params_option
 from solver.errors import PalError
+from solver.metrics import matrix_csv, metrics_json
 from solver.outputs import write_bytes_atomic
 from solver.params import ProtocolParams, load_section
 
@@ -237,16 +238,6 @@ def steps_csv(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def matrix_csv(matrix: list[list[float]]) -> str:
-    """Rows = steps, columns = tasks; cells after the diagonal are empty."""
-    K = len(matrix)
-    lines = ["step," + ",".join(f"task_{i:02d}" for i in range(1, K + 1))]
-    for k, row in enumerate(matrix, start=1):
-        cells = [f"{a:.4f}" for a in row] + [""] * (K - len(row))
-        lines.append(f"{k}," + ",".join(cells))
-    return "\n".join(lines) + "\n"
-
-
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
@@ -320,7 +311,7 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
     }
     first = next(iter(report["rows"]))
     files = {
-        "metrics.json": (json.dumps(metrics, sort_keys=True, indent=2) + "\n"),
+        "metrics.json": metrics_json(metrics),
         "table.md": table_md(report),
         "table.csv": table_csv(report),
         "step_accuracy.csv": steps_csv(report),
