@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from loader import SIZES, photo  # noqa: E402
-from scratch_project import BIN, make_scratch_project  # noqa: E402
+from scratch_project import make_scratch_project  # noqa: E402
 
 # full datasets (after Food101's smallest class is dropped): training and test
 # samples, tasks, epochs of the presets
@@ -131,7 +131,7 @@ def main() -> None:
     starts: dict[str, float] = {}
     lines: list[str] = []
     proc = subprocess.Popen(
-        [str(BIN / "dvc"), "repro", "evaluate@pal-0"], cwd=work, env=env,
+        ["dvc", "repro", "evaluate@pal-0"], cwd=work, env=env,  # dvc on its PATH
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
