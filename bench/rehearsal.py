@@ -163,6 +163,11 @@ def main() -> None:
     busy = {"tune": sum(t["seconds"] for t in timings)}
     done = {"tune": sum(t["samples"] for t in timings)}
     waits = {"tune": sum(t["data_wait"] for t in timings)}
+    # before its epochs each task runs the frozen backbone once over its
+    # training samples (the queries): a per-sample cost, projected at its rate
+    queries = re.findall(r"frozen queries of (\d+) samples in ([\d.]+) s", text)
+    query_s = sum(float(q[1]) for q in queries)
+    query_rate = sum(int(q[0]) for q in queries) / query_s if query_s else 0.0
     runs = re.findall(r"(\d+) samples in ([\d.]+) s, ([\d.]+) s of it waiting", text)
     busy["extract"] = sum(float(r[1]) for r in runs)
     done["extract"] = sum(int(r[0]) for r in runs)
@@ -173,6 +178,7 @@ def main() -> None:
     peaks = dict(re.findall(r"(tune|extract): GPU memory peak ([\d.]+) GiB", text))
     rate = {s: done[s] / busy[s] for s in busy if busy[s] > 0}
     startup = {s: wall[s] - busy[s] for s in busy}
+    startup["tune"] -= query_s
     print(
         "| stage | wall s | start-up s | samples/s (steady) "
         "| graphed steps | GPU peak GiB | data wait s |"
@@ -185,13 +191,15 @@ def main() -> None:
         w = f"{waits[s]:.1f}" if s in waits else ""
         print(f"| {s} | {wall[s]:.1f} | {u} | {r} | {g} | {peaks.get(s, '')} | {w} |")
     print(f"({n_train} training samples x {a.epochs} epochs tuned, "
-          f"{n_extract:.0f} samples extracted)")  # fmt: skip
+          f"{n_extract:.0f} samples extracted; tune's frozen queries took "
+          f"{query_s:.1f} s, {query_rate:.1f} samples/s)")  # fmt: skip
     # the preset's protocol: PAL tunes once per run; PAL, init and frozen each
     # extract once per run (init's and frozen's tune stages only start up)
     runs_n = preset_runs
     for name, (train, test, k) in FULL.items():
         n_ext = train + sum(j * test / k for j in range(1, k + 1))
         t = startup["tune"] + train * preset_epochs / rate["tune"]
+        t += train / query_rate if query_rate else 0.0
         e = startup["extract"] + n_ext / rate["extract"]
         print(
             f"projected {name}, one run of PAL: tune {t / 60:.0f} min "

@@ -235,8 +235,8 @@ def _query_cache(
         ) as bar,
     ):
         cache = build_cache(model, batches, len(dataset), bar)
-    log.debug(
-        "task %d: cached queries of %d samples in %.1f s",
+    log.info(
+        "task %d: frozen queries of %d samples in %.1f s",
         task,
         len(dataset),
         time.perf_counter() - t0,
