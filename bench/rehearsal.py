@@ -141,15 +141,18 @@ def main() -> None:
         if m:
             starts[m.group(1)] = time.perf_counter()
     end = time.perf_counter()
+    text = "".join(lines)
+    log_file = work / "logs" / "rehearsal.log"
+    log_file.parent.mkdir(exist_ok=True)
+    log_file.write_text(text)
     if proc.wait() != 0:
-        raise SystemExit("dvc repro failed:\n" + "".join(lines[-40:]))
+        raise SystemExit(f"dvc repro failed (whole output in {log_file}):\n"
+                         + "".join(lines[-40:]))  # fmt: skip
     names = list(starts)
     wall = {
         s: (starts[names[i + 1]] if i + 1 < len(names) else end) - starts[s]
         for i, s in enumerate(names)
     }
-    text = "".join(lines)
-    (work / "logs" / "rehearsal.log").write_text(text)
     samples = [json.loads(x) for x in (work / "data/prepare/0/samples.jsonl").open()]
     n_train = sum(s["split"] == "train" for s in samples)
     tasks = params["data"]["tasks"]
@@ -193,9 +196,10 @@ def main() -> None:
     print(f"({n_train} training samples x {a.epochs} epochs tuned, "
           f"{n_extract:.0f} samples extracted; tune's frozen queries took "
           f"{query_s:.1f} s, {query_rate:.1f} samples/s)")  # fmt: skip
+    if "tune" not in rate or "extract" not in rate:
+        raise SystemExit("no steady tune or extract time measured: nothing to project")
     # the preset's protocol: PAL tunes once per run; PAL, init and frozen each
     # extract once per run (init's and frozen's tune stages only start up)
-    runs_n = preset_runs
     for name, (train, test, k) in FULL.items():
         n_ext = train + sum(j * test / k for j in range(1, k + 1))
         t = startup["tune"] + train * preset_epochs / rate["tune"]
@@ -204,8 +208,8 @@ def main() -> None:
         print(
             f"projected {name}, one run of PAL: tune {t / 60:.0f} min "
             f"({preset_epochs} epochs), extract {e / 60:.1f} min; "
-            f"the protocol ({runs_n} runs of PAL, init, frozen): "
-            f"about {runs_n * (t + 2 * startup['tune'] + 3 * e) / 3600:.1f} h"
+            f"the protocol ({preset_runs} runs of PAL, init, frozen): "
+            f"about {preset_runs * (t + 2 * startup['tune'] + 3 * e) / 3600:.1f} h"
         )
 
 
