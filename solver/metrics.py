@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from solver.codes import Missing
+from solver.outputs import task_group_name
 
 MISSING_KEYS = tuple(m.key for m in Missing)  # by code 0, 1, 2
 
@@ -144,9 +145,7 @@ def metrics_json(metrics: dict[str, Any]) -> str:
 def matrix_csv(matrix: list[list[float]]) -> str:
     """Rows = steps, columns = tasks; cells after the diagonal are empty."""
     K = len(matrix)
-    lines = [
-        "step," + ",".join(f"task_{i:02d}" for i in range(1, K + 1))
-    ]  # shard names
+    lines = ["step," + ",".join(task_group_name(i) for i in range(1, K + 1))]
     for k, row in enumerate(matrix, start=1):
         cells = [f"{a:.4f}" for a in row] + [""] * (K - len(row))
         lines.append(f"{k}," + ",".join(cells))

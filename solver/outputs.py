@@ -47,3 +47,9 @@ def step_dir_name(step: int) -> str:
     """`step_01` for step 1 (1-based, at least two digits): the name of a
     step's shard folder, checkpoint (`step_01.pt`) and weights group."""
     return f"step_{step:02d}"
+
+
+def task_group_name(task: int) -> str:
+    """`task_01` for task 1: a task's group in the shards, its column in the
+    accuracy matrix's CSV."""
+    return f"task_{task:02d}"

@@ -29,7 +29,7 @@ import numpy as np
 
 from solver.codes import Missing
 from solver.errors import ShardError
-from solver.outputs import atomic_path, step_dir_name
+from solver.outputs import atomic_path, step_dir_name, task_group_name
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 1024  # HDF5 chunk rows; (1024, D) float32 is 3 MB at D = 768
@@ -38,11 +38,6 @@ MISSING_CODES = tuple(int(m) for m in Missing)
 
 _STEP_DIR = re.compile(r"^step_(\d{2,})$")
 _STR = h5py.string_dtype("utf-8")
-
-
-def task_group_name(task: int) -> str:
-    """`task_01` for task 1."""
-    return f"task_{task:02d}"
 
 
 @dataclass(frozen=True)
