@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: setup run ablation test lint clean
+.PHONY: setup run ablation test lint clean wheels
 
 setup: $(STAMP)
 
@@ -61,6 +61,18 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+
+# Wheels for a machine without a registry (the GPU box of bench/gpu_check.py,
+# Python 3.12 on x86-64): `make wheels PACKAGES="h5py click"` fills wheels/,
+# which travels with the tree; there, `python3 -m pip install --no-index
+# --find-links wheels h5py click`.
+PACKAGES ?=
+WHEEL_PYTHON ?= 3.12
+wheels:
+	@test -n "$(PACKAGES)" || { echo 'make wheels: say which, e.g. PACKAGES="h5py click"'; exit 2; }
+	$(PYTHON) -m pip download --quiet --only-binary=:all: --python-version $(WHEEL_PYTHON) \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d wheels $(PACKAGES)
+	@du -sh wheels
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -29,21 +29,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from pipeline.fakes import SIZES, photo
 from pipeline.loader import SampleDataset
 from pipeline.samples import Sample
-
-SIZES = [(512, 384), (384, 512), (800, 800), (1024, 683), (1050, 550), (2048, 1365)]
-
-
-def photo(size: tuple[int, int], rng: np.random.Generator) -> Image.Image:
-    """A smooth random RGB field plus pixel noise, `size` = (width, height)."""
-    w, h = size
-    coarse = rng.random((h // 32 + 2, w // 32 + 2, 3))
-    field = np.asarray(
-        Image.fromarray((coarse * 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
-    ).astype(np.float32)
-    noisy = field + rng.normal(0, 12, field.shape)
-    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
 
 
 class _Processor:

@@ -1,13 +1,13 @@
 """The paper's run rehearsed: a UPMC-Food101-shaped tree, a ViLT in the hub's
-layout, the food101 preset, `dvc repro evaluate@pal-0` (one run of PAL),
-per-stage figures.
+layout, the food101 preset, one run of PAL (prepare, tune, extract, solve,
+evaluate), per-stage figures.
 
-In a scratch copy of the project it builds
+In a scratch folder it builds
 
 - `data/raw/food101/`: the titles-CSV layout (images/{train,test}/<class>/,
   texts/{train,test}_titles.csv) with `--classes` classes (101 as the real one;
   the last has one training photo fewer and is dropped) of photo-sized JPEGs
-  (the mix of bench/loader.py) and titles of the real length;
+  and titles of the real length (pipeline/fakes.py);
 - `models/vilt-b32-mlm/`: random weights in the hub layout (`pytorch_model.bin`
   with the MLM head, old preprocessor config, tokenizer files), of ViLT-B/32's
   sizes (`--config vilt-b32`) or a tiny one (`--config tiny`: 8 layers of width
@@ -15,16 +15,21 @@ In a scratch copy of the project it builds
 
 installs configs/food101.yaml as params.yaml with only the scale knobs changed
 (dataset size, backbone path, `tune.epochs`, `solve.width`, the device and the
-loader workers this machine has), runs `dvc repro evaluate@pal-0` (its output
-kept in the scratch copy's logs/rehearsal.log), and prints per stage: wall
-time, the part of it that is start-up, the steady samples/s, the share of
-graphed steps, the GPU memory peak and the time spent waiting for data; then
-projects one run of PAL and the preset's protocol on the full Food101 and
-N24News from the start-ups and the steady rates.
+loader workers this machine has), then runs the stages of one run of PAL:
+with `--runner dvc`, `dvc repro evaluate@pal-0` in a scratch copy of the
+project; with `--runner direct`, the stage commands of dvc.yaml one after the
+other (`python -m pipeline …`, `python -m solver …`), which needs neither dvc
+nor an installed project. `auto` (the default) takes dvc when it is on PATH.
+Every command's output is kept in the scratch folder's logs/rehearsal.log.
+
+It prints per stage: wall time, the part of it that is start-up, the steady
+samples/s, the share of graphed steps, the GPU memory peak and the time spent
+waiting for data; then projects one run of PAL and the preset's protocol on
+the full Food101 and N24News from the start-ups and the steady rates.
 
     .venv/bin/python bench/rehearsal.py --config tiny --classes 21 --epochs 1 \\
         --width 1024                       # smallest scale, CPU, ~1 minute
-    python bench/rehearsal.py --config vilt-b32 --classes 101 --train 12 --test 4
+    python3 bench/rehearsal.py --config vilt-b32 --classes 101 --train 12 --test 4
 """
 
 from __future__ import annotations
@@ -33,130 +38,115 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # the project importable without installing it
 
-from loader import SIZES, photo  # noqa: E402
-from scratch_project import make_scratch_project  # noqa: E402
+from pipeline.fakes import make_food101_tree, make_hub_vilt  # noqa: E402
 
 # full datasets (after Food101's smallest class is dropped): training and test
-# samples, tasks, epochs of the presets
+# samples, tasks
 FULL = {"UPMC-Food101": (61127, 22716, 10), "N24News": (48988, 6106, 6)}
-WORDS = "grilled chicken salad with fresh herbs and lemon dressing recipe".split()
+PRESETS = {"UPMC-Food101": "food101.yaml", "N24News": "n24news.yaml"}
+BACKBONE = "models/vilt-b32-mlm"
 
 
-def make_tree(root: Path, classes: int, train: int, test: int) -> int:
-    """The Food101 titles-CSV tree; returns the number of photos."""
-    rng = np.random.default_rng(0)
-    (root / "texts").mkdir(parents=True)
-    n = 0
-    for split, count in (("train", train), ("test", test)):
-        with (root / "texts" / f"{split}_titles.csv").open("w") as f:
-            f.write("image_name,text,class_name\n")
-            for c in range(classes):
-                dish = f"dish_{c:03d}"
-                for k in range(count - (split == "train" and c == classes - 1)):
-                    name = f"{dish}_{k}.jpg"
-                    path = root / "images" / split / dish / name
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    photo(SIZES[n % len(SIZES)], rng).save(path, quality=90)
-                    title = " ".join(rng.choice(WORDS, 12))
-                    f.write(f"{name},{title},{dish}\n")
-                    n += 1
-    return n
+def stage_commands(python: str) -> list[tuple[str, list[str]]]:
+    """One run of PAL, as dvc.yaml's stages prepare@0 … evaluate@pal-0 run it."""
+    pal, solver = [python, "-m", "pipeline"], [python, "-m", "solver"]
+    chain = ["--variant", "pal"]
+    return [
+        ("prepare", [*pal, "prepare", "--run", "0", "--out", "data/prepare/0"]),
+        ("tune", [*pal, "tune", "--run", "0", *chain, "--prepare", "data/prepare/0",
+                  "--out", "data/tune/pal/0"]),
+        ("extract", [*pal, "extract", *chain, "--prepare", "data/prepare/0",
+                     "--tune", "data/tune/pal/0", "--out", "data/extract/pal/0"]),
+        ("solve", [*solver, "solve", "--run", "0", *chain,
+                   "--features", "data/extract/pal/0", "--out", "data/solve/pal/0"]),
+        ("evaluate", [*solver, "evaluate", "--run", "0", *chain,
+                      "--features", "data/extract/pal/0", "--solve", "data/solve/pal/0",
+                      "--out", "data/evaluate/pal/0"]),
+    ]  # fmt: skip
 
 
-def make_backbone(folder: Path, config: str) -> None:
-    """Random ViLT weights in the hub layout (`make_hub_vilt` for tiny)."""
-    from helpers import make_hub_vilt
-
-    make_hub_vilt(folder, layers=8, hidden=128)  # prompts at 0-7, pools of 128
-    if config == "vilt-b32":  # the same layout at ViLT-B/32's sizes
-        import torch
-        from transformers import ViltConfig, ViltForMaskedLM
-
-        cfg = ViltConfig(
-            vocab_size=len((folder / "vocab.txt").read_text().split()),
-            max_position_embeddings=40,
-            max_image_length=-1,
-            architectures=["ViltForMaskedLM"],
-        )  # hidden 768, 12 layers, 384-px images, 32-px patches
-        cfg.save_pretrained(folder)
-        torch.save(ViltForMaskedLM(cfg).state_dict(), folder / "pytorch_model.bin")
-        pre = json.loads((folder / "preprocessor_config.json").read_text())
-        pre.update(size=384, size_divisor=32)
-        (folder / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", choices=("tiny", "vilt-b32"), default="tiny")
-    ap.add_argument("--classes", type=int, default=21, help="one is dropped")
-    ap.add_argument("--train", type=int, default=6, help="training photos per class")
-    ap.add_argument("--test", type=int, default=2, help="test photos per class")
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--width", type=int, default=15000, help="solve.width")
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    ap.add_argument("--workdir", type=Path)
-    a = ap.parse_args()
-    work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-rehearsal-"))
+def rehearsal_params(
+    config: str, epochs: int, width: int, device: str, workers: int
+) -> dict[str, Any]:
+    """configs/food101.yaml with only the scale knobs changed, one run."""
     params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
-    preset_epochs = params["tune"]["epochs"]
-    preset_runs = len(params["protocol"]["runs"])
-    workers = max(0, min(params["extract"]["num_workers"], (os.cpu_count() or 1) - 1))
     params["data"]["root"] = "data/raw/food101"
-    params["model"]["backbone"] = "models/vilt-b32-mlm"
+    params["model"]["backbone"] = BACKBONE
     tune_workers = min(workers, params["tune"]["num_workers"])
-    params["tune"].update(epochs=a.epochs, device=a.device, num_workers=tune_workers)
-    params["extract"].update(device=a.device, num_workers=workers)
-    params["solve"].update(width=a.width, device=a.device)
+    params["tune"].update(epochs=epochs, device=device, num_workers=tune_workers)
+    params["extract"].update(device=device, num_workers=workers)
+    params["solve"].update(width=width, device=device)
     params["protocol"] = {"runs": [0]}
-    env = make_scratch_project(work, params)
-    photos = make_tree(work / "data/raw/food101", a.classes, a.train, a.test)
-    make_backbone(work / "models/vilt-b32-mlm", a.config)
-    print(f"# rehearsal in {work}: {a.classes} classes, {photos} photos, "
-          f"{a.config}, epochs {a.epochs}, width {a.width}, device {a.device}, "
-          f"{workers} loader workers")  # fmt: skip
+    return params
 
+
+def run_direct(work: Path, env: dict[str, str], log: list[str]) -> dict[str, float]:
+    """Each stage command in turn; returns its wall seconds by stage."""
+    wall = {}
+    for name, cmd in stage_commands(sys.executable):
+        log.append(f"$ {' '.join(cmd)}\n")
+        start = time.perf_counter()
+        proc = subprocess.run(
+            cmd, cwd=work, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        wall[name] = time.perf_counter() - start
+        log.append(proc.stdout)
+        if proc.returncode != 0:
+            raise StageFailed(name, proc.returncode)
+    return wall
+
+
+def run_dvc(work: Path, env: dict[str, str], log: list[str]) -> dict[str, float]:
+    """`dvc repro evaluate@pal-0`; a stage's wall time runs from its
+    "Running stage" line to the next one's."""
     starts: dict[str, float] = {}
-    lines: list[str] = []
     proc = subprocess.Popen(
-        ["dvc", "repro", "evaluate@pal-0"], cwd=work, env=env,  # dvc on its PATH
+        ["dvc", "repro", "evaluate@pal-0"], cwd=work, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
     for line in proc.stdout:
-        lines.append(line)
+        log.append(line)
         m = re.match(r"Running stage '(\w+)(?:@[^']*)?'", line)
         if m:
             starts[m.group(1)] = time.perf_counter()
     end = time.perf_counter()
-    text = "".join(lines)
-    log_file = work / "logs" / "rehearsal.log"
-    log_file.parent.mkdir(exist_ok=True)
-    log_file.write_text(text)
     if proc.wait() != 0:
-        raise SystemExit(f"dvc repro failed (whole output in {log_file}):\n"
-                         + "".join(lines[-40:]))  # fmt: skip
+        raise StageFailed("dvc repro", proc.returncode)
     names = list(starts)
-    wall = {
+    return {
         s: (starts[names[i + 1]] if i + 1 < len(names) else end) - starts[s]
         for i, s in enumerate(names)
     }
+
+
+class StageFailed(Exception):
+    def __init__(self, stage: str, code: int) -> None:
+        super().__init__(f"{stage} failed (exit {code})")
+
+
+def analyse(
+    work: Path, params: dict[str, Any], text: str, wall: dict[str, float]
+) -> dict[str, Any]:
+    """Per-stage figures from the stages' logs and the projections."""
     samples = [json.loads(x) for x in (work / "data/prepare/0/samples.jsonl").open()]
     n_train = sum(s["split"] == "train" for s in samples)
-    tasks = params["data"]["tasks"]
     n_test = sum(s["split"] == "test" for s in samples)
+    tasks = params["data"]["tasks"]
     # extraction embeds each step's training samples and every seen task's test
     n_extract = n_train + sum(k * n_test / tasks for k in range(1, tasks + 1))
     # steady state: tune's epochs (logs/tune.jsonl) and extract's batches (its
@@ -177,40 +167,173 @@ def main() -> None:
     waits["extract"] = sum(float(r[2]) for r in runs)
     graphed = re.findall(r"(\d+) of (\d+) steps replayed a CUDA graph", text)
     replayed, steps = (sum(int(x[i]) for x in graphed) for i in (0, 1))
-    share = f"{100 * replayed / steps:.1f} %" if graphed else "– (no CUDA graphs)"
     peaks = dict(re.findall(r"(tune|extract): GPU memory peak ([\d.]+) GiB", text))
     rate = {s: done[s] / busy[s] for s in busy if busy[s] > 0}
-    startup = {s: wall[s] - busy[s] for s in busy}
+    startup = {s: wall.get(s, 0.0) - busy[s] for s in busy}
     startup["tune"] -= query_s
-    print(
-        "| stage | wall s | start-up s | samples/s (steady) "
-        "| graphed steps | GPU peak GiB | data wait s |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for s in names:
-        r = f"{rate[s]:.1f}" if s in rate else ""
-        u = f"{startup[s]:.1f}" if s in startup else ""
-        g = share if s == "tune" else ""
-        w = f"{waits[s]:.1f}" if s in waits else ""
-        print(f"| {s} | {wall[s]:.1f} | {u} | {r} | {g} | {peaks.get(s, '')} | {w} |")
-    print(f"({n_train} training samples x {a.epochs} epochs tuned, "
-          f"{n_extract:.0f} samples extracted; tune's frozen queries took "
-          f"{query_s:.1f} s, {query_rate:.1f} samples/s)")  # fmt: skip
+    stages = {}
+    for s in wall:
+        stages[s] = {
+            "wall_s": round(wall[s], 2),
+            "startup_s": round(startup[s], 2) if s in startup else None,
+            "samples_per_s": round(rate[s], 2) if s in rate else None,
+            "data_wait_s": round(waits[s], 2) if s in waits else None,
+            "gpu_peak_gib": float(peaks[s]) if s in peaks else None,
+        }
+    result: dict[str, Any] = {
+        "stages": stages,
+        "graphed_steps": [replayed, steps] if graphed else None,
+        "train_samples": n_train,
+        "epochs": params["tune"]["epochs"],
+        "extracted_samples": round(n_extract),
+        "queries": {
+            "seconds": round(query_s, 2),
+            "samples_per_s": round(query_rate, 2),
+        },
+        "projections": {},
+    }
     if "tune" not in rate or "extract" not in rate:
-        raise SystemExit("no steady tune or extract time measured: nothing to project")
+        return result  # no steady time measured: nothing to project
     # the preset's protocol: PAL tunes once per run; PAL, init and frozen each
     # extract once per run (init's and frozen's tune stages only start up)
     for name, (train, test, k) in FULL.items():
+        preset = yaml.safe_load((ROOT / "configs" / PRESETS[name]).read_text())
+        epochs, runs = preset["tune"]["epochs"], len(preset["protocol"]["runs"])
         n_ext = train + sum(j * test / k for j in range(1, k + 1))
-        t = startup["tune"] + train * preset_epochs / rate["tune"]
+        t = startup["tune"] + train * epochs / rate["tune"]
         t += train / query_rate if query_rate else 0.0
         e = startup["extract"] + n_ext / rate["extract"]
-        print(
-            f"projected {name}, one run of PAL: tune {t / 60:.0f} min "
-            f"({preset_epochs} epochs), extract {e / 60:.1f} min; "
-            f"the protocol ({preset_runs} runs of PAL, init, frozen): "
-            f"about {preset_runs * (t + 2 * startup['tune'] + 3 * e) / 3600:.1f} h"
+        result["projections"][name] = {
+            "epochs": epochs,
+            "runs": runs,
+            "tune_min": round(t / 60, 1),
+            "extract_min": round(e / 60, 1),
+            "protocol_h": round(runs * (t + 2 * startup["tune"] + 3 * e) / 3600, 2),
+        }
+    return result
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+    """The per-stage table and the projections, as Markdown lines."""
+    g = result["graphed_steps"]
+    share = f"{100 * g[0] / g[1]:.1f} % ({g[0]} of {g[1]})" if g else "– (none)"
+    lines = [
+        "| stage | wall s | start-up s | samples/s (steady) "
+        "| graphed steps | GPU peak GiB | data wait s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(v: Any) -> str:
+        return "" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
+
+    for s, f in result["stages"].items():
+        lines.append(
+            f"| {s} | {f['wall_s']:.1f} | {cell(f['startup_s'])} "
+            f"| {cell(f['samples_per_s'])} | {share if s == 'tune' else ''} "
+            f"| {cell(f['gpu_peak_gib'])} | {cell(f['data_wait_s'])} |"
         )
+    q = result["queries"]
+    lines.append("")
+    lines.append(
+        f"{result['train_samples']} training samples × {result['epochs']} epochs "
+        f"tuned, {result['extracted_samples']} samples extracted; tune's frozen "
+        f"queries took {q['seconds']:.1f} s ({q['samples_per_s']:.1f} samples/s)."
+    )
+    if not result["projections"]:
+        lines.append("No steady tune or extract time was measured: nothing to project.")
+    for name, p in result["projections"].items():
+        lines.append(
+            f"Projected {name}, one run of PAL: tune {p['tune_min']:.0f} min "
+            f"({p['epochs']} epochs), extract {p['extract_min']:.1f} min; the "
+            f"protocol ({p['runs']} runs of PAL, init, frozen): about "
+            f"{p['protocol_h']:.1f} h."
+        )
+    return lines
+
+
+def rehearse(
+    work: Path,
+    *,
+    config: str = "tiny",
+    classes: int = 21,
+    train: int = 6,
+    test: int = 2,
+    epochs: int = 1,
+    width: int = 15000,
+    device: str = "auto",
+    runner: str = "auto",
+) -> dict[str, Any]:
+    """Build the scratch folder in `work`, run one run of PAL, return the
+    figures (`analyse`) with the set-up. Raises SystemExit naming the log on
+    a failed stage."""
+    if runner == "auto":
+        runner = "dvc" if shutil.which("dvc") else "direct"
+    cores = os.cpu_count() or 1
+    workers = max(0, min(15, cores - 1))
+    params = rehearsal_params(config, epochs, width, device, workers)
+    if runner == "dvc":  # a committed copy of the project, dvc.yaml and all
+        sys.path.insert(0, str(ROOT / "tests"))
+        from scratch_project import make_scratch_project
+
+        env = make_scratch_project(work, params)
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    start = time.perf_counter()
+    photos = make_food101_tree(work / "data/raw/food101", classes, train, test, cores)
+    make_hub_vilt(work / BACKBONE, layers=8, hidden=128, full_size=config == "vilt-b32")
+    setup_s = time.perf_counter() - start
+    print(
+        f"# rehearsal in {work}: {classes} classes, {photos} photos, {config}, "
+        f"epochs {epochs}, width {width}, device {device}, {workers} loader "
+        f"workers, {runner} runner (data and model built in {setup_s:.0f} s)",
+        flush=True,
+    )
+    log: list[str] = []
+    log_file = work / "logs" / "rehearsal.log"
+    try:
+        wall = (run_dvc if runner == "dvc" else run_direct)(work, env, log)
+    except StageFailed as exc:
+        log_file.parent.mkdir(exist_ok=True)
+        log_file.write_text("".join(log))
+        tail = "".join(log).splitlines()[-30:]
+        raise SystemExit(
+            f"rehearsal: {exc} (whole output in {log_file}):\n" + "\n".join(tail)
+        ) from None
+    text = "".join(log)
+    log_file.parent.mkdir(exist_ok=True)
+    log_file.write_text(text)
+    result = analyse(work, params, text, wall)
+    result["setup"] = {
+        "config": config,
+        "classes": classes,
+        "photos": photos,
+        "width": width,
+        "device": device,
+        "loader_workers": workers,
+        "runner": runner,
+    }
+    acc = json.loads((work / "data/evaluate/pal/0/metrics.json").read_text())
+    result["accuracy"] = acc.get("acc")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", choices=("tiny", "vilt-b32"), default="tiny")
+    ap.add_argument("--classes", type=int, default=21, help="one is dropped")
+    ap.add_argument("--train", type=int, default=6, help="training photos per class")
+    ap.add_argument("--test", type=int, default=2, help="test photos per class")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--width", type=int, default=15000, help="solve.width")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--runner", choices=("auto", "dvc", "direct"), default="auto")
+    ap.add_argument("--workdir", type=Path)
+    a = ap.parse_args()
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-rehearsal-"))
+    kw = {k: v for k, v in vars(a).items() if k != "workdir"}
+    print("\n".join(markdown(rehearse(work, **kw))))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,19 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip where torch sees no CUDA GPU (one hook for all)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU: torch sees none")
+        for item in gpu:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_vilt(tmp_path_factory) -> Path:
     """Folder of a random tiny ViLT (hidden 32, 2 layers, 32-px images)."""

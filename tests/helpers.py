@@ -7,29 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import yaml
 
-WORDS = [
-    "red",
-    "green",
-    "blue",
-    "yellow",
-    "cat",
-    "dog",
-    "bird",
-    "fish",
-    "car",
-    "tree",
-    "a",
-    "the",
-    "small",
-    "big",
-    "photo",
-    "of",
-]
+from pipeline.fakes import WORDS, make_hub_vilt, tiny_config  # noqa: F401
+
 COLOURS = {
     "red": (220, 30, 30),
     "green": (30, 200, 40),
@@ -37,36 +20,6 @@ COLOURS = {
     "yellow": (230, 220, 20),
 }
 CLASSES = ["red cat", "green dog", "blue bird", "yellow fish", "red car", "blue tree"]
-
-
-def tiny_config(
-    folder: Path,
-    hidden: int = 32,
-    layers: int = 2,
-    heads: int = 4,
-    image: int = 32,
-    patch: int = 8,
-    **extra: Any,
-):
-    """`folder/vocab.txt` (the test words) and a tiny `ViltConfig` over it."""
-    from transformers import ViltConfig
-
-    folder.mkdir(parents=True, exist_ok=True)
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    (folder / "vocab.txt").write_text("\n".join(special + WORDS) + "\n")
-    return ViltConfig(
-        vocab_size=len(special) + len(WORDS),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=2 * hidden,
-        image_size=image,
-        patch_size=patch,
-        max_position_embeddings=40,
-        max_image_length=-1,
-        pad_token_id=0,
-        **extra,
-    )
 
 
 def make_vilt(
@@ -240,53 +193,3 @@ def heavy_modules_after(imports: str) -> list[str]:
     )
     assert r.returncode == 0, r.stderr
     return [m for m in r.stdout.strip().split(",") if m]
-
-
-def make_hub_vilt(
-    folder: Path, seed: int = 0, layers: int = 2, hidden: int = 32
-) -> Path:
-    """A random tiny ViLT saved as the hub's `dandelin/vilt-b32-mlm` is laid
-    out: ViltForMaskedLM keys (with the MLM head) in `pytorch_model.bin`, the
-    old feature-extractor `preprocessor_config.json` (integer `size`), and the
-    tokenizer files `tokenizer.json`, `vocab.txt`, `tokenizer_config.json`
-    (BertTokenizer, lower case, 40 tokens) and `special_tokens_map.json`."""
-    import torch
-    from tokenizers import BertWordPieceTokenizer
-    from transformers import ViltForMaskedLM
-
-    cfg = tiny_config(folder, hidden, layers, architectures=["ViltForMaskedLM"])
-    cfg.save_pretrained(folder)
-    torch.manual_seed(seed)
-    torch.save(ViltForMaskedLM(cfg).state_dict(), folder / "pytorch_model.bin")
-    BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=True).save(
-        str(folder / "tokenizer.json")
-    )
-    files = {
-        "tokenizer_config.json": {
-            "do_lower_case": True,
-            "model_max_length": 40,
-            "name_or_path": "bert-base-uncased",
-            "special_tokens_map_file": None,
-            "tokenizer_class": "BertTokenizer",
-        },
-        "special_tokens_map.json": {
-            "unk_token": "[UNK]",
-            "sep_token": "[SEP]",
-            "pad_token": "[PAD]",
-            "cls_token": "[CLS]",
-            "mask_token": "[MASK]",
-        },
-        "preprocessor_config.json": {  # the hub's: size 384, size_divisor 32
-            "do_normalize": True,
-            "do_resize": True,
-            "feature_extractor_type": "ViltFeatureExtractor",
-            "image_mean": [0.5, 0.5, 0.5],
-            "image_std": [0.5, 0.5, 0.5],
-            "resample": 3,
-            "size": 32,
-            "size_divisor": 8,
-        },
-    }
-    for name, doc in files.items():
-        (folder / name).write_text(json.dumps(doc, indent=2))
-    return folder

@@ -131,6 +131,7 @@ def resolved_stages() -> dict[str, dict[str, Any]]:
     return stages
 
 
+pytest.importorskip("dvc", reason="dvc resolves the stages")
 STAGES = resolved_stages()
 
 

@@ -208,7 +208,6 @@ def test_checkpoint_round_trip_and_damage(backbone, data, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_bf16_matches_cpu_float32(tiny_vilt, data):
     samples, tasks = data
     ds = None

@@ -25,7 +25,7 @@ CP, WHY = _cupy_or_reason()
 if pytest is not None:
     pytestmark = [
         pytest.mark.gpu,
-        pytest.mark.skipif(CP is None, reason=f"no working GPU: {WHY}"),
+        pytest.mark.skipif(CP is None, reason=f"no working CuPy: {WHY}"),
     ]
 
 D, WIDTH = 24, 256

@@ -201,7 +201,6 @@ def test_set_lr_sets_floats_and_fills_tensors():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graphed_steps_train_like_eager_steps(tiny_vilt, data):
     """Replayed graphs (one per batch shape, the short last batch padded) give
     the parameters of the same steps run eagerly; the warm-up before each

@@ -232,7 +232,6 @@ def test_lr_schedule_warms_up_then_decays_to_zero():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_tuning_matches_eager_tuning(tmp_path, tiny_vilt, tiny_prepare):
     """`tune.cuda_graphs` changes speed, not results (up to bf16 noise)."""
     runs = {}

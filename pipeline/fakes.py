@@ -1,0 +1,189 @@
+"""Stand-ins for the real downloads, laid out exactly as they are: a ViLT in
+the hub's `dandelin/vilt-b32-mlm` layout (random weights, tiny or at
+ViLT-B/32's sizes) and a UPMC-Food101 tree of photo-sized JPEGs.
+
+For rehearsals of a real run (bench/rehearsal.py, bench/gpu_check.py) and the
+tests; no stage imports this module. Needs only the runtime packages (torch,
+transformers, tokenizers, numpy, pillow), never the dev extras.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = [
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "cat",
+    "dog",
+    "bird",
+    "fish",
+    "car",
+    "tree",
+    "a",
+    "the",
+    "small",
+    "big",
+    "photo",
+    "of",
+]
+
+# The photo mix: UPMC-Food101's web photos (most 300-1000 px on the longer
+# side) and N24News' article images (wide, 1000-2000 px), one of each in turn.
+SIZES = [(512, 384), (384, 512), (800, 800), (1024, 683), (1050, 550), (2048, 1365)]
+TITLE_WORDS = "grilled chicken salad with fresh herbs and lemon dressing recipe".split()
+
+
+def tiny_config(
+    folder: Path,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    image: int = 32,
+    patch: int = 8,
+    **extra: Any,
+):
+    """`folder/vocab.txt` (a few words) and a tiny `ViltConfig` over it."""
+    from transformers import ViltConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n")
+    return ViltConfig(
+        vocab_size=len(SPECIAL) + len(WORDS),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        image_size=image,
+        patch_size=patch,
+        max_position_embeddings=40,
+        max_image_length=-1,
+        pad_token_id=0,
+        **extra,
+    )
+
+
+def make_hub_vilt(
+    folder: Path,
+    seed: int = 0,
+    layers: int = 2,
+    hidden: int = 32,
+    *,
+    full_size: bool = False,
+) -> Path:
+    """A random ViLT saved as the hub's `dandelin/vilt-b32-mlm` is laid out:
+    ViltForMaskedLM keys (with the MLM head) in `pytorch_model.bin`, the old
+    feature-extractor `preprocessor_config.json` (integer `size`), and the
+    tokenizer files `tokenizer.json`, `vocab.txt`, `tokenizer_config.json`
+    (BertTokenizer, lower case, 40 tokens) and `special_tokens_map.json`.
+
+    Tiny by default (`layers` × `hidden`, 32-px images, 8-px patches); with
+    `full_size`, ViLT-B/32's sizes (12 layers of 768, 384-px images, 32-px
+    patches) over the same small vocabulary."""
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import ViltConfig, ViltForMaskedLM
+
+    cfg = tiny_config(folder, hidden, layers, architectures=["ViltForMaskedLM"])
+    size, divisor = 32, 8
+    if full_size:
+        cfg = ViltConfig(
+            vocab_size=cfg.vocab_size,
+            max_position_embeddings=40,
+            max_image_length=-1,
+            architectures=["ViltForMaskedLM"],
+        )  # the defaults: hidden 768, 12 layers, 384-px images, 32-px patches
+        size, divisor = 384, 32
+    cfg.save_pretrained(folder)
+    torch.manual_seed(seed)
+    torch.save(ViltForMaskedLM(cfg).state_dict(), folder / "pytorch_model.bin")
+    BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=True).save(
+        str(folder / "tokenizer.json")
+    )
+    files = {
+        "tokenizer_config.json": {
+            "do_lower_case": True,
+            "model_max_length": 40,
+            "name_or_path": "bert-base-uncased",
+            "special_tokens_map_file": None,
+            "tokenizer_class": "BertTokenizer",
+        },
+        "special_tokens_map.json": {
+            "unk_token": "[UNK]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "cls_token": "[CLS]",
+            "mask_token": "[MASK]",
+        },
+        "preprocessor_config.json": {  # the hub's: size 384, size_divisor 32
+            "do_normalize": True,
+            "do_resize": True,
+            "feature_extractor_type": "ViltFeatureExtractor",
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "resample": 3,
+            "size": size,
+            "size_divisor": divisor,
+        },
+    }
+    for name, doc in files.items():
+        (folder / name).write_text(json.dumps(doc, indent=2))
+    return folder
+
+
+def photo(size: tuple[int, int], rng: np.random.Generator) -> Image.Image:
+    """A smooth random RGB field plus pixel noise, `size` = (width, height):
+    as a JPEG at quality 90 it decodes at a photo's cost."""
+    w, h = size
+    coarse = rng.random((h // 32 + 2, w // 32 + 2, 3))
+    field = np.asarray(
+        Image.fromarray((coarse * 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
+    ).astype(np.float32)
+    noisy = field + rng.normal(0, 12, field.shape)
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+
+
+def _save_photo(job: tuple[Path, tuple[int, int], int]) -> None:
+    path, size, seed = job
+    path.parent.mkdir(parents=True, exist_ok=True)
+    photo(size, np.random.default_rng(seed)).save(path, quality=90)
+
+
+def make_food101_tree(
+    root: Path, classes: int, train: int, test: int, workers: int = 1
+) -> int:
+    """UPMC-Food101 in its titles-CSV layout: images/{train,test}/<dish>/
+    <dish>_<k>.jpg of the photo mix and texts/{train,test}_titles.csv with
+    12-word titles; the last class has one training photo fewer (as the real
+    one's smallest class, which prepare drops). `workers` processes encode
+    the JPEGs. Returns the number of photos."""
+    rng = np.random.default_rng(0)
+    (root / "texts").mkdir(parents=True)
+    jobs = []
+    for split, count in (("train", train), ("test", test)):
+        with (root / "texts" / f"{split}_titles.csv").open("w") as f:
+            f.write("image_name,text,class_name\n")
+            for c in range(classes):
+                dish = f"dish_{c:03d}"
+                for k in range(count - (split == "train" and c == classes - 1)):
+                    name = f"{dish}_{k}.jpg"
+                    path = root / "images" / split / dish / name
+                    jobs.append((path, SIZES[len(jobs) % len(SIZES)], len(jobs)))
+                    f.write(f"{name},{' '.join(rng.choice(TITLE_WORDS, 12))},{dish}\n")
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers) as pool:
+            list(pool.map(_save_photo, jobs, chunksize=8))
+    else:
+        for job in jobs:
+            _save_photo(job)
+    return len(jobs)
