@@ -199,8 +199,9 @@ def solver_check(
 
 
 def rehearsal_check(
-    out: Path, work: Path, device: str, epochs: int, runner: str, **scale: Any
-) -> dict[str, Any]:
+    out: Path, work: Path, device: str, epochs: int, runner: str, graphs: bool,
+    **scale: Any,
+) -> dict[str, Any]:  # fmt: skip
     """bench/rehearsal.py's one run of PAL; its log copied to --out."""
     sys.path.insert(0, str(ROOT / "bench"))
     import rehearsal
@@ -208,7 +209,12 @@ def rehearsal_check(
     start = time.perf_counter()
     try:
         result = rehearsal.rehearse(
-            work, device=device, epochs=epochs, runner=runner, **scale
+            work,
+            device=device,
+            epochs=epochs,
+            runner=runner,
+            cuda_graphs=graphs,
+            **scale,
         )
         result["exit"] = 0
     except SystemExit as exc:
@@ -262,7 +268,8 @@ def render(report: dict[str, Any]) -> str:
             lines.append(
                 f"{st['config']} backbone, {st['classes']} classes, {st['photos']} "
                 f"photos, width {st['width']}, {st['loader_workers']} loader "
-                f"workers, {st['runner']} runner; {r['wall_s']:.0f} s in all, "
+                f"workers, {st['runner']} runner, CUDA graphs "
+                f"{'on' if st['cuda_graphs'] else 'off'}; {r['wall_s']:.0f} s in all, "
                 f"accuracy {r['accuracy']} % (random weights)."
             )
             lines += ["", *rehearsal.markdown(r)]
@@ -296,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runner", choices=("auto", "dvc", "direct"), default="auto",
                     help="the rehearsal's: dvc repro, or the stage commands (auto: "
                     "dvc when it is on PATH)")  # fmt: skip
+    ap.add_argument(
+        "--eager", dest="cuda_graphs", action="store_false",
+        help="the rehearsal tunes without CUDA graphs (tune.cuda_graphs: false)",
+    )  # fmt: skip
     ap.add_argument("--workdir", type=Path, help="scratch folder (default: a temp one)")
     a = ap.parse_args(argv)
     missing = missing_packages()
@@ -344,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             a.device,
             a.epochs,
             a.runner,
+            a.cuda_graphs,
             **scale["rehearsal"],
         )
         print(f"gpu_check: rehearsal: exit {report['rehearsal']['exit']}, "

@@ -79,14 +79,16 @@ def stage_commands(python: str) -> list[tuple[str, list[str]]]:
 
 
 def rehearsal_params(
-    config: str, epochs: int, width: int, device: str, workers: int
+    config: str, epochs: int, width: int, device: str, workers: int, graphs: bool
 ) -> dict[str, Any]:
     """configs/food101.yaml with only the scale knobs changed, one run."""
     params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
     params["data"]["root"] = "data/raw/food101"
     params["model"]["backbone"] = BACKBONE
     tune_workers = min(workers, params["tune"]["num_workers"])
-    params["tune"].update(epochs=epochs, device=device, num_workers=tune_workers)
+    params["tune"].update(
+        epochs=epochs, device=device, num_workers=tune_workers, cuda_graphs=graphs
+    )
     params["extract"].update(device=device, num_workers=workers)
     params["solve"].update(width=width, device=device)
     params["protocol"] = {"runs": [0]}
@@ -262,6 +264,7 @@ def rehearse(
     width: int = 15000,
     device: str = "auto",
     runner: str = "auto",
+    cuda_graphs: bool = True,
 ) -> dict[str, Any]:
     """Build the scratch folder in `work`, run one run of PAL, return the
     figures (`analyse`) with the set-up. Raises SystemExit naming the log on
@@ -270,7 +273,7 @@ def rehearse(
         runner = "dvc" if shutil.which("dvc") else "direct"
     cores = os.cpu_count() or 1
     workers = max(0, min(15, cores - 1))
-    params = rehearsal_params(config, epochs, width, device, workers)
+    params = rehearsal_params(config, epochs, width, device, workers, cuda_graphs)
     if runner == "dvc":  # a committed copy of the project, dvc.yaml and all
         sys.path.insert(0, str(ROOT / "tests"))
         from scratch_project import make_scratch_project
@@ -313,6 +316,7 @@ def rehearse(
         "device": device,
         "loader_workers": workers,
         "runner": runner,
+        "cuda_graphs": cuda_graphs,
     }
     acc = json.loads((work / "data/evaluate/pal/0/metrics.json").read_text())
     result["accuracy"] = acc.get("acc")
@@ -329,6 +333,10 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=15000, help="solve.width")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--runner", choices=("auto", "dvc", "direct"), default="auto")
+    ap.add_argument(
+        "--eager", dest="cuda_graphs", action="store_false",
+        help="tune.cuda_graphs: false (the preset replays CUDA graphs)",
+    )  # fmt: skip
     ap.add_argument("--workdir", type=Path)
     a = ap.parse_args()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-rehearsal-"))

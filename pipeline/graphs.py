@@ -140,7 +140,10 @@ class GraphedSteps:
                         v.zero_()  # AdamW's initial state: zero moments, step 0
         self.optimiser.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the loader's pin-memory thread allocates pinned host
+        # memory while this thread captures; in the default (global) mode
+        # that call invalidates the capture (seen at task 2 with 8 workers)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             outputs = self.step(static)
         log.debug(
             "captured a training step for %s",

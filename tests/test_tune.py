@@ -233,13 +233,19 @@ def test_lr_schedule_warms_up_then_decays_to_zero():
 
 @pytest.mark.gpu
 def test_cuda_graph_tuning_matches_eager_tuning(tmp_path, tiny_vilt, tiny_prepare):
-    """`tune.cuda_graphs` changes speed, not results (up to bf16 noise)."""
+    """`tune.cuda_graphs` changes speed, not results (up to bf16 noise); with
+    loader workers, whose pin-memory thread allocates while a graph is captured."""
     runs = {}
     for graphs in (False, True):
         params = write_params(
             tmp_path / f"params-{graphs}.yaml",
             tiny_vilt,
-            tune={"device": "cuda", "cuda_graphs": graphs, "epochs": 2},
+            tune={
+                "device": "cuda",
+                "cuda_graphs": graphs,
+                "epochs": 2,
+                "num_workers": 2,
+            },
         )
         out = tmp_path / f"tune-{graphs}"
         _run(params, tiny_prepare, out)
