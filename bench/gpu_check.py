@@ -304,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the rehearsal's: dvc repro, or the stage commands (auto: "
                     "dvc when it is on PATH)")  # fmt: skip
     ap.add_argument(
+        "--train", type=int, help="the rehearsal's training photos per class "
+        "(default: the scale's; more makes its steady rates steadier)",
+    )  # fmt: skip
+    ap.add_argument(
         "--eager", dest="cuda_graphs", action="store_false",
         help="the rehearsal tunes without CUDA graphs (tune.cuda_graphs: false)",
     )  # fmt: skip
@@ -329,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
             f"gpu_check: --parts: unknown part {sorted(unknown)[0]!r}", file=sys.stderr
         )
         return 2
-    scale = SCALES[a.scale]
+    scale = {k: dict(v) for k, v in SCALES[a.scale].items()}
+    if a.train:
+        scale["rehearsal"]["train"] = a.train
     report: dict[str, Any] = {"scale": a.scale, "device": a.device, "versions": info}
     print(
         f"gpu_check: {info['card'] or 'no GPU'}; torch {info['torch']}, "

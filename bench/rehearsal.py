@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +156,16 @@ def analyse(
     # per-split log lines); the rest of a stage's wall time is start-up
     # (imports, model loading, graph capture, loader workers starting)
     timings = [json.loads(x) for x in (work / "logs/tune.jsonl").open()]
-    busy = {"tune": sum(t["seconds"] for t in timings)}
+    graphed = re.findall(
+        r"(\d+) of (\d+) steps replayed a CUDA graph \(\d+ graphs, captured in "
+        r"([\d.]+) s\)",
+        text,
+    )
+    replayed, steps = (sum(int(x[i]) for x in graphed) for i in (0, 1))
+    # graph capture happens once per task (its first steps of each shape): a
+    # per-task cost, taken out of the epochs' time
+    capture_s = sum(float(x[2]) for x in graphed)
+    busy = {"tune": sum(t["seconds"] for t in timings) - capture_s}
     done = {"tune": sum(t["samples"] for t in timings)}
     waits = {"tune": sum(t["data_wait"] for t in timings)}
     # before its epochs each task runs the frozen backbone once over its
@@ -167,12 +177,22 @@ def analyse(
     busy["extract"] = sum(float(r[1]) for r in runs)
     done["extract"] = sum(int(r[0]) for r in runs)
     waits["extract"] = sum(float(r[2]) for r in runs)
-    graphed = re.findall(r"(\d+) of (\d+) steps replayed a CUDA graph", text)
-    replayed, steps = (sum(int(x[i]) for x in graphed) for i in (0, 1))
+    # each extract step starts its loader's workers afresh: seconds = a + n/rate
+    # over the steps (least squares, when they differ in size), a per step
+    per_step = 0.0
+    if len({int(r[0]) for r in runs}) >= 3:
+        n = np.array([int(r[0]) for r in runs], float)
+        t = np.array([float(r[1]) for r in runs])
+        slope, per_step = np.polyfit(n, t, 1)
+        if slope > 0 and per_step > 0:
+            busy["extract"] = float(slope) * done["extract"]
+        else:
+            per_step = 0.0
     peaks = dict(re.findall(r"(tune|extract): GPU memory peak ([\d.]+) GiB", text))
     rate = {s: done[s] / busy[s] for s in busy if busy[s] > 0}
     startup = {s: wall.get(s, 0.0) - busy[s] for s in busy}
-    startup["tune"] -= query_s
+    startup["tune"] -= query_s + capture_s
+    startup["extract"] -= per_step * len(runs)
     stages = {}
     for s in wall:
         stages[s] = {
@@ -192,6 +212,8 @@ def analyse(
             "seconds": round(query_s, 2),
             "samples_per_s": round(query_rate, 2),
         },
+        "capture_s_per_task": round(capture_s / max(1, len(graphed)), 2),
+        "extract_s_per_step": round(float(per_step), 2),
         "projections": {},
     }
     if "tune" not in rate or "extract" not in rate:
@@ -204,7 +226,8 @@ def analyse(
         n_ext = train + sum(j * test / k for j in range(1, k + 1))
         t = startup["tune"] + train * epochs / rate["tune"]
         t += train / query_rate if query_rate else 0.0
-        e = startup["extract"] + n_ext / rate["extract"]
+        t += k * result["capture_s_per_task"]
+        e = startup["extract"] + k * per_step + n_ext / rate["extract"]
         result["projections"][name] = {
             "epochs": epochs,
             "runs": runs,
@@ -239,7 +262,9 @@ def markdown(result: dict[str, Any]) -> list[str]:
     lines.append(
         f"{result['train_samples']} training samples × {result['epochs']} epochs "
         f"tuned, {result['extracted_samples']} samples extracted; tune's frozen "
-        f"queries took {q['seconds']:.1f} s ({q['samples_per_s']:.1f} samples/s)."
+        f"queries took {q['seconds']:.1f} s ({q['samples_per_s']:.1f} samples/s); "
+        f"graph capture {result['capture_s_per_task']:.1f} s per task; extract's "
+        f"loader start {result['extract_s_per_step']:.1f} s per step."
     )
     if not result["projections"]:
         lines.append("No steady tune or extract time was measured: nothing to project.")

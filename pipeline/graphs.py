@@ -16,6 +16,7 @@ state are restored afterwards, so warm-up leaves training unchanged.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class GraphedSteps:
         self.max_graphs = max_graphs
         self.graphs: dict[tuple, _Graph] = {}
         self.eager_steps = 0
+        self.capture_seconds = 0.0  # warm-ups and captures, GPU work included
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         key = tuple(
@@ -94,8 +96,10 @@ class GraphedSteps:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)
                     return self.step(inputs)
+            start = time.perf_counter()
             try:
                 g = self._capture(inputs)
+                torch.cuda.synchronize()
             except RuntimeError as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 raise GraphCaptureError(
@@ -103,6 +107,7 @@ class GraphedSteps:
                     "set tune.cuda_graphs: false to train without graphs"
                 ) from None
             self.graphs[key] = g
+            self.capture_seconds += time.perf_counter() - start
         for name, t in inputs.items():
             g.inputs[name].copy_(t, non_blocking=True)
         g.graph.replay()
@@ -112,6 +117,7 @@ class GraphedSteps:
         return [p for group in self.optimiser.param_groups for p in group["params"]]
 
     def _capture(self, inputs: Mapping[str, torch.Tensor]) -> _Graph:
+        torch.cuda.synchronize()  # the steps before it are not the capture's
         static = {name: t.clone() for name, t in inputs.items()}
         params = self._params()
         saved = [p.detach().clone() for p in params]

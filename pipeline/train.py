@@ -183,11 +183,13 @@ def train_task(
     if replay is not None:
         steps = per_epoch * tune_p.epochs
         log.info(
-            "task %d: %d of %d steps replayed a CUDA graph (%d graphs)",
+            "task %d: %d of %d steps replayed a CUDA graph (%d graphs, captured "
+            "in %.1f s)",
             task,
             steps - replay.eager_steps,
             steps,
             len(replay.graphs),
+            replay.capture_seconds,
         )
     model.eval()
     return entries
