@@ -182,7 +182,7 @@ def solver_check(
     cmd = [sys.executable, "-m", "solver", "solve", "--params", str(params),
            "--features", str(features), "--out", str(work / "solve")]  # fmt: skip
     code, wall, text = run_logged(cmd, out / "solver.log", timeout)
-    backend = re.search(r"backend: (.*)", text)  # get_backend's line
+    backend = re.search(r"backend: ((?:CuPy|NumPy).*)", text)  # get_backend
     arith = re.search(r"solve: wrote .* in ([\d.]+) s", text)
     return {
         "exit": code,
@@ -313,6 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument("--workdir", type=Path, help="scratch folder (default: a temp one)")
     a = ap.parse_args(argv)
+    parts = a.parts.split(",")
+    unknown = set(parts) - {"tests", "solver", "rehearsal"}
+    if unknown:
+        print(
+            f"gpu_check: --parts: unknown part {sorted(unknown)[0]!r}", file=sys.stderr
+        )
+        return 2
     missing = missing_packages()
     if missing:
         print(missing_line(missing), file=sys.stderr)
@@ -326,13 +333,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-gpu-check-"))
-    parts = a.parts.split(",")
-    unknown = set(parts) - {"tests", "solver", "rehearsal"}
-    if unknown:
-        print(
-            f"gpu_check: --parts: unknown part {sorted(unknown)[0]!r}", file=sys.stderr
-        )
-        return 2
     scale = {k: dict(v) for k, v in SCALES[a.scale].items()}
     if a.train:
         scale["rehearsal"]["train"] = a.train

@@ -1,0 +1,79 @@
+"""bench/gpu_check.py as it runs on a GPU box: the project on PYTHONPATH, no
+dvc on PATH, started from outside the repository; here at its smallest scale
+on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gpu_check  # noqa: E402
+
+STAGES = ["prepare", "tune", "extract", "solve", "evaluate"]
+
+
+@pytest.mark.slow
+def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
+    out = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--scale",
+           "smallest", "--device", "cpu", "--out", str(out),
+           "--workdir", str(tmp_path / "work")]  # fmt: skip
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu_tests.log",
+        "rehearsal.log",
+        "report.json",
+        "report.md",
+        "solver.log",
+    ]
+    report = json.loads((out / "report.json").read_text())
+    assert report["scale"] == "smallest" and report["versions"]["card"] is None
+    # without a GPU every test marked gpu is skipped, all others deselected
+    # (and test_dvc_deps.py as a whole where dvc is not installed)
+    skipped = 8 + (importlib.util.find_spec("dvc") is None)
+    assert report["tests"]["exit"] == 0
+    assert report["tests"]["summary"].startswith(f"{skipped} skipped, ")
+    solver = report["solver"]
+    assert (solver["exit"], solver["rows"], solver["width"]) == (0, 2000, 1024)
+    assert solver["backend"] == "NumPy (solve.device cpu)"
+    rehearsal = report["rehearsal"]
+    assert rehearsal["exit"] == 0 and list(rehearsal["stages"]) == STAGES
+    assert rehearsal["setup"]["runner"] == "direct"  # no dvc on PATH
+    assert rehearsal["setup"]["photos"] == 11 * 3 - 1 + 11 * 2
+    assert rehearsal["train_samples"] == 10 * 3  # the smallest class dropped
+    assert set(rehearsal["projections"]) == {"UPMC-Food101", "N24News"}
+    md = (out / "report.md").read_text().splitlines()
+    assert md[0] == "# GPU check on no GPU (CPU only)"
+    assert "## Rehearsal: one run of PAL on a Food101-shaped tree" in md
+
+
+def test_missing_packages_are_named_in_one_line():
+    needed = {"numpy": "numpy", "no_such_module_xyz": "no-such-dist"}
+    assert gpu_check.missing_packages(needed) == ["no-such-dist"]
+    assert gpu_check.missing_line(["h5py", "click"]) == (
+        "gpu_check: missing h5py, click; on a machine with a registry run "
+        '`make wheels PACKAGES="h5py click"`, send wheels/ with the tree (carry '
+        "it) and first run `python3 -m pip install --no-index --find-links wheels "
+        "h5py click`"
+    )
+
+
+def test_versions_older_than_the_known_good_ones_are_refused():
+    assert gpu_check._older("2.10.1+cu128", "2.11.0")
+    assert not gpu_check._older("2.11.0+cu130", "2.11.0")
+    assert not gpu_check._older("5.24.0", "5.17.0")
+
+
+def test_unknown_part_is_one_line(tmp_path, capsys):
+    assert gpu_check.main(["--parts", "tests,gpu", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "gpu_check: --parts: unknown part 'gpu'\n"
