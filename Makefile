@@ -19,40 +19,15 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# `dvc repro`, with the protocol's (variant, run) chains side by side: first
-# every prepare@ stage (and the demo they need); then each chain's stages
-# tune, extract, solve, evaluate @<variant>-<run>, in order, one `dvc repro
-# --single-item` each (no visit upstream, whose outputs other chains are
-# reading), JOBS chains at a time with one torch thread each; then the rest
-# (report). DVC releases its lock while a stage's command runs, and
-# --wait-for-lock makes the processes take turns at the bookkeeping. The
-# outputs are the bytes one plain `dvc repro` gives (JOBS=1 runs that).
-JOBS ?= 2
+# `dvc repro`: every stage in order, the analytic stage (solve, evaluate) once
+# for all of a pipeline's chains.
 DVC := $(VENV)/bin/dvc
-# one chain; $$0 is its evaluate stage, e.g. ablation/dvc.yaml:evaluate@shared-1
-CHAIN := for s in tune extract solve evaluate; do \
-  $(DVC) --wait-for-lock repro --single-item "$${0%%evaluate@*}$$s@$${0\#*evaluate@}" \
-  || exit 255; done
-define chains
-	$(DVC) stage list $(1) --name-only | grep 'evaluate@' | \
-	  OMP_NUM_THREADS=1 xargs -P $(JOBS) -n 1 sh -c '$(CHAIN)'
-endef
 
 run: $(STAMP)
-ifeq ($(JOBS),1)
 	$(DVC) repro
-else
-	$(DVC) repro $$($(DVC) stage list --name-only | grep '^prepare@')
-	$(call chains,dvc.yaml)
-	$(DVC) repro
-endif
 
-# The whole ablation table: the main pipeline, then the variants of
-# ablation/dvc.yaml (their chains likewise side by side), then its table.
+# The whole ablation table: the main pipeline, then ablation/dvc.yaml.
 ablation: run
-ifneq ($(JOBS),1)
-	$(call chains,ablation/dvc.yaml)
-endif
 	$(DVC) repro ablation/dvc.yaml
 
 test: $(STAMP)

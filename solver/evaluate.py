@@ -34,13 +34,18 @@ import numpy as np
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
-from solver.cliutil import clean_errors, folder_option, run_params_option
+from solver.chains import chains, variants_option
+from solver.cliutil import (
+    clean_errors,
+    folder_option,
+    run_params_option,
+)
 from solver.codes import Missing
-from solver.errors import ShardError
+from solver.errors import PalError, ShardError
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar
 from solver.outputs import write_bytes_atomic
-from solver.params import SolveParams, load_section
+from solver.params import SolveParams, Source, load_section
 from solver.rls import Expander, upsampling_matrix
 from solver.shards import StepShards, open_features, task_group_name
 from solver.weights import WeightsError, WeightsFile, weights_name
@@ -304,10 +309,19 @@ def write_outputs(out_dir: Path, e: Evaluation) -> Path:
     "data/solve",
     "Folder of solve's weights, read when --weights is not given.",
 )
-@folder_option("out", "results", "Output folder for metrics, CSVs and the plot.")
+@folder_option("out", "data/evaluate", "Output folder for metrics, CSVs and the plot.")
 @click.option(
     "--device", metavar=metavar("device"), help="Backend for scoring [solve.device]."
 )
+@click.option(
+    "--report",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="With --variants: then write the report over every chain into DIR "
+    "(as `pal-solver report --variants … --out DIR`).",
+)
+@variants_option
 @run_params_option
 @clean_errors
 def cli(
@@ -315,8 +329,10 @@ def cli(
     weights: tuple[str, ...],
     solve: str,
     out: str,
-    params_file: str,
+    params_file: Source,
     device: str | None,
+    report: str | None,
+    variants: str | None,
 ) -> None:
     """Score the weights on every step's test shards; write metrics.
 
@@ -324,17 +340,53 @@ def cli(
     and bp for the BP head when the shards hold bp_logits),
     accuracy_matrix.csv, step_accuracy.csv and step_accuracy.png. For
     weights-eta<η>.h5 the names carry the same -eta<η> suffix.
+
+    With --variants, every (variant, run) chain in one process: FEATURES/
+    <variant>/<run> and SOLVE/<variant>/<run> into OUT/<variant>/<run>; with
+    --report DIR, then the report over them (tables and plots) into DIR.
     """
-    params = apply_overrides(
-        load_section(params_file, "solve", SolveParams), device=device
-    )
+    if variants is None:
+        if report is not None:
+            raise PalError("--report needs --variants")
+        _evaluate_one(features, weights, solve, out, params_file, device, None)
+        return
+    if weights:
+        raise PalError("--variants reads each chain's weights from --solve")
+    todo = chains(params_file, variants)
+    backend = None
+    for src, chain in todo:
+        log.info("evaluate: chain %s", chain)
+        backend = _evaluate_one(
+            Path(features) / chain, (), Path(solve) / chain, Path(out) / chain,
+            src, device, backend,
+        )  # fmt: skip
+    if report is not None:
+        from solver.report import protocol_report
+
+        names = list(dict.fromkeys(chain.split("/")[0] for _, chain in todo))
+        protocol_report([Path(out)], names, Path(report), params_file.path)
+
+
+def _evaluate_one(
+    features: str | Path,
+    weights: tuple[str, ...],
+    solve: str | Path,
+    out: str | Path,
+    source: Source,
+    device: str | None,
+    backend: Backend | None,
+) -> Backend:
+    """One chain: its weights (default: named by its solve.eta) scored."""
+    params = apply_overrides(load_section(source, "solve", SolveParams), device=device)
     if not weights:
         names = [weights_name(eta, params.is_sweep) for eta in params.etas]
         weights = tuple(str(Path(solve) / name) for name in names)
+    backend = backend or get_backend(params.device)
     evaluate(
         features,
         [Path(w) for w in weights],
         out,
-        backend=get_backend(params.device),
+        backend=backend,
         batch_rows=params.batch_rows,
     )
+    return backend

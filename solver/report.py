@@ -86,9 +86,12 @@ def _round(x: float | None) -> float | None:
 
 
 def read_runs(
-    evaluations: Path, variant: str, runs: Sequence[int]
+    evaluations: Path | Sequence[Path], variant: str, runs: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """The metrics.json of each run of `variant`, in the order of `runs`."""
+    """The metrics.json of each run of `variant`, in the order of `runs`; from
+    the first of the `evaluations` folders that holds `variant`."""
+    roots = [Path(evaluations)] if isinstance(evaluations, (str, Path)) else evaluations
+    evaluations = next((r for r in roots if (r / variant).is_dir()), roots[0])
     out = []
     for run in runs:
         path = evaluations / variant / str(run) / "metrics.json"
@@ -153,7 +156,9 @@ def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build(
-    evaluations: Path, variants: Sequence[str], protocol: ProtocolParams
+    evaluations: Path | Sequence[Path],
+    variants: Sequence[str],
+    protocol: ProtocolParams,
 ) -> dict[str, Any]:
     """The report's content: runs, which seeds vary, and one entry per row."""
     rows: dict[str, Any] = {}
@@ -329,10 +334,16 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
 
 
 @click.command("report")
-@folder_option(
-    "evaluations",
-    "data/evaluate",
-    "Folder of evaluated runs: <variant>/<run>/metrics.json.",
+@click.option(
+    "--evaluations",
+    multiple=True,
+    default=("data/evaluate",),
+    show_default=True,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Folder of evaluated runs: <variant>/<run>/metrics.json; repeat it "
+    "for variants evaluated into several folders (the first that holds a "
+    "variant is read).",
 )
 @click.option(
     "--variants",
@@ -345,19 +356,28 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
 @folder_option("out", "results", "Output folder for the tables and plots.")
 @params_option
 @clean_errors
-def cli(evaluations: str, variants: str, out: str, params_file: str) -> None:
+def cli(
+    evaluations: tuple[str, ...], variants: str, out: str, params_file: str
+) -> None:
     """Mean ± std over the protocol's runs, per variant: tables and plots.
 
     Reads the runs listed in protocol.runs of each variant's evaluations and
     writes metrics.json, table.md, table.csv, step_accuracy.csv/.png and
     accuracy_matrix.csv/.png (the first variant's mean matrix) into OUT.
     """
-    protocol = load_section(params_file, "protocol", ProtocolParams)
     names = [v.strip() for v in variants.split(",") if v.strip()]
+    protocol_report([Path(e) for e in evaluations], names, Path(out), params_file)
+
+
+def protocol_report(
+    evaluations: Sequence[Path], names: Sequence[str], out: Path, params_file: Any
+) -> None:
+    """The report of variants `names` over the protocol's runs into `out`."""
+    protocol = load_section(params_file, "protocol", ProtocolParams)
     if not names:
         raise ReportError("--variants: name at least one variant")
-    report = build(Path(evaluations), names, protocol)
-    write_report(Path(out), report)
+    report = build(evaluations, names, protocol)
+    write_report(out, report)
     pal = report["rows"][names[0]]["acc"]
     log.info(
         "report: %d rows over %d runs in %s; %s Acc %s",

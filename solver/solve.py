@@ -17,10 +17,16 @@ import numpy as np
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
-from solver.cliutil import clean_errors, file_option, folder_option, run_params_option
+from solver.chains import chains, variants_option
+from solver.cliutil import (
+    clean_errors,
+    file_option,
+    folder_option,
+    run_params_option,
+)
 from solver.errors import PalError
 from solver.options import apply_overrides, metavar
-from solver.params import SolveParams, load_section
+from solver.params import SolveParams, Source, load_section
 from solver.rls import Expander, RidgeRLS, make_rls, upsampling_matrix
 from solver.select import EtaSelector
 from solver.shards import StepShards, open_features
@@ -255,6 +261,7 @@ def _save_state(
     "Write the solver state after the last step (G and Q, or R and W, with the "
     "weights so far): 8·d² bytes per d×d matrix.",
 )
+@variants_option
 @run_params_option
 @clean_errors
 def cli(
@@ -262,7 +269,8 @@ def cli(
     out: str,
     state: str | None,
     save_state: str | None,
-    params_file: str,
+    variants: str | None,
+    params_file: Source,
     **overrides: str | None,
 ) -> None:
     """Fit the analytic classifier after every step; write weights.h5.
@@ -272,8 +280,23 @@ def cli(
     classifier over all classes seen so far; W_k equals the joint ridge
     solution over all rows of steps 1..k. Options override the `solve:`
     section of the params file.
+
+    With --variants, every (variant, run) chain in one process and on one
+    backend: FEATURES/<variant>/<run> into OUT/<variant>/<run>.
     """
-    params = apply_overrides(
-        load_section(params_file, "solve", SolveParams), **overrides
-    )
-    solve(features, out, params, state=state, save_state=save_state)
+    if variants is None:
+        params = apply_overrides(
+            load_section(params_file, "solve", SolveParams), **overrides
+        )
+        solve(features, out, params, state=state, save_state=save_state)
+        return
+    if state is not None or save_state is not None:
+        raise PalError("--variants does not combine with --state or --save-state")
+    todo = [
+        (chain, apply_overrides(load_section(src, "solve", SolveParams), **overrides))
+        for src, chain in chains(params_file, variants)
+    ]  # every chain's params checked before the first is fitted
+    backend = get_backend(todo[0][1].device)
+    for chain, params in todo:
+        log.info("solve: chain %s", chain)
+        solve(Path(features) / chain, Path(out) / chain, params, backend=backend)

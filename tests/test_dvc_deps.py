@@ -96,6 +96,9 @@ def run_params(cmd: str) -> set[str]:
     keys = {"protocol.vary"} if "--run" in words else set()
     if "--variant" in words:
         keys.add(f"ablation.{words[words.index('--variant') + 1]}")
+    if "--variants" in words and words[1] in ("solve", "evaluate"):
+        names = words[words.index("--variants") + 1].split(",")
+        keys.update(f"ablation.{name}" for name in names)
     return keys
 
 

@@ -13,6 +13,7 @@ from helpers import heavy_modules_after
 
 from solver.cli import main
 from solver.synthetic import make_features
+from solver.weights import WeightsFile
 
 D = 12
 PARAMS = """\
@@ -325,7 +326,8 @@ def test_solver_cli_never_imports_torch_or_transformers():
 
 
 def test_defaults_follow_params_in_the_working_folder(tmp_path, pristine, monkeypatch):
-    """No path options: data/extract -> data/solve -> results, sweep from params."""
+    """No path options: data/extract -> data/solve -> data/evaluate (never
+    results/, the report's), sweep from params."""
     shutil.copytree(pristine / "extract", tmp_path / "data" / "extract")
     (tmp_path / "params.yaml").write_text(PARAMS.replace("eta: 1.0", "eta: [0.5, 2]"))
     monkeypatch.chdir(tmp_path)
@@ -336,7 +338,75 @@ def test_defaults_follow_params_in_the_working_folder(tmp_path, pristine, monkey
     ]
     r = CliRunner().invoke(main, ["evaluate"])
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in (tmp_path / "results").glob("*.json")) == [
+    assert sorted(p.name for p in (tmp_path / "data/evaluate").glob("*.json")) == [
         "metrics-eta0.5.json",
         "metrics-eta2.json",
     ]
+    assert not (tmp_path / "results").exists()
+
+
+CHAIN_PARAMS = (
+    PARAMS
+    + """\
+protocol:
+  runs: [0, 1]
+  vary: [upsampling]
+ablation:
+  pal: {}
+  wide:
+    solve: {width: 64}
+"""
+)
+
+
+def test_variants_fit_and_score_every_chain_in_one_process(tmp_path, pristine):
+    """solve/evaluate --variants: each (variant, run) chain gets exactly the
+    bytes of its own `--run r --variant v` process; evaluate --report writes
+    the report over them."""
+    for chain in ("pal/0", "pal/1", "wide/0", "wide/1"):
+        shutil.copytree(pristine / "extract", tmp_path / "extract" / chain)
+    (tmp_path / "params.yaml").write_text(CHAIN_PARAMS)
+    base = ["--params", str(tmp_path / "params.yaml")]
+    r = CliRunner().invoke(main, ["solve", *base, "--variants", "pal,wide",
+                                  "--features", str(tmp_path / "extract"),
+                                  "--out", str(tmp_path / "solve")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["evaluate", *base, "--variants", "pal,wide",
+                                  "--features", str(tmp_path / "extract"),
+                                  "--solve", str(tmp_path / "solve"),
+                                  "--out", str(tmp_path / "evaluate"),
+                                  "--report", str(tmp_path / "results")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    for chain in ("pal/0", "pal/1", "wide/0", "wide/1"):
+        variant, run = chain.split("/")
+        one = ["--run", run, "--variant", variant]
+        paths = ["--features", str(tmp_path / "extract" / chain),
+                 "--out", str(tmp_path / "one" / chain)]  # fmt: skip
+        r = CliRunner().invoke(main, ["solve", *base, *one, *paths])
+        assert r.exit_code == 0, r.output
+        merged = (tmp_path / "solve" / chain / "weights.h5").read_bytes()
+        assert merged == (tmp_path / "one" / chain / "weights.h5").read_bytes()
+        info = WeightsFile(tmp_path / "solve" / chain / "weights.h5").info
+        assert (info.width, info.seed) == (64 if variant == "wide" else 48, int(run))
+        assert (tmp_path / "evaluate" / chain / "metrics.json").is_file()
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert table.count("\n| ") >= 3  # header and a row for each variant
+    report = json.loads((tmp_path / "results" / "metrics.json").read_text())
+    assert report["runs"] == [0, 1] and set(report) >= {"pal", "wide"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--variants", "pal", "--run", "0"],
+         "Error: --variants does not combine with --run or --variant\n"),
+        (["--variants", " , "], "Error: --variants: name at least one variant\n"),
+        (["--variants", "pal,nope"],
+         "Error: params.yaml: unknown variant 'ablation.nope' (known: pal, wide)\n"),
+    ],
+)  # fmt: skip
+def test_variants_errors_are_one_line(tmp_path, monkeypatch, args, message):
+    (tmp_path / "params.yaml").write_text(CHAIN_PARAMS)
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["solve", *args])
+    assert (r.exit_code, r.output) == (1, message)
