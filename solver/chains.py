@@ -1,8 +1,9 @@
 """Every (variant, run) chain of a pipeline in one process: `pal-solver solve
---variants` and `pal-solver evaluate --variants` (the analytic stage, DESIGN §2).
+--pipeline NAME` and `pal-solver evaluate --pipeline NAME` (the analytic stage,
+DESIGN §2).
 
-Only the analytic stages import this module: it reads protocol.runs, which no
-per-run stage may depend on.
+Only the analytic stages import this module: it reads protocol.runs and the
+pipeline's variant list, on which no per-run stage may depend.
 """
 
 from __future__ import annotations
@@ -13,31 +14,29 @@ from typing import Any
 import click
 
 from solver.errors import ParamsError
-from solver.params import ProtocolParams, Source, load_section
+from solver.params import ProtocolParams, Source, load_section, pipeline_variants
 
 
-def variants_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`--variants NAME[,NAME…]`: every (variant, run) chain in one process."""
+def pipeline_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--pipeline NAME`: every (variant, run) chain of a pipeline in one process."""
     return click.option(
-        "--variants",
-        metavar="NAME[,NAME…]",
+        "--pipeline",
+        metavar="NAME",
         default=None,
-        help="Every chain in one process: for each variant (a row of params "
-        "`ablation`) and each run of protocol.runs, the folders "
-        "<variant>/<run> below the input and output folders. Not with --run "
-        "or --variant.",
+        help="Every chain of pipeline NAME in one process: for each variant "
+        "listed in params pipelines.NAME and each run of protocol.runs, the "
+        "folders <variant>/<run> below the input and output folders. Not with "
+        "--run or --variant.",
     )(fn)
 
 
-def chains(params_file: Any, variants: str) -> list[tuple[Any, str]]:
-    """The (params source, "<variant>/<run>") of every chain `--variants` names,
-    variant by variant, runs in protocol order; `params_file` is the command's
-    `Source` (its run and variant must not be set)."""
+def chains(params_file: Source, pipeline: str) -> list[tuple[Source, str]]:
+    """The (params source, "<variant>/<run>") of every chain of `pipeline`,
+    variant by variant in table order, runs in protocol order; `params_file`
+    is the command's `Source` (its run and variant must not be set)."""
     if params_file.run is not None or params_file.variant is not None:
-        raise ParamsError("--variants does not combine with --run or --variant")
-    names = [v.strip() for v in variants.split(",") if v.strip()]
-    if not names:
-        raise ParamsError("--variants: name at least one variant")
+        raise ParamsError("--pipeline does not combine with --run or --variant")
+    names = pipeline_variants(params_file.path, pipeline)
     protocol = load_section(params_file.path, "protocol", ProtocolParams)
     return [
         (Source(params_file.path, run, name), f"{name}/{run}")

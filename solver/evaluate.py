@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
-from solver.chains import chains, variants_option
+from solver.chains import chains, pipeline_option
 from solver.cliutil import (
     clean_errors,
     folder_option,
@@ -89,8 +89,10 @@ def evaluate(
     out_dir: str | Path,
     backend: Backend | None = None,
     batch_rows: int = 4096,
+    plot: bool = True,
 ) -> list[Path]:
-    """Score every weights file on the test shards; write its outputs.
+    """Score every weights file on the test shards; write its outputs (the
+    per-run plot only with `plot`).
 
     Returns the metrics files written, one per weights file. All inputs are
     validated and all scores computed before the first output is written.
@@ -123,7 +125,7 @@ def evaluate(
     for e in evals:
         e.bp = bp
 
-    return [write_outputs(Path(out_dir), e) for e in evals]
+    return [write_outputs(Path(out_dir), e, plot) for e in evals]
 
 
 def _check_compatible(wf: WeightsFile, steps: list[StepShards]) -> None:
@@ -255,9 +257,9 @@ def step_plot_png(al: list[float], bp: list[float] | None, title: str) -> bytes:
     return buf.getvalue()
 
 
-def write_outputs(out_dir: Path, e: Evaluation) -> Path:
-    """Write metrics, both CSVs and the plot for one evaluation; return the
-    metrics file's path.
+def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
+    """Write metrics, both CSVs and (with `plot`) the plot for one evaluation;
+    return the metrics file's path.
 
     Every file's bytes are made first, then each is renamed into place.
     """
@@ -271,9 +273,10 @@ def write_outputs(out_dir: Path, e: Evaluation) -> Path:
         f"step_accuracy{sfx}.csv": step_csv(al, bp).encode(),
     }
     try:
-        eta = "auto" if e.weights.eta_by_step is not None else f"{info.eta:g}"
-        title = f"{info.method}, eta {eta}, width {info.width}"
-        files[f"step_accuracy{sfx}.png"] = step_plot_png(al, bp, title)
+        if plot:
+            eta = "auto" if e.weights.eta_by_step is not None else f"{info.eta:g}"
+            title = f"{info.method}, eta {eta}, width {info.width}"
+            files[f"step_accuracy{sfx}.png"] = step_plot_png(al, bp, title)
     except ImportError:  # the solver runs without matplotlib; only the plot is lost
         log.warning(
             "evaluate: matplotlib missing, step_accuracy%s.png not written", sfx
@@ -318,10 +321,10 @@ def write_outputs(out_dir: Path, e: Evaluation) -> Path:
     metavar="DIR",
     type=click.Path(file_okay=False),
     default=None,
-    help="With --variants: then write the report over every chain into DIR "
-    "(as `pal-solver report --variants … --out DIR`).",
+    help="With --pipeline: then write the report over every chain into DIR "
+    "(as `pal-solver report --pipeline NAME --out DIR`).",
 )
-@variants_option
+@pipeline_option
 @run_params_option
 @clean_errors
 def cli(
@@ -332,7 +335,7 @@ def cli(
     params_file: Source,
     device: str | None,
     report: str | None,
-    variants: str | None,
+    pipeline: str | None,
 ) -> None:
     """Score the weights on every step's test shards; write metrics.
 
@@ -341,24 +344,25 @@ def cli(
     accuracy_matrix.csv, step_accuracy.csv and step_accuracy.png. For
     weights-eta<η>.h5 the names carry the same -eta<η> suffix.
 
-    With --variants, every (variant, run) chain in one process: FEATURES/
-    <variant>/<run> and SOLVE/<variant>/<run> into OUT/<variant>/<run>; with
+    With --pipeline NAME, every (variant, run) chain in one process: FEATURES/
+    <variant>/<run> and SOLVE/<variant>/<run> into OUT/<variant>/<run>
+    (without the per-chain plot; the report plots every variant); with
     --report DIR, then the report over them (tables and plots) into DIR.
     """
-    if variants is None:
+    if pipeline is None:
         if report is not None:
-            raise PalError("--report needs --variants")
-        _evaluate_one(features, weights, solve, out, params_file, device, None)
+            raise PalError("--report needs --pipeline")
+        _evaluate_one(features, weights, solve, out, params_file, device, None, True)
         return
     if weights:
-        raise PalError("--variants reads each chain's weights from --solve")
-    todo = chains(params_file, variants)
+        raise PalError("--pipeline reads each chain's weights from --solve")
+    todo = chains(params_file, pipeline)
     backend = None
     for src, chain in todo:
         log.info("evaluate: chain %s", chain)
         backend = _evaluate_one(
             Path(features) / chain, (), Path(solve) / chain, Path(out) / chain,
-            src, device, backend,
+            src, device, backend, plot=False,
         )  # fmt: skip
     if report is not None:
         from solver.report import protocol_report
@@ -375,6 +379,7 @@ def _evaluate_one(
     source: Source,
     device: str | None,
     backend: Backend | None,
+    plot: bool,
 ) -> Backend:
     """One chain: its weights (default: named by its solve.eta) scored."""
     params = apply_overrides(load_section(source, "solve", SolveParams), device=device)
@@ -388,5 +393,6 @@ def _evaluate_one(
         out,
         backend=backend,
         batch_rows=params.batch_rows,
+        plot=plot,
     )
     return backend

@@ -30,23 +30,18 @@ from solver.cliutil import clean_errors, folder_option, params_option
 from solver.errors import PalError
 from solver.metrics import matrix_csv, metrics_json
 from solver.outputs import write_bytes_atomic
-from solver.params import ProtocolParams, load_section
+from solver.params import (
+    ProtocolParams,
+    load_section,
+    pipeline_variants,
+    variant_label,
+)
 
 log = logging.getLogger(__name__)
 
-# row name → label; the BP head of PAL is the row `bp`
-LABELS = {
-    "pal": "PAL (prompts + AL)",
-    "bp": "w/o AL module (BP head)",
-    "init": "prompts at init, never trained + AL",
-    "frozen": "w/o prompt module (ACIL on frozen features)",
-    "no_recon": "w/o reconstruction loss (λ = 0)",
-    "shared": "shared pool",
-    "vector": "prompt vector",
-    "input": "input-position prompts",
-    "fast": "PAL, prompt lr 1e-2 (the prompts learn)",
-    "first": "prompts tuned in task 1 only, lr 1e-2 (beyond the paper)",
-}
+# the row of PAL's BP head; every variant's label is its params row's
+# (`ablation.<variant>.label`)
+BP_LABEL = "w/o AL module (BP head)"
 SCALARS = ("acc", "fg", "fg_diag", "aia", "last")
 MISSING = ("complete", "image_missing", "text_missing")
 COLUMNS = {
@@ -159,15 +154,23 @@ def build(
     evaluations: Path | Sequence[Path],
     variants: Sequence[str],
     protocol: ProtocolParams,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The report's content: runs, which seeds vary, and one entry per row."""
+    """The report's content: runs, which seeds vary, one entry per row and
+    each row's label (`labels`, default: the row's name)."""
     rows: dict[str, Any] = {}
     for variant in variants:
         per_run = read_runs(evaluations, variant, protocol.runs)
         rows[variant] = aggregate(per_run)
         if variant == "pal" and all(m.get("bp") for m in per_run):
             rows["bp"] = aggregate([m["bp"] for m in per_run])
-    return {"runs": list(protocol.runs), "vary": list(protocol.vary), "rows": rows}
+    labels = {**{name: name for name in rows}, **(labels or {}), "bp": BP_LABEL}
+    return {
+        "runs": list(protocol.runs),
+        "vary": list(protocol.vary),
+        "rows": rows,
+        "labels": {name: labels[name] for name in rows},
+    }
 
 
 def _cell(stat: dict[str, Any] | None) -> str:
@@ -207,7 +210,7 @@ def table_md(report: dict[str, Any]) -> str:
         "|" + "---|" * len(header),
     ]
     for name, row in report["rows"].items():
-        lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(_cells(row)) + " |")
+        lines.append(f"| {report['labels'][name]} | " + " | ".join(_cells(row)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -261,7 +264,7 @@ def steps_png(report: dict[str, Any]) -> bytes:
         stats = row["step_accuracy"]
         steps = list(range(1, len(stats) + 1))
         mean = [s["mean"] for s in stats]
-        (line,) = ax.plot(steps, mean, marker="o", label=LABELS.get(name, name))
+        (line,) = ax.plot(steps, mean, marker="o", label=report["labels"][name])
         if all(s["std"] is not None for s in stats):
             lo = [s["mean"] - s["std"] for s in stats]
             hi = [s["mean"] + s["std"] for s in stats]
@@ -325,7 +328,7 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
     data = {name: text.encode() for name, text in files.items()}
     try:
         data["step_accuracy.png"] = steps_png(report)
-        title = f"{LABELS.get(first, first)}: mean over {len(report['runs'])} runs"
+        title = f"{report['labels'][first]}: mean over {len(report['runs'])} runs"
         data["accuracy_matrix.png"] = matrix_png(report["rows"][first]["matrix"], title)
     except ImportError:
         log.warning("report: matplotlib missing, the plots are not written")
@@ -346,18 +349,29 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
     "variant is read).",
 )
 @click.option(
+    "--pipeline",
+    "pipelines",
+    multiple=True,
+    metavar="NAME",
+    help="Report the variants params pipelines.NAME lists, in table order; "
+    "repeat it for several pipelines' variants in one table.",
+)
+@click.option(
     "--variants",
-    default="pal",
-    show_default=True,
+    default=None,
     metavar="NAME[,NAME…]",
-    help="Variants (rows of params `ablation`) to report, in table order; "
-    "pal also adds its BP head as the row 'w/o AL module'.",
+    help="Or name the variants (rows of params `ablation`) to report, in table "
+    "order. Default: pal. pal also adds its BP head as the row 'w/o AL module'.",
 )
 @folder_option("out", "results", "Output folder for the tables and plots.")
 @params_option
 @clean_errors
 def cli(
-    evaluations: tuple[str, ...], variants: str, out: str, params_file: str
+    evaluations: tuple[str, ...],
+    pipelines: tuple[str, ...],
+    variants: str | None,
+    out: str,
+    params_file: str,
 ) -> None:
     """Mean ± std over the protocol's runs, per variant: tables and plots.
 
@@ -365,7 +379,12 @@ def cli(
     writes metrics.json, table.md, table.csv, step_accuracy.csv/.png and
     accuracy_matrix.csv/.png (the first variant's mean matrix) into OUT.
     """
-    names = [v.strip() for v in variants.split(",") if v.strip()]
+    if pipelines and variants is not None:
+        raise ReportError("--pipeline and --variants: give one of them")
+    if pipelines:
+        names = [v for p in pipelines for v in pipeline_variants(params_file, p)]
+    else:
+        names = [v.strip() for v in (variants or "pal").split(",") if v.strip()]
     protocol_report([Path(e) for e in evaluations], names, Path(out), params_file)
 
 
@@ -376,7 +395,8 @@ def protocol_report(
     protocol = load_section(params_file, "protocol", ProtocolParams)
     if not names:
         raise ReportError("--variants: name at least one variant")
-    report = build(evaluations, names, protocol)
+    labels = {name: variant_label(params_file, name) for name in names}
+    report = build(evaluations, names, protocol, labels)
     write_report(out, report)
     pal = report["rows"][names[0]]["acc"]
     log.info(

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from solver.backend import Backend, get_backend
-from solver.chains import chains, variants_option
+from solver.chains import chains, pipeline_option
 from solver.cliutil import (
     clean_errors,
     file_option,
@@ -261,7 +261,7 @@ def _save_state(
     "Write the solver state after the last step (G and Q, or R and W, with the "
     "weights so far): 8·d² bytes per d×d matrix.",
 )
-@variants_option
+@pipeline_option
 @run_params_option
 @clean_errors
 def cli(
@@ -269,7 +269,7 @@ def cli(
     out: str,
     state: str | None,
     save_state: str | None,
-    variants: str | None,
+    pipeline: str | None,
     params_file: Source,
     **overrides: str | None,
 ) -> None:
@@ -281,20 +281,20 @@ def cli(
     solution over all rows of steps 1..k. Options override the `solve:`
     section of the params file.
 
-    With --variants, every (variant, run) chain in one process and on one
+    With --pipeline NAME, every (variant, run) chain in one process and on one
     backend: FEATURES/<variant>/<run> into OUT/<variant>/<run>.
     """
-    if variants is None:
+    if pipeline is None:
         params = apply_overrides(
             load_section(params_file, "solve", SolveParams), **overrides
         )
         solve(features, out, params, state=state, save_state=save_state)
         return
     if state is not None or save_state is not None:
-        raise PalError("--variants does not combine with --state or --save-state")
+        raise PalError("--pipeline does not combine with --state or --save-state")
     todo = [
         (chain, apply_overrides(load_section(src, "solve", SolveParams), **overrides))
-        for src, chain in chains(params_file, variants)
+        for src, chain in chains(params_file, pipeline)
     ]  # every chain's params checked before the first is fitted
     backend = get_backend(todo[0][1].device)
     for chain, params in todo:

@@ -104,8 +104,13 @@ def make_scratch_project(dst: Path, params: dict[str, Any]) -> dict[str, str]:
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
-    variants = yaml.safe_load((ROOT / "params.yaml").read_text())["ablation"]
-    params = {"ablation": variants, **params}  # the project's variants by default
+    project = yaml.safe_load((ROOT / "params.yaml").read_text())
+    # the project's variants and pipelines by default
+    params = {
+        "ablation": project["ablation"],
+        "pipelines": project["pipelines"],
+        **params,
+    }
     (dst / "params.yaml").write_text(
         yaml.safe_dump(complete_params(params), sort_keys=False)
     )

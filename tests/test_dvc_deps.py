@@ -95,10 +95,12 @@ def run_params(cmd: str) -> set[str]:
     words = shlex.split(cmd)
     keys = {"protocol.vary"} if "--run" in words else set()
     if "--variant" in words:
-        keys.add(f"ablation.{words[words.index('--variant') + 1]}")
-    if "--variants" in words and words[1] in ("solve", "evaluate"):
-        names = words[words.index("--variants") + 1].split(",")
-        keys.update(f"ablation.{name}" for name in names)
+        keys.add(f"ablation.{words[words.index('--variant') + 1]}.changes")
+    # --pipeline NAME: the variants pipelines.NAME lists, their rows (labels,
+    # changes) and the runs of the protocol
+    for i, word in enumerate(words):
+        if word == "--pipeline":
+            keys.update({f"pipelines.{words[i + 1]}", "ablation"})
     return keys
 
 
@@ -116,14 +118,14 @@ def mismatches(spec: dict[str, Any], root: Path = ROOT) -> list[str]:
     return problems
 
 
-def resolved_stages() -> dict[str, dict[str, Any]]:
+def resolved_stages(root: Path = ROOT) -> dict[str, dict[str, Any]]:
     """Every stage of both pipelines as DVC resolves it: cmd, deps, params."""
     from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     stages = {}
-    with Repo(str(ROOT)) as repo:
+    with Repo(str(root)) as repo:
         for stage in repo.index.stages:
             params = [d for d in stage.deps if isinstance(d, ParamsDependency)]
             stages[stage.addressing] = {
@@ -174,12 +176,12 @@ def test_an_undeclared_params_section_is_caught() -> None:
     assert "undeclared params tune.lr" in problems
     assert all(
         p.startswith(("undeclared params tune.", "undeclared params protocol.vary"))
-        or p == "undeclared params ablation.pal"
+        or p == "undeclared params ablation.pal.changes"
         for p in problems
     )
     assert "undeclared params tune.num_workers" not in problems  # run-only
     assert "undeclared params protocol.vary" in problems  # pal tune --run
-    assert "undeclared params ablation.pal" in problems  # pal tune --variant pal
+    assert "undeclared params ablation.pal.changes" in problems  # --variant pal
 
 
 def test_closure_follows_imports_inside_functions_and_packages() -> None:
@@ -199,7 +201,47 @@ def test_params_files_hold_every_declared_key(params_file: str) -> None:
     raw = yaml.safe_load((ROOT / params_file).read_text())
     for stage, spec in STAGES.items():
         for key in spec.get("params", []):
-            section, _, name = key.partition(".")
-            assert section in raw and (not name or name in raw[section]), (
-                f"{params_file} lacks {key} (declared by stage {stage})"
-            )
+            node = raw
+            for part in key.split("."):
+                assert isinstance(node, dict) and part in node, (
+                    f"{params_file} lacks {key} (declared by stage {stage})"
+                )
+                node = node[part]
+
+
+def test_a_variant_is_added_in_two_edits_of_params(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its row under `ablation` (label and changes) and its name in a
+    pipeline's list: DVC then runs its tune and extract chains, the analytic
+    stage fits it and the report labels it, with no edit of dvc.yaml."""
+    from dvc.repo import Repo
+
+    Repo.init(str(tmp_path), no_scm=True)
+    shutil.copy(ROOT / "dvc.yaml", tmp_path)
+    (tmp_path / "ablation").mkdir()
+    shutil.copy(ROOT / "ablation" / "dvc.yaml", tmp_path / "ablation")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["ablation"]["long"] = {  # edit 1
+        "label": "PAL, prompts of length 8",
+        "changes": {"prompt": {"length": 8}},
+    }
+    params["pipelines"]["main"].append("long")  # edit 2
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    monkeypatch.chdir(tmp_path)  # DVC names stages relative to the working folder
+    stages = resolved_stages(tmp_path)
+    runs = params["protocol"]["runs"]
+    for stage in ("tune", "extract"):
+        assert {f"{stage}@long-{r}" for r in runs} <= set(stages)
+        assert mismatches(stages[f"{stage}@long-0"]) == []
+    assert "ablation.long.changes" in stages["tune@long-0"]["params"]
+    assert (
+        "--prepare data/prepare/0 --out data/tune/long/0"
+        in (stages["tune@long-0"]["cmd"])
+    )
+    assert STAGES["solve"] == stages["solve"]  # reads the list from params
+    from solver.params import pipeline_variants, variant_label
+
+    assert pipeline_variants(tmp_path / "params.yaml", "main")[-1] == "long"
+    label = variant_label(tmp_path / "params.yaml", "long")
+    assert label == "PAL, prompts of length 8"

@@ -11,7 +11,13 @@ from click.testing import CliRunner
 
 from solver.cli import main
 from solver.errors import ParamsError
-from solver.params import ProtocolParams, SolveParams, Source, load_section
+from solver.params import (
+    ProtocolParams,
+    SolveParams,
+    Source,
+    load_section,
+    pipeline_variants,
+)
 from solver.report import ReportError, build, mean_std, table_md, write_report
 
 
@@ -78,7 +84,10 @@ def test_report_rows_means_and_stds(evaluations: Path) -> None:
 
 
 def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
-    report = build(evaluations, ["pal", "frozen"], ProtocolParams(runs=(0, 1, 2)))
+    labels = {"pal": "PAL (prompts + AL)", "frozen": "w/o prompt module"}
+    report = build(
+        evaluations, ["pal", "frozen"], ProtocolParams(runs=(0, 1, 2)), labels
+    )
     out = tmp_path / "results"
     write_report(out, report)
     assert sorted(p.name for p in out.iterdir()) == [
@@ -100,9 +109,8 @@ def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
         "| PAL (prompts + AL) | 63.00 ± 3.61 | 6.30 ± 0.36 | 3.15 ± 0.18 | "
         "64.00 ± 3.61 | 62.00 ± 3.61 | 68.00 ± 3.61 | 58.00 ± 3.61 | 60.00 ± 3.61 |"
     )
-    assert lines[6].startswith(
-        "| w/o prompt module (ACIL on frozen features) | 50.00 ± 0.00 |"
-    )
+    assert lines[5].startswith("| w/o AL module (BP head) | 31.50 ± 1.80 |")
+    assert lines[6].startswith("| w/o prompt module | 50.00 ± 0.00 |")
     csv = (out / "step_accuracy.csv").read_text().splitlines()
     assert csv[0] == "step,pal_mean,pal_std,bp_mean,bp_std,frozen_mean,frozen_std"
     assert csv[2] == "2,63.0000,3.6056,31.5000,1.8028,50.0000,0.0000"
@@ -130,7 +138,10 @@ def test_cli_writes_the_report_and_names_a_missing_run(
     evaluations: Path, tmp_path: Path
 ) -> None:
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"protocol": {"runs": [0, 1, 2, 3]}}))
+    rows = {v: {"label": f"the {v} row", "changes": {}} for v in ("pal", "frozen")}
+    params.write_text(
+        yaml.safe_dump({"protocol": {"runs": [0, 1, 2, 3]}, "ablation": rows})
+    )
     args = ["report", "--evaluations", str(evaluations), "--variants", "pal,frozen"]
     args += ["--out", str(tmp_path / "out"), "--params", str(params)]
     result = CliRunner().invoke(main, args)
@@ -138,10 +149,18 @@ def test_cli_writes_the_report_and_names_a_missing_run(
     missing = evaluations / "pal" / "3" / "metrics.json"
     assert result.output == f"Error: {missing}: not found (run 3 not evaluated)\n"
     assert not (tmp_path / "out").exists()  # nothing half-written
-    params.write_text(yaml.safe_dump({"protocol": {"runs": [0, 1, 2]}}))
+    params.write_text(
+        yaml.safe_dump({"protocol": {"runs": [0, 1, 2]}, "ablation": rows})
+    )
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "out" / "table.md").is_file()
+    table = (tmp_path / "out" / "table.md").read_text().splitlines()
+    # labels from params, the BP head's own
+    assert [row.split(" | ")[0] for row in table[4:]] == [
+        "| the pal row",
+        "| w/o AL module (BP head)",
+        "| the frozen row",
+    ]
 
 
 # ------------------------------------------------ runs and variants of params
@@ -169,7 +188,10 @@ def test_a_variant_overlays_its_keys(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         solve={"seed": 0, "width": 64},
-        ablation={"pal": {}, "wide": {"solve": {"width": 128}}},
+        ablation={
+            "pal": {"label": "PAL", "changes": {}},
+            "wide": {"label": "wider", "changes": {"solve": {"width": 128}}},
+        },
     )
     wide = load_section(Source(path, run=1, variant="wide"), "solve", SolveParams)
     assert (wide.width, wide.seed) == (128, 1)  # all four seeds vary by default
@@ -180,7 +202,8 @@ def test_a_variant_overlays_its_keys(tmp_path: Path) -> None:
     assert str(err.value) == (
         f"{path}: unknown variant 'ablation.tall' (known: pal, wide)"
     )
-    path = write(tmp_path, solve={}, ablation={"bad": {"solve": {"width": 0}}})
+    bad = {"bad": {"label": "bad", "changes": {"solve": {"width": 0}}}}
+    path = write(tmp_path, solve={}, ablation=bad)
     with pytest.raises(ParamsError, match=r"solve\.width must be > 0, got 0$"):
         load_section(Source(path, variant="bad"), "solve", SolveParams)
 
@@ -211,16 +234,44 @@ def test_source_options_round_trip() -> None:
 
 def test_bad_run_params_are_one_line(tmp_path: Path) -> None:
     """A seed that is no integer is named by its section's own check; a
-    variant row that is no mapping is named too."""
+    variant row that is not a label and its changes is named too."""
     path = write(tmp_path, solve={"seed": "x"}, ablation={"bad": [1, 2]})
     with pytest.raises(ParamsError) as err:
         load_section(Source(path, run=1), "solve", SolveParams)
     assert str(err.value) == f"{path}: solve.seed must be an integer, got 'x'"
-    with pytest.raises(ParamsError) as err:
-        load_section(Source(path, variant="bad"), "solve", SolveParams)
-    assert str(err.value) == (
-        f"{path}: ablation.bad must map sections to the keys it changes"
-    )
+    rows = (
+        ([1, 2], "ablation.bad must hold a label and the changes it makes: "
+                 "{label: TEXT, changes: {section: {key: value}}}"),
+        ({"label": "", "changes": {}}, "ablation.bad.label must be a text, got ''"),
+        ({"label": "b", "changes": [1]},
+         "ablation.bad.changes must map sections to the keys it changes"),
+        ({"label": "b", "changes": {"protocol": {"runs": [0]}}},
+         "ablation.bad.changes.protocol must be a mapping of keys of a stage's "
+         "section"),
+    )  # fmt: skip
+    for row, message in rows:
+        path = write(tmp_path, solve={}, ablation={"bad": row})
+        with pytest.raises(ParamsError) as err:
+            load_section(Source(path, variant="bad"), "solve", SolveParams)
+        assert str(err.value) == f"{path}: {message}"
+
+
+def test_pipelines_list_known_variants(tmp_path: Path) -> None:
+    rows = {"pal": {"label": "PAL", "changes": {}}}
+    for lists, message in (
+        ({"main": ["pal"]}, None),
+        ({"other": ["pal"]}, "unknown pipeline 'pipelines.main' (known: other)"),
+        ({"main": []}, "pipelines.main must list at least one variant"),
+        ({"main": ["pal", "pal"]}, "pipelines.main lists a variant twice"),
+        ({"main": ["pal", "x"]}, "unknown variant 'ablation.x' (known: pal)"),
+    ):
+        path = write(tmp_path, ablation=rows, pipelines=lists)
+        if message is None:
+            assert pipeline_variants(path, "main") == ["pal"]
+            continue
+        with pytest.raises(ParamsError) as err:
+            pipeline_variants(path, "main")
+        assert str(err.value) == f"{path}: {message}"
 
 
 def test_a_run_that_is_not_evaluate_output_is_named(tmp_path: Path) -> None:

@@ -352,26 +352,28 @@ protocol:
   runs: [0, 1]
   vary: [upsampling]
 ablation:
-  pal: {}
-  wide:
-    solve: {width: 64}
+  pal: {label: PAL, changes: {}}
+  wide: {label: wider, changes: {solve: {width: 64}}}
+pipelines:
+  main: [pal, wide]
+  other: [wide, gone]
 """
 )
 
 
-def test_variants_fit_and_score_every_chain_in_one_process(tmp_path, pristine):
-    """solve/evaluate --variants: each (variant, run) chain gets exactly the
+def test_a_pipeline_is_fitted_and_scored_in_one_process(tmp_path, pristine):
+    """solve/evaluate --pipeline: each (variant, run) chain gets exactly the
     bytes of its own `--run r --variant v` process; evaluate --report writes
     the report over them."""
     for chain in ("pal/0", "pal/1", "wide/0", "wide/1"):
         shutil.copytree(pristine / "extract", tmp_path / "extract" / chain)
     (tmp_path / "params.yaml").write_text(CHAIN_PARAMS)
     base = ["--params", str(tmp_path / "params.yaml")]
-    r = CliRunner().invoke(main, ["solve", *base, "--variants", "pal,wide",
+    r = CliRunner().invoke(main, ["solve", *base, "--pipeline", "main",
                                   "--features", str(tmp_path / "extract"),
                                   "--out", str(tmp_path / "solve")])  # fmt: skip
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(main, ["evaluate", *base, "--variants", "pal,wide",
+    r = CliRunner().invoke(main, ["evaluate", *base, "--pipeline", "main",
                                   "--features", str(tmp_path / "extract"),
                                   "--solve", str(tmp_path / "solve"),
                                   "--out", str(tmp_path / "evaluate"),
@@ -390,7 +392,9 @@ def test_variants_fit_and_score_every_chain_in_one_process(tmp_path, pristine):
         assert (info.width, info.seed) == (64 if variant == "wide" else 48, int(run))
         assert (tmp_path / "evaluate" / chain / "metrics.json").is_file()
     table = (tmp_path / "results" / "table.md").read_text()
-    assert table.count("\n| ") >= 3  # header and a row for each variant
+    rows = [line.split(" | ")[0] for line in table.splitlines()[4:]]
+    # the labels of params in table order, PAL's BP head after PAL
+    assert rows == ["| PAL", "| w/o AL module (BP head)", "| wider"]
     report = json.loads((tmp_path / "results" / "metrics.json").read_text())
     assert report["runs"] == [0, 1] and set(report) >= {"pal", "wide"}
 
@@ -398,14 +402,15 @@ def test_variants_fit_and_score_every_chain_in_one_process(tmp_path, pristine):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--variants", "pal", "--run", "0"],
-         "Error: --variants does not combine with --run or --variant\n"),
-        (["--variants", " , "], "Error: --variants: name at least one variant\n"),
-        (["--variants", "pal,nope"],
-         "Error: params.yaml: unknown variant 'ablation.nope' (known: pal, wide)\n"),
+        (["--pipeline", "main", "--run", "0"],
+         "Error: --pipeline does not combine with --run or --variant\n"),
+        (["--pipeline", "nope"], "Error: params.yaml: unknown pipeline "
+         "'pipelines.nope' (known: main, other)\n"),
+        (["--pipeline", "other"],
+         "Error: params.yaml: unknown variant 'ablation.gone' (known: pal, wide)\n"),
     ],
 )  # fmt: skip
-def test_variants_errors_are_one_line(tmp_path, monkeypatch, args, message):
+def test_pipeline_errors_are_one_line(tmp_path, monkeypatch, args, message):
     (tmp_path / "params.yaml").write_text(CHAIN_PARAMS)
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, ["solve", *args])
