@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from solver.errors import PalError
+from palcore.errors import PalError
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
+from palcore.errors import PalError
+from palcore.outputs import step_dir_name, write_bytes_atomic
+from palcore.params import outcome_record
 from pipeline.backbone import Backbone
 from pipeline.model import PalModel
 from pipeline.params import ModelParams, PromptParams, TuneParams
-from solver.errors import PalError
-from solver.outputs import step_dir_name, write_bytes_atomic
-from solver.params import outcome_record
 
 CHECKPOINT_FORMAT = 1
 

@@ -10,7 +10,7 @@ import os
 
 import click
 
-from solver.cliutil import LazyGroup, setup_logging
+from palcore.cliutil import LazyGroup, setup_logging
 
 # Idle OpenMP threads sleep instead of spinning: on shared or small machines a
 # spinning torch thread pool was measured to slow training steps several-fold.

@@ -36,6 +36,9 @@ import click
 import numpy as np
 import torch
 
+from palcore.cliutil import clean_errors, folder_option, run_params_option
+from palcore.errors import PalError
+from palcore.params import Source, outcome_record
 from pipeline import params as pparams
 from pipeline.backbone import (
     Backbone,
@@ -60,9 +63,6 @@ from pipeline.resume import (
     signature,
 )
 from pipeline.samples import SAMPLES_FILE, Sample, Tasks, read_prepare, select
-from solver.cliutil import clean_errors, folder_option, run_params_option
-from solver.errors import PalError
-from solver.params import Source, outcome_record
 from solver.shards import Block, ShardAttrs, step_dir_name, write_test, write_train
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from solver.errors import PalError
+from palcore.errors import PalError
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from palcore.codes import Missing
+from palcore.errors import PalError
 from pipeline.samples import Batch, Sample
-from solver.codes import Missing
-from solver.errors import PalError
 
 
 def dummy_image(side: int) -> torch.Tensor:

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from palcore.codes import Missing
 from pipeline.backbone import Backbone, autocast
 from pipeline.model import PalModel, QueryCache
 from pipeline.samples import Batch
-from solver.codes import Missing
 
 Parts = dict[str, torch.Tensor]
 

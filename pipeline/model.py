@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from palcore.codes import Missing
 from pipeline.backbone import Backbone
 from pipeline.params import PromptParams
 from pipeline.prompts import Prompts, check_prompt_params
 from pipeline.samples import Batch
-from solver.codes import Missing
 
 
 class TaskHead(nn.Module):

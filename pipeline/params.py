@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from solver.params import RUN_ONLY, check, load_section
+from palcore.params import RUN_ONLY, check, load_section
 
 
 @dataclasses.dataclass(frozen=True)

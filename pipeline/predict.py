@@ -31,17 +31,18 @@ from typing import Any
 import click
 import numpy as np
 
+from palcore.cliutil import clean_errors, file_option, folder_option, params_option
+from palcore.codes import Missing
+from palcore.errors import PalError
+from palcore.outputs import write_bytes_atomic
+from palcore.params import load_section
 from pipeline import params as pparams
 from pipeline.backbone import load_backbone, resolve_device
 from pipeline.checkpoint import checkpoint_path, load_checkpoint, model_from_checkpoint
 from pipeline.embed import embed_samples
 from pipeline.samples import Sample
 from solver.backend import get_backend
-from solver.cliutil import clean_errors, file_option, folder_option, params_option
-from solver.codes import Missing
-from solver.errors import PalError
-from solver.outputs import write_bytes_atomic
-from solver.params import SolveParams, load_section
+from solver.params import SolveParams
 from solver.rls import Expander, upsampling_matrix
 from solver.weights import WeightsFile
 

@@ -43,13 +43,13 @@ from pathlib import Path
 import click
 import numpy as np
 
+from palcore.cliutil import clean_errors, folder_option, run_params_option
+from palcore.codes import Missing
+from palcore.outputs import write_bytes_atomic
 from pipeline import protocol
 from pipeline.datasets import DatasetError, FileIndex, Listing, read_dataset
 from pipeline.params import DataParams, load
 from pipeline.samples import SAMPLE_KEYS, SAMPLES_FILE, SPLITS, TASKS_FILE
-from solver.cliutil import clean_errors, folder_option, run_params_option
-from solver.codes import Missing
-from solver.outputs import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from palcore.errors import ParamsError
 from pipeline.backbone import LayerPrompt
 from pipeline.params import PromptParams
-from solver.errors import ParamsError
 
 
 def orthogonal_rows(

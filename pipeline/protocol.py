@@ -34,8 +34,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from solver.codes import Missing
-from solver.errors import ParamsError
+from palcore.codes import Missing
+from palcore.errors import ParamsError
 
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
 

@@ -28,12 +28,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from solver.outputs import write_bytes_atomic
+from palcore.outputs import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]  # the folder holding pipeline/, solver/
-PACKAGES = ("pipeline", "solver")
+ROOT = Path(__file__).resolve().parents[1]  # the folder holding the packages
+PACKAGES = ("palcore", "pipeline", "solver")
 SIGNATURE_FILE = "SIGNATURE"
 
 

@@ -4,7 +4,7 @@
 `SAMPLE_KEYS`) and `tasks.json` (class order, the task split, the params of
 `data`). `pal prepare` writes them; `read_prepare` reads and validates them
 for `pal tune`, `pal extract` and the loader. `Batch` is what the loader
-yields and the model consumes. Missing-modality codes are `solver.codes.Missing`.
+yields and the model consumes. Missing-modality codes are `palcore.codes.Missing`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from solver.codes import Missing
-from solver.errors import PalError
+from palcore.codes import Missing
+from palcore.errors import PalError
 
 if TYPE_CHECKING:
     import torch

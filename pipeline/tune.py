@@ -23,6 +23,8 @@ from pathlib import Path
 import click
 import torch
 
+from palcore.cliutil import clean_errors, file_option, folder_option, run_params_option
+from palcore.outputs import write_bytes_atomic
 from pipeline import params as pparams
 from pipeline.backbone import (
     Backbone,
@@ -54,8 +56,6 @@ from pipeline.samples import (
     select,
 )
 from pipeline.train import train_task
-from solver.cliutil import clean_errors, file_option, folder_option, run_params_option
-from solver.outputs import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

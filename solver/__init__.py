@@ -3,7 +3,3 @@
 This package never imports torch or transformers: a machine with only NumPy
 (or CuPy), h5py and click can re-solve and re-evaluate from shared features.
 """
-
-from solver.errors import PalError, ParamsError, ShardError
-
-__all__ = ["PalError", "ParamsError", "ShardError"]

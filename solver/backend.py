@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy.linalg import blas, lapack
 
-from solver.errors import PalError
+from palcore.errors import PalError
 
 log = logging.getLogger(__name__)
 

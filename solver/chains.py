@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from solver.errors import ParamsError
-from solver.params import ProtocolParams, Source, load_section, pipeline_variants
+from palcore.errors import ParamsError
+from palcore.params import ProtocolParams, Source, load_section, pipeline_variants
 
 
 def pipeline_option(fn: Callable[..., Any]) -> Callable[..., Any]:

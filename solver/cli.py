@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from solver.cliutil import LazyGroup, setup_logging
+from palcore.cliutil import LazyGroup, setup_logging
 
 COMMANDS = {
     "solve": (

@@ -33,19 +33,20 @@ import click
 import numpy as np
 from tqdm import tqdm
 
-from solver.backend import Backend, get_backend
-from solver.chains import chains, pipeline_option
-from solver.cliutil import (
+from palcore.cliutil import (
     clean_errors,
     folder_option,
     run_params_option,
 )
-from solver.codes import Missing
-from solver.errors import PalError, ShardError
+from palcore.codes import Missing
+from palcore.errors import PalError, ShardError
+from palcore.outputs import write_bytes_atomic
+from palcore.params import Source, load_section
+from solver.backend import Backend, get_backend
+from solver.chains import chains, pipeline_option
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar
-from solver.outputs import write_bytes_atomic
-from solver.params import SolveParams, Source, load_section
+from solver.params import SolveParams
 from solver.rls import Expander, upsampling_matrix
 from solver.shards import StepShards, open_features, task_group_name
 from solver.weights import WeightsError, WeightsFile, weights_name

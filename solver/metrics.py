@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from solver.codes import Missing
-from solver.outputs import task_group_name
+from palcore.codes import Missing
+from palcore.outputs import task_group_name
 
 MISSING_KEYS = tuple(m.key for m in Missing)  # by code 0, 1, 2
 

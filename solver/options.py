@@ -7,7 +7,7 @@ import dataclasses
 import math
 import typing
 
-from solver.errors import ParamsError
+from palcore.errors import ParamsError
 from solver.params import SolveParams
 
 _FLOAT_OPTIONS = ("eta",)

@@ -26,16 +26,16 @@ from typing import Any
 
 import click
 
-from solver.cliutil import clean_errors, folder_option, params_option
-from solver.errors import PalError
-from solver.metrics import matrix_csv, metrics_json
-from solver.outputs import write_bytes_atomic
-from solver.params import (
+from palcore.cliutil import clean_errors, folder_option, params_option
+from palcore.errors import PalError
+from palcore.outputs import write_bytes_atomic
+from palcore.params import (
     ProtocolParams,
     load_section,
     pipeline_variants,
     variant_label,
 )
+from solver.metrics import matrix_csv, metrics_json
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from palcore.errors import PalError
 from solver.backend import Backend
-from solver.errors import PalError
 
 METHODS = ("gram", "woodbury")
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from solver.codes import Missing
-from solver.errors import ShardError
-from solver.outputs import atomic_path, step_dir_name, task_group_name
+from palcore.codes import Missing
+from palcore.errors import ShardError
+from palcore.outputs import atomic_path, step_dir_name, task_group_name
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 1024  # HDF5 chunk rows; (1024, D) float32 is 3 MB at D = 768

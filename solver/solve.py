@@ -16,17 +16,18 @@ import click
 import numpy as np
 from tqdm import tqdm
 
-from solver.backend import Backend, get_backend
-from solver.chains import chains, pipeline_option
-from solver.cliutil import (
+from palcore.cliutil import (
     clean_errors,
     file_option,
     folder_option,
     run_params_option,
 )
-from solver.errors import PalError
+from palcore.errors import PalError
+from palcore.params import Source, load_section
+from solver.backend import Backend, get_backend
+from solver.chains import chains, pipeline_option
 from solver.options import apply_overrides, metavar
-from solver.params import SolveParams, Source, load_section
+from solver.params import SolveParams
 from solver.rls import Expander, RidgeRLS, make_rls, upsampling_matrix
 from solver.select import EtaSelector
 from solver.shards import StepShards, open_features

@@ -30,8 +30,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from solver.errors import PalError
-from solver.outputs import atomic_path, step_dir_name
+from palcore.errors import PalError
+from palcore.outputs import atomic_path, step_dir_name
 
 FORMAT_VERSION = 1
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from solver.errors import PalError
-from solver.outputs import temp_path
+from palcore.errors import PalError
+from palcore.outputs import temp_path
 from solver.shards import hdf5_reason, step_dir_name
 
 FORMAT_VERSION = 1

@@ -65,8 +65,9 @@ def scratch_env(path: Path) -> dict[str, str]:
 def complete_params(params: dict[str, Any]) -> dict[str, Any]:
     """`params` with every key of each section present (defaults filled in):
     dvc.yaml declares some sections key by key, and DVC requires those keys."""
+    from palcore.params import ProtocolParams
     from pipeline.params import SECTIONS
-    from solver.params import ProtocolParams, SolveParams
+    from solver.params import SolveParams
 
     classes = {**SECTIONS, "solve": SolveParams, "protocol": ProtocolParams}
     full = {}

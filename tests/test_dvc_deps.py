@@ -1,14 +1,17 @@
-"""dvc.yaml lists exactly the code and params each stage reads.
+"""dvc.yaml declares the code and params each stage reads.
 
-Code: a stage's command (`pal tune`) names its module through the command
-group's table (`pipeline.cli.COMMANDS`); the stage's code is that module and
-every project module it imports, transitively (`pipeline.resume.code_closure`,
-the same closure the resume signature hashes). Its dvc.yaml deps under
-pipeline/ and solver/ (folders expanded to their .py files) must equal it.
+Code, an import-boundary check: a stage's command (`pal tune`) names its
+module through the command group's table (`pipeline.cli.COMMANDS`); the
+stage's code is that module and every project module it imports, transitively
+(`pipeline.resume.code_closure`, the same closure the resume signature
+hashes). Every file of it must lie under a code dep of the stage (a file, or a
+folder such as `palcore` or `solver` declared whole), and every declared file,
+and at least one file of every declared folder, must be imported: no
+undeclared import, and nothing declared that the stage never reads.
 
 Params: the sections its code loads (`load(path, "tune")` and the like), each
 as the whole section, or key by key where run-only keys are left out
-(`solver.params.outcome_keys`); with `--run`, also `protocol.vary` (the seeds a
+(`palcore.params.outcome_keys`); with `--run`, also `protocol.vary` (the seeds a
 run moves), with `--variant NAME`, also `ablation.NAME` (the keys it changes).
 
 The stages are those DVC resolves from dvc.yaml and ablation/dvc.yaml (one
@@ -27,15 +30,16 @@ from typing import Any
 import pytest
 import yaml
 
+from palcore.params import ProtocolParams, outcome_keys
 from pipeline import cli as pipeline_cli
 from pipeline.params import SECTIONS
 from pipeline.resume import ROOT, code_closure, imported_modules
 from solver import cli as solver_cli
-from solver.params import ProtocolParams, SolveParams, outcome_keys
+from solver.params import SolveParams
 
 GROUPS = {"pal": pipeline_cli.COMMANDS, "pal-solver": solver_cli.COMMANDS}
 SECTION_CLASSES = {**SECTIONS, "solve": SolveParams, "protocol": ProtocolParams}
-CODE = ("pipeline/", "solver/")
+CODE = ("palcore", "pipeline/", "solver")
 
 
 def stage_module(cmd: str) -> str:
@@ -44,17 +48,24 @@ def stage_module(cmd: str) -> str:
     return GROUPS[group][command][0].split(":")[0]
 
 
-def declared_code(deps: list[str], root: Path) -> set[str]:
-    found = set()
+def code_problems(code: set[str], deps: list[str], root: Path) -> list[str]:
+    """Undeclared imports and declared code the stage never imports."""
+    files, folders = set(), set()
     for dep in deps:
-        if not dep.startswith(CODE):
-            continue
-        path = root / dep
-        if path.is_dir():
-            found.update(p.relative_to(root).as_posix() for p in path.rglob("*.py"))
-        else:
-            found.add(dep)
-    return found
+        if dep.startswith(CODE):
+            (folders if (root / dep).is_dir() else files).add(dep.rstrip("/"))
+
+    def covered(path: str) -> bool:
+        return path in files or any(path.startswith(f + "/") for f in folders)
+
+    problems = [f"undeclared code dep {p}" for p in sorted(code) if not covered(p)]
+    problems += [f"declared but not imported {p}" for p in sorted(files - code)]
+    problems += [
+        f"declared but not imported {f}/"
+        for f in sorted(folders)
+        if not any(p.startswith(f + "/") for p in code)
+    ]
+    return problems
 
 
 def loaded_sections(files: list[Path]) -> set[str]:
@@ -108,9 +119,7 @@ def mismatches(spec: dict[str, Any], root: Path = ROOT) -> list[str]:
     """What is wrong with one stage's deps and params (empty: nothing)."""
     files = code_closure(stage_module(spec["cmd"]), root)
     code = {p.relative_to(root).as_posix() for p in files}
-    listed = declared_code(spec.get("deps", []), root)
-    problems = [f"undeclared code dep {p}" for p in sorted(code - listed)]
-    problems += [f"declared but not imported {p}" for p in sorted(listed - code)]
+    problems = code_problems(code, spec.get("deps", []), root)
     params = expected_params(loaded_sections(files)) | run_params(spec["cmd"])
     declared = set(spec.get("params", []))
     problems += [f"undeclared params {p}" for p in sorted(params - declared)]
@@ -150,20 +159,20 @@ def test_command_groups_only_dispatch(group: str) -> None:
     """The groups are no stage's code: they import only the CLI plumbing, and
     their tables name modules (strings), which the stages' closures start from."""
     name = group[:-3].replace("/", ".")
-    assert imported_modules(ROOT / group, name) == {"solver.cliutil"}
+    assert imported_modules(ROOT / group, name) == {"palcore.cliutil"}
 
 
 def test_an_undeclared_import_is_caught(tmp_path: Path) -> None:
     """A copy of the code where pipeline.demo.stage imports solver.synthetic inside a
     function: the demo stage's deps no longer match."""
-    for package in ("pipeline", "solver"):
+    for package in ("palcore", "pipeline", "solver"):
         shutil.copytree(ROOT / package, tmp_path / package)
     demo = tmp_path / "pipeline" / "demo" / "stage.py"
     demo.write_text(
         demo.read_text() + "\n\ndef _extra() -> None:\n    import solver.synthetic\n"
     )
     assert mismatches(STAGES["demo"], tmp_path) == [
-        "undeclared code dep solver/outputs.py",
+        "undeclared code dep solver/__init__.py",
         "undeclared code dep solver/shards.py",
         "undeclared code dep solver/synthetic.py",
     ]
@@ -189,8 +198,8 @@ def test_closure_follows_imports_inside_functions_and_packages() -> None:
         p.relative_to(ROOT).as_posix() for p in code_closure("pipeline.demo.stage")
     }
     assert "pipeline/demo/model.py" in closure  # imported inside write_backbone
-    assert {"pipeline/__init__.py", "solver/__init__.py"} <= closure
-    assert "solver/shards.py" not in closure
+    assert {"pipeline/__init__.py", "palcore/__init__.py"} <= closure
+    assert not any(p.startswith("solver/") for p in closure)  # torch-free solver apart
 
 
 @pytest.mark.parametrize(
@@ -240,8 +249,39 @@ def test_a_variant_is_added_in_two_edits_of_params(
         in (stages["tune@long-0"]["cmd"])
     )
     assert STAGES["solve"] == stages["solve"]  # reads the list from params
-    from solver.params import pipeline_variants, variant_label
+    from palcore.params import pipeline_variants, variant_label
 
     assert pipeline_variants(tmp_path / "params.yaml", "main")[-1] == "long"
     label = variant_label(tmp_path / "params.yaml", "long")
     assert label == "PAL, prompts of length 8"
+
+
+def _stages_reading(path: str) -> set[str]:
+    """The stages whose declared code covers `path`."""
+    return {
+        name
+        for name, spec in STAGES.items()
+        if any(
+            path == dep or path.startswith(dep.rstrip("/") + "/")
+            for dep in spec["deps"]
+        )
+    }
+
+
+def test_solver_code_reruns_only_the_analytic_stages() -> None:
+    """A change to solve-side code never reruns tune or extract (hours of GPU
+    on a real dataset); a change to palcore reruns every stage."""
+    analytic = {
+        "solve",
+        "evaluate",
+        "ablation/dvc.yaml:solve",
+        "ablation/dvc.yaml:evaluate",
+        "ablation/dvc.yaml:ablation",
+    }
+    assert _stages_reading("solver/solve.py") == analytic
+    assert _stages_reading("solver/rls.py") == analytic
+    per_run = {n for n in STAGES if "@" in n}
+    assert {n for n in per_run if n.split(":")[-1].startswith("extract@")} == {
+        n for n in per_run if "solver/shards.py" in STAGES[n]["deps"]
+    }  # the shard format: extract writes it
+    assert _stages_reading("palcore/params.py") == set(STAGES)

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from palcore.params import section_from_mapping
 from solver.evaluate import evaluate
-from solver.params import SolveParams, section_from_mapping
+from solver.params import SolveParams
 from solver.rls import upsampling_matrix
 from solver.shards import open_features
 from solver.solve import solve

@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from solver.errors import PalError
+from palcore.errors import PalError
 from solver.evaluate import evaluate
 from solver.metrics import forgetting, forgetting_diag
 from solver.params import SolveParams

@@ -1,8 +1,9 @@
 import pytest
 
+from palcore.errors import ParamsError
+from palcore.params import load_section
 from pipeline.params import DataParams, PromptParams, load
-from solver.errors import ParamsError
-from solver.params import SolveParams, load_section
+from solver.params import SolveParams
 
 
 def write(tmp_path, text):

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from palcore.params import load_section
 from pipeline.params import SECTIONS, load
-from solver.params import SolveParams, load_section
+from solver.params import SolveParams
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from palcore.errors import ParamsError
 from pipeline.params import PromptParams
 from pipeline.prompts import PromptPool, Prompts, check_prompt_params, orthogonal_rows
-from solver.errors import ParamsError
 
 
 def test_orthogonal_rows_against_non_orthogonal_earlier_rows():

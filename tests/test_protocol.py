@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from palcore.errors import ParamsError
 from pipeline import protocol
-from solver.errors import ParamsError
 
 
 def test_class_order_is_a_seeded_permutation_of_the_sorted_names():

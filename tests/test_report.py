@@ -1,5 +1,5 @@
 """`pal-solver report`: mean ± std over hand-built runs, its files and errors;
-and how a run and an ablation variant read the params (`solver.params.Source`)."""
+and how a run and an ablation variant read the params (`palcore.params.Source`)."""
 
 import json
 import math
@@ -9,15 +9,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from palcore.errors import ParamsError
+from palcore.params import ProtocolParams, Source, load_section, pipeline_variants
 from solver.cli import main
-from solver.errors import ParamsError
-from solver.params import (
-    ProtocolParams,
-    SolveParams,
-    Source,
-    load_section,
-    pipeline_variants,
-)
+from solver.params import SolveParams
 from solver.report import ReportError, build, mean_std, table_md, write_report
 
 

@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from solver.errors import ShardError
+from palcore.errors import ShardError
 from solver.shards import (
     Block,
     ShardAttrs,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from sklearn.linear_model import Ridge
 
+from palcore.errors import PalError
 from solver.backend import Backend, get_backend
-from solver.errors import PalError
 from solver.params import SolveParams
 from solver.rls import Expander, make_rls, one_hot, upsampling_matrix
 from solver.shards import open_features

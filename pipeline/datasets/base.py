@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from solver.errors import PalError
+from palcore.errors import PalError
 
 
 class DatasetError(PalError, ValueError):

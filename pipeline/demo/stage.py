@@ -31,10 +31,10 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from palcore.cliutil import clean_errors, folder_option, params_option
 from pipeline.demo import data as dd
 from pipeline.params import DemoParams, load
 from pipeline.samples import SPLITS
-from solver.cliutil import clean_errors, folder_option, params_option
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from solver.errors import PalError
-from solver.params import Source
+from palcore.errors import PalError
+from palcore.params import Source
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def params_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def run_params_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`--params FILE --run N --variant NAME`, passed on as one
-    `params_file: solver.params.Source` (the file as that run and ablation
+    `params_file: palcore.params.Source` (the file as that run and ablation
     variant see it)."""
 
     @functools.wraps(fn)

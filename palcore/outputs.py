@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from solver.errors import PalError
+from palcore.errors import PalError
 
 
 def temp_path(path: Path) -> Path:

@@ -1,0 +1,303 @@
+"""Strict params loading: one params.yaml section into one frozen dataclass;
+the runs of the protocol and the variants of PAL (`Source`, `ablation`,
+`pipelines`).
+
+Every stage reads only the sections it needs. Unknown keys, wrong types and
+out-of-range values are `ParamsError`s that name the file and `section.key`.
+Section dataclasses validate their own ranges in `__post_init__` by calling
+`check(...)`; types are checked here from the field annotations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+from palcore.errors import ParamsError
+
+T = TypeVar("T")
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def read_params_file(path: str | Path) -> dict[str, Any]:
+    """Parse a params YAML file into a dict of sections."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ParamsError(f"{path}: not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections at the top level")
+    return raw
+
+
+# protocol.vary names → the seed each one moves: run r adds r to it
+RUN_SEEDS = {
+    "class_order": ("data", "class_order_seed"),  # which classes form each task
+    "missing": ("data", "seed"),  # which samples lose a modality
+    "prompts": ("tune", "seed"),  # prompt init, batch order, patch order
+    "upsampling": ("solve", "seed"),  # the analytic classifier's W_up
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A params file as one run of the protocol and one ablation variant read it.
+
+    `run` r adds r to each seed that `protocol.vary` names (`RUN_SEEDS`);
+    `variant` overlays the section→keys mapping `ablation.<variant>`. Without
+    either, the file's sections as written. `os.fspath(source)` is the file.
+    """
+
+    path: Path
+    run: int | None = None
+    variant: str | None = None
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def args(self) -> list[str]:
+        """The command-line options that name this source again."""
+        out = ["--params", str(self.path)]
+        if self.run is not None:
+            out += ["--run", str(self.run)]
+        if self.variant is not None:
+            out += ["--variant", self.variant]
+        return out
+
+
+def _as_run(raw: dict[str, Any], source: Source) -> dict[str, Any]:
+    """The sections of `raw` as `source.run` and `source.variant` see them
+    (errors name the key, the caller adds the file)."""
+    raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    if source.variant is not None:
+        changes = variant_row(raw, source.variant)[1]
+        for section, values in changes.items():
+            raw[section] = {**(raw.get(section) or {}), **values}
+    if source.run is not None:
+        protocol = section_from_mapping(
+            ProtocolParams, "protocol", raw.get("protocol", {})
+        )
+        for name in protocol.vary:
+            section, key = RUN_SEEDS[name]
+            values = raw.get(section)
+            if not isinstance(values, Mapping):
+                continue  # a missing section is reported by its loader
+            seed = values.get(key, 0)  # every seed defaults to 0
+            if isinstance(seed, int) and not isinstance(seed, bool):
+                raw[section] = {**values, key: seed + source.run}
+            # else: left as written, for the section's own check to name
+    return raw
+
+
+def variant_row(raw: dict[str, Any], name: str) -> tuple[str, dict[str, Any]]:
+    """The (table label, section → changed keys) of variant `name`, the row
+    `ablation.<name>` of the params (errors name the key)."""
+    rows = raw.get("ablation")
+    if not isinstance(rows, Mapping) or name not in rows:
+        known = ", ".join(sorted(rows)) if isinstance(rows, Mapping) else "none"
+        raise ParamsError(f"unknown variant 'ablation.{name}' (known: {known})")
+    row = rows[name]
+    if not isinstance(row, Mapping) or set(row) != {"label", "changes"}:
+        raise ParamsError(
+            f"ablation.{name} must hold a label and the changes it makes: "
+            "{label: TEXT, changes: {section: {key: value}}}"
+        )
+    label, changes = row["label"], row["changes"] or {}
+    if not isinstance(label, str) or not label.strip():
+        raise ParamsError(f"ablation.{name}.label must be a text, got {label!r}")
+    if not isinstance(changes, Mapping):
+        raise ParamsError(
+            f"ablation.{name}.changes must map sections to the keys it changes"
+        )
+    for section, values in changes.items():
+        if section in ("protocol", "ablation", "pipelines") or not isinstance(
+            values, Mapping
+        ):
+            raise ParamsError(
+                f"ablation.{name}.changes.{section} must be a mapping of keys of "
+                "a stage's section"
+            )
+    return label, dict(changes)
+
+
+def pipeline_variants(path: str | Path, name: str) -> list[str]:
+    """The variants pipeline `name` runs, in table order: `pipelines.<name>`,
+    each a row of `ablation`."""
+    path = Path(path)
+    raw = read_params_file(path)
+    lists = raw.get("pipelines")
+    try:
+        if not isinstance(lists, Mapping) or name not in lists:
+            known = ", ".join(sorted(lists)) if isinstance(lists, Mapping) else "none"
+            raise ParamsError(f"unknown pipeline 'pipelines.{name}' (known: {known})")
+        names = lists[name]
+        if not isinstance(names, list) or not names:
+            raise ParamsError(f"pipelines.{name} must list at least one variant")
+        for variant in names:
+            variant_row(raw, str(variant))
+        if len(set(names)) != len(names):
+            raise ParamsError(f"pipelines.{name} lists a variant twice")
+    except ParamsError as exc:
+        raise ParamsError(f"{path}: {exc}") from None
+    return [str(v) for v in names]
+
+
+def variant_label(path: str | Path, name: str) -> str:
+    """The table label of variant `name` (`ablation.<name>.label`)."""
+    path = Path(path)
+    try:
+        return variant_row(read_params_file(path), name)[0]
+    except ParamsError as exc:
+        raise ParamsError(f"{path}: {exc}") from None
+
+
+def load_section(path: str | Path | Source, section: str, cls: type[T]) -> T:
+    """Load `section` of the params file at `path` into the dataclass `cls`;
+    for a `Source`, as its run and variant see it."""
+    source = path if isinstance(path, Source) else Source(Path(path))
+    raw = read_params_file(source.path)
+    try:
+        raw = _as_run(raw, source)
+        if section not in raw:
+            raise ParamsError(f"missing section '{section}'")
+        return section_from_mapping(cls, section, raw[section])
+    except ParamsError as exc:
+        raise ParamsError(f"{source.path}: {exc}") from None
+
+
+def section_from_mapping(cls: type[T], section: str, raw: Any) -> T:
+    """Build `cls` from a mapping, checking keys and types (errors name section.key)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ParamsError(f"section '{section}' must be a mapping of keys")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(fields))
+        raise ParamsError(f"unknown key '{section}.{unknown[0]}' (known keys: {known})")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in raw.items():
+        values[name] = _coerce(value, hints[name], f"{section}.{name}")
+    try:
+        return cls(**values)
+    except ParamsError:
+        raise
+    except TypeError as exc:  # a required field without a default
+        raise ParamsError(f"section '{section}': {exc}") from None
+
+
+RUN_ONLY = {"run_only": True}  # field metadata: changes speed, never a result
+
+
+def outcome_keys(cls: type) -> tuple[str, ...]:
+    """The keys of a section dataclass that can change a stage's results: all
+    but those marked `metadata=RUN_ONLY` (e.g. DataLoader workers). These are
+    the keys a stage's dvc.yaml entry declares and its resume signature holds."""
+    return tuple(
+        f.name for f in dataclasses.fields(cls) if not f.metadata.get("run_only")
+    )
+
+
+def outcome_record(params: Any) -> dict[str, Any]:
+    """`params` as plain JSON-able data, restricted to its `outcome_keys`."""
+    values = dataclasses.asdict(params)
+    return {key: values[key] for key in outcome_keys(type(params))}
+
+
+def check(ok: bool, key: str, message: str) -> None:
+    """Raise `ParamsError("key: message")` unless `ok`."""
+    if not ok:
+        raise ParamsError(f"{key} {message}")
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        errors = []
+        for a in inner:
+            try:
+                return _coerce(value, a, key)
+            except ParamsError as exc:
+                errors.append(str(exc))
+        raise ParamsError(errors[0])
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(repr(a) for a in args)
+            raise ParamsError(f"{key} must be one of {choices}, got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ParamsError(f"{key} must be a list, got {value!r}")
+        item = args[0] if args else Any
+        return tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ParamsError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamsError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool):
+            raise ParamsError(f"{key} must be a number, got {value!r}")
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ParamsError(f"{key} must be a number, got {value!r}") from None
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ParamsError(f"{key} must be a finite number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ParamsError(f"{key} must be a string, got {value!r}")
+        return value
+    if hint is Any:
+        return value
+    raise TypeError(f"unsupported params annotation {hint!r} for {key}")
+
+
+RunSeed = Literal["class_order", "missing", "prompts", "upsampling"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolParams:
+    """`protocol:` — the runs the results are averaged over (the paper: 3)."""
+
+    runs: tuple[int, ...] = (0, 1, 2)  # run ids r; run r adds r to each seed in vary
+    vary: tuple[RunSeed, ...] = ("class_order", "missing", "prompts", "upsampling")
+
+    def __post_init__(self) -> None:
+        check(len(self.runs) > 0, "protocol.runs", "must list at least one run")
+        check(
+            min(self.runs) >= 0 and len(set(self.runs)) == len(self.runs),
+            "protocol.runs",
+            f"must be distinct ids >= 0, got {list(self.runs)}",
+        )
+        check(
+            len(set(self.vary)) == len(self.vary),
+            "protocol.vary",
+            f"names a seed twice: {list(self.vary)}",
+        )
