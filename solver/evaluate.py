@@ -46,10 +46,10 @@ from solver.backend import Backend, get_backend
 from solver.chains import chains, pipeline_option
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar
-from solver.params import SolveParams
+from solver.params import EvaluateParams
 from solver.rls import Expander, upsampling_matrix
 from solver.shards import StepShards, open_features, task_group_name
-from solver.weights import WeightsError, WeightsFile, weights_name
+from solver.weights import WEIGHTS_NAME, WeightsError, WeightsFile
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +71,16 @@ class Evaluation:
 
 
 def resolve_weights(paths: Sequence[str | Path]) -> list[Path]:
-    """Weights files from CLI paths; a folder stands for its `weights-eta*.h5`."""
+    """Weights files from CLI paths; a folder stands for what `solve` writes
+    there: its `weights-eta*.h5` (an η sweep), or else its `weights.h5`."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(p.glob(WEIGHTS_GLOB))
+            found = sorted(p.glob(WEIGHTS_GLOB)) or sorted(p.glob(WEIGHTS_NAME))
             if not found:
-                raise WeightsError(f"{p}: no {WEIGHTS_GLOB} files in this folder")
+                raise WeightsError(
+                    f"{p}: no {WEIGHTS_NAME} or {WEIGHTS_GLOB} files in this folder"
+                )
             out.extend(found)
         else:
             out.append(p)
@@ -304,9 +307,9 @@ def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
     "weights",
     multiple=True,
     metavar="PATH",
-    help="Weights file from `solve`; repeat for several. A folder means all its "
-    "weights-eta*.h5 files (an η sweep). Default: <solve>/weights.h5, or "
-    "<solve>/weights-eta<η>.h5 for each η when solve.eta is a list.",
+    help="Weights file from `solve`; repeat for several. A folder means what "
+    "solve wrote there: its weights-eta*.h5 files (an η sweep), or else its "
+    "weights.h5. Default: the --solve folder.",
 )
 @folder_option(
     "solve",
@@ -315,7 +318,7 @@ def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
 )
 @folder_option("out", "data/evaluate", "Output folder for metrics, CSVs and the plot.")
 @click.option(
-    "--device", metavar=metavar("device"), help="Backend for scoring [solve.device]."
+    "--device", metavar=metavar("device"), help="Backend for scoring [evaluate.device]."
 )
 @click.option(
     "--report",
@@ -343,57 +346,37 @@ def cli(
     Writes metrics.json (acc, fg, fg_diag, aia, last, matrix, acc_by_missing,
     and bp for the BP head when the shards hold bp_logits),
     accuracy_matrix.csv, step_accuracy.csv and step_accuracy.png. For
-    weights-eta<η>.h5 the names carry the same -eta<η> suffix.
+    weights-eta<η>.h5 the names carry the same -eta<η> suffix. Reads the
+    `evaluate:` section of the params file (device, batch_rows).
 
     With --pipeline NAME, every (variant, run) chain in one process: FEATURES/
     <variant>/<run> and SOLVE/<variant>/<run> into OUT/<variant>/<run>
     (without the per-chain plot; the report plots every variant); with
     --report DIR, then the report over them (tables and plots) into DIR.
     """
+    params = apply_overrides(
+        load_section(params_file, "evaluate", EvaluateParams), device=device
+    )
     if pipeline is None:
         if report is not None:
             raise PalError("--report needs --pipeline")
-        _evaluate_one(features, weights, solve, out, params_file, device, None, True)
+        score = list(weights) or [solve]
+        evaluate(features, score, out, get_backend(params.device), params.batch_rows)
         return
     if weights:
         raise PalError("--pipeline reads each chain's weights from --solve")
-    todo = chains(params_file, pipeline)
-    backend = None
-    for src, chain in todo:
+    todo = [chain for _, chain in chains(params_file, pipeline)]
+    for chain in todo:  # every chain's weights found before the first is scored
+        resolve_weights([Path(solve) / chain])
+    backend = get_backend(params.device)
+    for chain in todo:
         log.info("evaluate: chain %s", chain)
-        backend = _evaluate_one(
-            Path(features) / chain, (), Path(solve) / chain, Path(out) / chain,
-            src, device, backend, plot=False,
+        evaluate(
+            Path(features) / chain, [Path(solve) / chain], Path(out) / chain,
+            backend, params.batch_rows, plot=False,
         )  # fmt: skip
     if report is not None:
         from solver.report import protocol_report
 
-        names = list(dict.fromkeys(chain.split("/")[0] for _, chain in todo))
+        names = list(dict.fromkeys(chain.split("/")[0] for chain in todo))
         protocol_report([Path(out)], names, Path(report), params_file.path)
-
-
-def _evaluate_one(
-    features: str | Path,
-    weights: tuple[str, ...],
-    solve: str | Path,
-    out: str | Path,
-    source: Source,
-    device: str | None,
-    backend: Backend | None,
-    plot: bool,
-) -> Backend:
-    """One chain: its weights (default: named by its solve.eta) scored."""
-    params = apply_overrides(load_section(source, "solve", SolveParams), device=device)
-    if not weights:
-        names = [weights_name(eta, params.is_sweep) for eta in params.etas]
-        weights = tuple(str(Path(solve) / name) for name in names)
-    backend = backend or get_backend(params.device)
-    evaluate(
-        features,
-        [Path(w) for w in weights],
-        out,
-        backend=backend,
-        batch_rows=params.batch_rows,
-        plot=plot,
-    )
-    return backend

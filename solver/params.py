@@ -76,3 +76,18 @@ class SolveParams:
     def is_sweep(self) -> bool:
         """True when `eta` is a list: outputs are named per η."""
         return isinstance(self.eta, tuple)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateParams:
+    """`evaluate:` — scoring the weights on every step's test shards."""
+
+    device: SolveDevice = "auto"  # auto: CuPy when a working GPU is found
+    batch_rows: int = 4096  # test rows per scored chunk
+
+    def __post_init__(self) -> None:
+        check(
+            self.batch_rows > 0,
+            "evaluate.batch_rows",
+            f"must be > 0, got {self.batch_rows}",
+        )

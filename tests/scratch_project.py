@@ -67,12 +67,17 @@ def complete_params(params: dict[str, Any]) -> dict[str, Any]:
     dvc.yaml declares some sections key by key, and DVC requires those keys."""
     from palcore.params import ProtocolParams
     from pipeline.params import SECTIONS
-    from solver.params import SolveParams
+    from solver.params import EvaluateParams, SolveParams
 
-    classes = {**SECTIONS, "solve": SolveParams, "protocol": ProtocolParams}
+    classes = {
+        **SECTIONS,
+        "solve": SolveParams,
+        "evaluate": EvaluateParams,
+        "protocol": ProtocolParams,
+    }
     full = {}
     for section, values in params.items():
-        if section not in classes:  # ablation: variants as written
+        if section not in classes:  # ablation, pipelines: as written
             full[section] = values
             continue
         defaults = dataclasses.asdict(classes[section]())

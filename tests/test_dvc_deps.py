@@ -35,10 +35,15 @@ from pipeline import cli as pipeline_cli
 from pipeline.params import SECTIONS
 from pipeline.resume import ROOT, code_closure, imported_modules
 from solver import cli as solver_cli
-from solver.params import SolveParams
+from solver.params import EvaluateParams, SolveParams
 
 GROUPS = {"pal": pipeline_cli.COMMANDS, "pal-solver": solver_cli.COMMANDS}
-SECTION_CLASSES = {**SECTIONS, "solve": SolveParams, "protocol": ProtocolParams}
+SECTION_CLASSES = {
+    **SECTIONS,
+    "solve": SolveParams,
+    "evaluate": EvaluateParams,
+    "protocol": ProtocolParams,
+}
 CODE = ("palcore", "pipeline/", "solver")
 
 

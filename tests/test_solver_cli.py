@@ -17,6 +17,9 @@ from solver.weights import WeightsFile
 
 D = 12
 PARAMS = """\
+evaluate:
+  device: cpu
+  batch_rows: 50
 solve:
   eta: 1.0
   width: 48
