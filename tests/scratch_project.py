@@ -41,6 +41,7 @@ TINY: dict[str, dict[str, Any]] = {
     "tune": {"epochs": 1, "batch_size": 4, "device": "cpu"},
     "extract": {"batch_size": 16, "device": "cpu"},
     "solve": {"eta": 1.0, "width": 256, "seed": 0, "method": "gram", "device": "cpu"},
+    "evaluate": {"device": "cpu"},
     "protocol": {"runs": [0, 1]},
 }
 
