@@ -6,6 +6,7 @@ import functools
 import importlib
 import logging
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,15 +30,21 @@ def setup_logging(verbose: bool = False) -> None:
 
 
 def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn project errors (bad input) into one line on stderr and exit 1.
+    """Turn project errors (bad input) into one line on stderr and exit 1; log
+    the command's wall time when it succeeds.
 
     Unexpected exceptions (bugs) keep their traceback.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            ctx = click.get_current_context(silent=True)
+            name = ctx.command_path if ctx is not None else fn.__name__
+            log.info("%s: done in %.1f s", name, time.perf_counter() - start)
+            return out
         except PalError as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:

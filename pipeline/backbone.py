@@ -340,7 +340,11 @@ def resolve_device(name: str, key: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise PalError(f"{key} is 'cuda' but torch sees no CUDA GPU here")
+        raise PalError(
+            f"{key} is 'cuda' but torch sees no CUDA GPU here; for a CPU run set "
+            "tune.device and extract.device to cpu (or auto), see the README's "
+            "CPU smoke run"
+        )
     return torch.device(name)
 
 

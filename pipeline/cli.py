@@ -16,6 +16,10 @@ from palcore.cliutil import LazyGroup, setup_logging
 # spinning torch thread pool was measured to slow training steps several-fold.
 # Set before any subcommand imports torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Nothing is downloaded at run time (DESIGN §8): a hub id resolves from the
+# local HF cache without asking the Hub (and without its "could not reach the
+# Hub" warnings). HF_HUB_OFFLINE=0 in the environment asks it again.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 COMMANDS = {
     "demo": ("pipeline.demo.stage:cli", "Make the offline demo dataset and tiny ViLT."),

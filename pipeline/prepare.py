@@ -90,29 +90,31 @@ def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
             kept.append((s, Missing.COMPLETE, s.image, s.text))
     report = {k: v.report() for k, v in absent.items()}
     for kind, what, then in (
-        ("image", "have no image file", "keep them"),
-        ("text", "have no text", "keep them"),
-        ("both", "have neither image nor text", "drop them"),
+        ("image", "no image file", "keep them"),
+        ("text", "no text", "keep them"),
+        ("both", "neither image nor text", "drop them"),
     ):
         r = report[kind]
         if not r["count"]:
             continue
         first = ", ".join(r["first_ids"])
+        n = r["count"]
+        samples = f"{n} sample{'s' * (n != 1)} {'has' if n == 1 else 'have'}"
         if params.absent == "reject":
             raise DatasetError(
-                f"{listing.root}: {r['count']} samples {what} (first: {first}); "
+                f"{listing.root}: {samples} {what} (first: {first}); "
                 f"set data.absent: missing to {then}"
             )
         if kind == "both":
             log.warning(
-                "dropping %d samples with neither image nor text (first: %s)",
-                r["count"],
+                "dropping %s neither image nor text (first: %s)",
+                samples.replace(" has", " with").replace(" have", " with"),
                 first,
             )
         else:
             log.warning(
-                "%d samples %s, kept as missing it (first: %s)",
-                r["count"],
+                "%s %s, kept with that modality missing (first: %s)",
+                samples,
                 what,
                 first,
             )

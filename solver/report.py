@@ -196,8 +196,9 @@ def caption(report: dict[str, Any]) -> str:
         if varied
         else "no seed differs between runs"
     )
-    spread = "mean ± sample std" if n > 1 else "one run, no spread"
-    return f"{spread} over {n} run{'s' * (n > 1)} ({runs}); {seeds}."
+    if n == 1:
+        return f"one run ({runs}), no spread; {seeds}."
+    return f"mean ± sample std over {n} runs ({runs}); {seeds}."
 
 
 def table_md(report: dict[str, Any]) -> str:
@@ -328,7 +329,9 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
     data = {name: text.encode() for name, text in files.items()}
     try:
         data["step_accuracy.png"] = steps_png(report)
-        title = f"{report['labels'][first]}: mean over {len(report['runs'])} runs"
+        n = len(report["runs"])
+        over = f"mean over {n} runs" if n > 1 else f"run {report['runs'][0]}"
+        title = f"{report['labels'][first]}: {over}"
         data["accuracy_matrix.png"] = matrix_png(report["rows"][first]["matrix"], title)
     except ImportError:
         log.warning("report: matplotlib missing, the plots are not written")

@@ -213,8 +213,8 @@ def test_absent_image_kept_as_missing(tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert (
-        "1 samples have no image file, kept as missing it (first: test/dish_005_4.jpg)"
-        in (r.output)
+        "1 sample has no image file, kept with that modality missing (first: "
+        "test/dish_005_4.jpg)" in (r.output)
     )
     rows, doc = read_out(out)
     by_id = {row["id"]: row for row in rows}
@@ -299,7 +299,7 @@ def test_bad_files(tmp_path):
     r = run_prepare(tmp_path, out, absent="reject", **args)
     _assert_clean_failure(
         r,
-        "1 samples have no image file (first: train/dish_009_1.jpg); "
+        "1 sample has no image file (first: train/dish_009_1.jpg); "
         "set data.absent: missing",
         out,
         before,
@@ -353,7 +353,7 @@ def test_sample_lacking_both_modalities_is_dropped_and_reported(tmp_path):
     out = tmp_path / "out"
     r = run_prepare(tmp_path, out, dataset="food101", root=str(root), tasks=10)
     assert r.exit_code == 0, r.output
-    assert "dropping 1 samples with neither image nor text" in r.output
+    assert "dropping 1 sample with neither image nor text" in r.output
     rows, doc = read_out(out)
     assert len(rows) == 100 * (TRAIN + VAL + TEST) - 1
     assert doc["absent"]["both"] == {"count": 1, "first_ids": ["train/dish_001_0.jpg"]}
@@ -361,7 +361,7 @@ def test_sample_lacking_both_modalities_is_dropped_and_reported(tmp_path):
                     absent="reject")  # fmt: skip
     assert r.exit_code == 1
     assert (
-        "1 samples have neither image nor text (first: train/dish_001_0.jpg); "
+        "1 sample has neither image nor text (first: train/dish_001_0.jpg); "
         "set data.absent: missing to drop them" in r.output
     )
 

@@ -126,7 +126,11 @@ def test_one_run_has_no_spread(evaluations: Path) -> None:
         "std": None,
         "runs": [50.0],
     }
-    assert "one run, no spread over 1 run (1)" in table_md(report)
+    assert table_md(report).splitlines()[0] == (
+        "Accuracy (%) of each variant, one run (1), no spread; run r adds r to the "
+        "seeds of: class order, missing tables, prompt init and batch order, "
+        "up-sampling."
+    )
 
 
 def test_cli_writes_the_report_and_names_a_missing_run(
