@@ -103,9 +103,17 @@ class DataParams:
     # sample lacking both is dropped and reported), or reject with an error
     allow_uneven: bool = False  # tasks need not divide the classes: the first
     # C mod K tasks get one class more
+    per_class: int | None = None  # keep at most this many samples per class and
+    # split (the first by id): a small run of a real dataset, e.g. on a CPU
 
     def __post_init__(self) -> None:
         check(self.tasks > 0, "data.tasks", f"must be > 0, got {self.tasks}")
+        if self.per_class is not None:
+            check(
+                self.per_class > 0,
+                "data.per_class",
+                f"must be > 0 (or null: every sample), got {self.per_class}",
+            )
         check(self.seed >= 0, "data.seed", f"must be >= 0, got {self.seed}")
         check(
             self.class_order_seed >= 0,

@@ -130,6 +130,23 @@ def split_protocol(params: DataParams, split: str) -> tuple[str, float]:
     return mtype, params.missing_rate if rate is None else rate
 
 
+def per_class(listing: Listing, n: int) -> Listing:
+    """The listing with at most `n` samples of each (class, split), the first
+    by id (`data.per_class`)."""
+    chosen: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for s in listing.samples:
+        chosen[(s.class_name, s.split)].append(s.id)
+    keep = {i for ids in chosen.values() for i in sorted(ids)[:n]}
+    samples = [s for s in listing.samples if s.id in keep]
+    log.info(
+        "data.per_class %d: %d of %d samples kept",
+        n,
+        len(samples),
+        len(listing.samples),
+    )
+    return dataclasses.replace(listing, samples=samples)
+
+
 def _check_unique_ids(listing: Listing) -> None:
     seen: set[str] = set()
     for s in listing.samples:
@@ -147,6 +164,8 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
     """
     listing = read_dataset(params)
     _check_unique_ids(listing)
+    if params.per_class is not None:
+        listing = per_class(listing, params.per_class)
     kept, absent = natural_codes(listing, params)
 
     order = protocol.class_order(listing.classes, params.class_order_seed)

@@ -47,6 +47,31 @@ def food_a(tmp_path_factory) -> Path:
     return make_food101_split_json(tmp_path_factory.mktemp("food_a"))
 
 
+def test_per_class_keeps_the_first_samples_of_each_class_and_split(tmp_path, food_a):
+    """data.per_class 1: one sample of each (class, split), the first by id,
+    and the protocol applied to those alone."""
+    full, small = tmp_path / "full", tmp_path / "small"
+    common = dict(dataset="food101", root=str(food_a), tasks=10, missing_type="none")
+    assert run_prepare(tmp_path, full, **common).exit_code == 0
+    r = run_prepare(tmp_path, small, per_class=1, **common)
+    assert r.exit_code == 0, r.output
+    rows, doc = read_out(small)
+    everything, _ = read_out(full)
+    assert len(rows) == 100 * 3  # train, val and test of each class
+    for key in {(row["class_name"], row["split"]) for row in everything}:
+        ids = sorted(
+            x["id"] for x in everything if (x["class_name"], x["split"]) == key
+        )
+        mine = [x["id"] for x in rows if (x["class_name"], x["split"]) == key]
+        assert mine == ids[:1]
+    assert doc["data"]["per_class"] == 1
+    bad = run_prepare(tmp_path, tmp_path / "bad", per_class=0, **common)
+    assert bad.exit_code == 1
+    assert bad.output.endswith(
+        "data.per_class must be > 0 (or null: every sample), got 0\n"
+    )
+
+
 def test_food101_outputs(tmp_path, food_a):
     out = tmp_path / "out"
     r = run_prepare(
