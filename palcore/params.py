@@ -11,6 +11,7 @@ Section dataclasses validate their own ranges in `__post_init__` by calling
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -189,8 +190,13 @@ def section_from_mapping(cls: type[T], section: str, raw: Any) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        known = ", ".join(sorted(fields))
-        raise ParamsError(f"unknown key '{section}.{unknown[0]}' (known keys: {known})")
+        near = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        hint = (
+            f"did you mean '{section}.{near[0]}'?"
+            if near
+            else f"known keys: {', '.join(sorted(fields))}"
+        )
+        raise ParamsError(f"unknown key '{section}.{unknown[0]}' ({hint})")
     hints = typing.get_type_hints(cls)
     values = {}
     for name, value in raw.items():

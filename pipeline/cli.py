@@ -22,6 +22,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 COMMANDS = {
+    "check": (
+        "pipeline.check:cli",
+        "Check params, paths, devices and data before dvc repro.",
+    ),
     "demo": ("pipeline.demo.stage:cli", "Make the offline demo dataset and tiny ViLT."),
     "prepare": (
         "pipeline.prepare:cli",

@@ -21,7 +21,14 @@ def test_repo_params_load_every_section():
 
 def test_unknown_key_names_section_and_key(tmp_path):
     path = write(tmp_path, "solve:\n  etta: 1\n")
-    with pytest.raises(ParamsError, match=r"unknown key 'solve\.etta'"):
+    with pytest.raises(ParamsError) as err:
+        load_section(path, "solve", SolveParams)
+    assert (
+        str(err.value)
+        == f"{path}: unknown key 'solve.etta' (did you mean 'solve.eta'?)"
+    )
+    path = write(tmp_path, "solve:\n  zzz: 1\n")
+    with pytest.raises(ParamsError, match=r"'solve\.zzz' \(known keys: batch_rows, "):
         load_section(path, "solve", SolveParams)
 
 

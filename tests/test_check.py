@@ -1,0 +1,104 @@
+"""`pal check`: every problem of the params file, paths, devices and data in
+one line each, before `dvc repro`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.fakes import make_food101_tree, make_hub_vilt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """The pipeline files and params in an empty folder (no data/ yet)."""
+    shutil.copy(ROOT / "dvc.yaml", tmp_path)
+    (tmp_path / "ablation").mkdir()
+    shutil.copy(ROOT / "ablation" / "dvc.yaml", tmp_path / "ablation")
+    shutil.copy(ROOT / "params.yaml", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def check(*args):
+    return CliRunner().invoke(main, ["check", *args])
+
+
+def test_the_demo_params_are_ready(project):
+    r = check()
+    assert r.exit_code == 0, r.output
+    assert r.stdout == (
+        "data: demo, made by the demo stage\nparams.yaml: ready for dvc repro\n"
+    )
+
+
+def test_every_mistake_is_one_line(project):
+    text = (project / "params.yaml").read_text()
+    text = text.replace("  epochs: 3", "  epoch: 3").replace("  eta: 1.0", "  eta: -1")
+    (project / "params.yaml").write_text(text.replace("\nprotocol:", "\nprotocl:"))
+    r = check()
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [
+        "Error: params.yaml: unknown section 'protocl' (did you mean 'protocol'?)",
+        "Error: params.yaml: unknown key 'tune.epoch' (did you mean 'tune.epochs'?)",
+        "Error: params.yaml: solve.eta must be > 0, got -1.0",
+        "Error: params.yaml: missing section 'protocol'",
+        "Error: params.yaml: 'protocol.vary' is missing (dvc.yaml declares it)",
+        "Error: params.yaml: 'tune.epochs' is missing (dvc.yaml declares it)",
+        "Error: params.yaml: 'protocol' is missing (dvc.yaml declares it)",
+    ]
+
+
+def test_a_variant_and_a_pipeline_list_are_checked(project):
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["ablation"]["init"]["changes"]["tune"] = {"epochs": -1}
+    params["pipelines"]["main"].append("wide")
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    r = check()
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [
+        "Error: params.yaml: unknown variant 'ablation.wide' (known: fast, first, "
+        "frozen, init, input, no_recon, pal, shared, vector)",
+        "Error: params.yaml: tune.epochs must be >= 0, got -1",
+    ]
+
+
+def test_a_preset_names_its_missing_data_backbone_and_gpu(project):
+    shutil.copy(ROOT / "configs" / "food101.yaml", project / "params.yaml")
+    r = check()
+    assert r.exit_code == 1
+    lines = r.stderr.splitlines()
+    assert lines[:2] == [
+        "Error: params.yaml: data.root 'data/raw/food101' is no folder",
+        "Error: params.yaml: model.backbone 'models/vilt-b32-mlm': no such folder, "
+        "and no hub model of that id in the local HF cache",
+    ]
+    if not torch.cuda.is_available():
+        assert lines[2:] == [
+            f"Error: params.yaml: {key} is 'cuda' but torch sees no CUDA GPU here; "
+            "for a CPU run set tune.device and extract.device to cpu (or auto), see "
+            "the README's CPU smoke run"
+            for key in ("tune.device", "extract.device")
+        ]
+
+
+def test_a_preset_with_its_data_in_place_is_ready(project):
+    params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
+    params["tune"]["device"] = params["extract"]["device"] = "cpu"
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    make_food101_tree(project / "data/raw/food101", classes=11, train=2, test=1)
+    make_hub_vilt(project / "models/vilt-b32-mlm")
+    r = check()
+    assert r.exit_code == 0, r.output
+    assert r.stdout == (
+        "data: food101, 10 classes; 10 test, 20 train\n"
+        "params.yaml: ready for dvc repro\n"
+    )
