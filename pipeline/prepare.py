@@ -23,13 +23,13 @@ image) whatever the row holds. Only a naturally absent modality is null / "".
                      {"total": n, "by_missing": [n_code0, n_code1, n_code2]}
     dropped_classes  classes the reader dropped (Food101's smallest)
     absent           samples the dataset lacks a modality of, per `data.absent`:
-                     {"image"|"text"|"both": {"count", "first_ids"}}
+                     {"image"|"text"|"both"|"unreadable": {"count", "first_ids"}}
     data             the `data` params used (`root` resolves `image` paths)
 
-Naturally absent modalities (an image listed but not on disk, an empty text)
-follow `data.absent`: `missing` keeps the sample with its code set (a sample
-lacking both is dropped, and reported), `reject` stops with an error. How the
-protocol counts them is described in `pipeline.protocol`.
+Naturally absent modalities (an image listed but not on disk or not decoding,
+an empty text) follow `data.absent`: `missing` keeps the sample with its code
+set (a sample lacking both is dropped, and reported), `reject` stops with an
+error. How the protocol counts them is described in `pipeline.protocol`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -64,32 +65,90 @@ class _Absent:
         return {"count": len(self.ids), "first_ids": sorted(self.ids)[:FIRST_IDS]}
 
 
+def unreadable_images(
+    root: Path, rels: list[str], workers: int | None = None
+) -> list[str]:
+    """The files of `rels` (paths under `root`) that do not decode as images,
+    in the order given. JPEGs decode at 1/8 scale (a truncated or foreign file
+    still fails), in `workers` threads (default: one per core), with a
+    progress bar."""
+    if not rels:
+        return []
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    def bad(rel: str) -> bool:
+        from PIL import Image
+
+        try:
+            with Image.open(root / rel) as im:
+                if im.format == "JPEG":
+                    im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
+                im.load()
+        except Exception:  # OSError, SyntaxError, DecompressionBombError…
+            return True
+        return False
+
+    workers = workers or min(16, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        flags = list(
+            tqdm(
+                pool.map(bad, rels),
+                total=len(rels),
+                desc="prepare: images",
+                unit="image",
+                disable=None,
+                leave=False,
+            )
+        )
+    return [rel for rel, flag in zip(rels, flags, strict=True) if flag]
+
+
 def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
-    """Resolve absent images and texts per `data.absent`.
+    """Resolve absent images and texts per `data.absent`; an image file that
+    does not decode counts as absent too (`unreadable`).
 
     Returns:
         (kept, report): kept is a list of (RawSample, natural code, image or
         None, text) and report the `absent` entry of tasks.json.
     """
     index = FileIndex(listing.root)
-    absent = {"image": _Absent(), "text": _Absent(), "both": _Absent()}
+    absent = {
+        "image": _Absent(),
+        "text": _Absent(),
+        "both": _Absent(),
+        "unreadable": _Absent(),
+    }
+    on_disk = [s.image for s in listing.samples if s.image and index.exists(s.image)]
+    bad = set(unreadable_images(listing.root, on_disk))
     kept = []
     for s in listing.samples:
-        has_image = s.image is not None and index.exists(s.image)
+        on_file = s.image is not None and index.exists(s.image)
+        unreadable = on_file and s.image in bad
+        has_image = on_file and not unreadable
         has_text = s.text is not None and s.text.strip() != ""
         if not has_image and not has_text:
             absent["both"].ids.append(s.id)
             continue
         if not has_image:
-            absent["image"].ids.append(s.id)
+            absent["unreadable" if unreadable else "image"].ids.append(s.id)
             kept.append((s, Missing.IMAGE, None, s.text))
         elif not has_text:
             absent["text"].ids.append(s.id)
             kept.append((s, Missing.TEXT, s.image, ""))
         else:
             kept.append((s, Missing.COMPLETE, s.image, s.text))
+    if bad and params.absent == "reject":
+        names = ", ".join(sorted(bad))
+        raise DatasetError(
+            f"{listing.root}: {len(bad)} image file{'s' * (len(bad) != 1)} do"
+            f"{'es' * (len(bad) == 1)} not decode: {names}; set data.absent: "
+            "missing to keep those samples with the image missing"
+        )
     report = {k: v.report() for k, v in absent.items()}
     for kind, what, then in (
+        ("unreadable", "an image file that does not decode", "keep them"),
         ("image", "no image file", "keep them"),
         ("text", "no text", "keep them"),
         ("both", "neither image nor text", "drop them"),
@@ -100,12 +159,16 @@ def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
         first = ", ".join(r["first_ids"])
         n = r["count"]
         samples = f"{n} sample{'s' * (n != 1)} {'has' if n == 1 else 'have'}"
-        if params.absent == "reject":
+        if params.absent == "reject" and kind != "unreadable":
             raise DatasetError(
                 f"{listing.root}: {samples} {what} (first: {first}); "
                 f"set data.absent: missing to {then}"
             )
-        if kind == "both":
+        if kind == "unreadable":
+            log.warning(
+                "%s %s, kept with the image missing (first: %s)", samples, what, first
+            )
+        elif kind == "both":
             log.warning(
                 "dropping %s neither image nor text (first: %s)",
                 samples.replace(" has", " with").replace(" have", " with"),
@@ -270,9 +333,10 @@ def cli(params_file: str, out: str) -> None:
     protocol (type none/text/image/both, rate, seed; test_missing_* for test).
     Writes <out>/samples.jsonl (one row per sample: id, split, task, label,
     class_name, image, text, missing) and <out>/tasks.json (class order, labels
-    and counts per task, the params used). No image is opened; a listed image
-    file that is absent, or an empty text, is kept as naturally missing or
-    rejected, per data.absent. Same params, same bytes.
+    and counts per task, the params used). Every listed image file is decoded
+    once (JPEGs at 1/8 scale, one thread per core); one that is absent or does
+    not decode, or an empty text, is kept as naturally missing or rejected
+    (every such file named at once), per data.absent. Same params, same bytes.
     """
     params = load(params_file, "data")
     rows, doc = prepare(params)

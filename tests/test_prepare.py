@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from helpers import heavy_modules_after
+from PIL import Image
 from test_readers import (
     SMALLEST,
     TEST,
@@ -303,6 +305,48 @@ def test_bad_params(tmp_path, food_a, data, match):
     )
     r = run_prepare(tmp_path, out, **args)
     _assert_clean_failure(r, match.format(tmp=tmp_path), out, before)
+
+
+def test_images_that_do_not_decode_are_missing_or_all_named(tmp_path):
+    """An HTML page saved as .jpg and a truncated JPEG: with data.absent
+    missing their samples keep their text with the image missing, counted
+    under absent.unreadable; with reject, one line names both files."""
+    root = make_food101_split_json(tmp_path / "food")
+    page = root / "images" / "train" / "dish_003" / "dish_003_0.jpg"
+    page.write_text("<html><body>404 Not Found</body></html>")
+    cut = sorted((root / "images" / "test" / "dish_007").glob("*.jpg"))[0]
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (10, 200, 30)).save(buf, format="JPEG")
+    cut.write_bytes(buf.getvalue()[:200])
+    out = tmp_path / "out"
+    args = {"dataset": "food101", "root": str(root), "tasks": 10}
+    r = run_prepare(tmp_path, out, missing_type="none", **args)
+    assert r.exit_code == 0, r.output
+    rows, doc = read_out(out)
+    assert doc["absent"]["unreadable"] == {
+        "count": 2,
+        "first_ids": [f"test/{cut.name}", "train/dish_003_0.jpg"],
+    }
+    bad = {
+        row["id"]: row
+        for row in rows
+        if row["id"] in doc["absent"]["unreadable"]["first_ids"]
+    }
+    assert [(row["image"], row["missing"]) for row in bad.values()] == [
+        (None, 2),
+        (None, 2),
+    ]
+    assert (
+        "2 samples have an image file that does not decode, kept with the image "
+        f"missing (first: test/{cut.name}, train/dish_003_0.jpg)" in r.output
+    )
+    r = run_prepare(tmp_path, tmp_path / "rejected", absent="reject", **args)
+    assert r.exit_code == 1
+    assert r.stderr.splitlines()[-1] == (
+        f"Error: {root}: 2 image files do not decode: images/test/dish_007/"
+        f"{cut.name}, images/train/dish_003/dish_003_0.jpg; set data.absent: "
+        "missing to keep those samples with the image missing"
+    )
 
 
 def test_bad_files(tmp_path):

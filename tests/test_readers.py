@@ -6,6 +6,7 @@ The tree builders are imported by test_prepare.py too.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -26,9 +27,21 @@ def food_classes() -> list[str]:
     return [f"dish_{i:03d}" for i in range(N_FOOD)]
 
 
+def _tiny_jpeg() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 40, 40)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+TINY_JPEG = _tiny_jpeg()
+
+
 def _touch(path: Path) -> None:
+    """A listed image: an 8-px JPEG (prepare decodes every image file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"")
+    path.write_bytes(TINY_JPEG)
 
 
 def make_food101_split_json(root: Path, no_text: tuple[str, ...] = ()) -> Path:
