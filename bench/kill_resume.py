@@ -9,7 +9,7 @@ In scratch copies of the project (tiny params with 5 tasks, real `dvc`):
 3. the same in `extract`, once step 2's shards are written;
 4. killed a few seconds into `solve` (which has no steps to resume).
 
-It prints whether each rerun gives `results/metrics.json` and the dvc.lock
+It prints whether each rerun gives `results/demo/metrics.json` and the dvc.lock
 hashes of every output byte-identical to 1 (which also checks determinism:
 each copy starts from scratch).
 
@@ -99,7 +99,8 @@ def lock_outs(path: Path) -> dict[str, str]:
 
 
 def digest(path: Path) -> str:
-    return hashlib.sha256((path / "results" / "metrics.json").read_bytes()).hexdigest()
+    metrics = path / "results" / "demo" / "metrics.json"
+    return hashlib.sha256(metrics.read_bytes()).hexdigest()
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ def test_repro_writes_results(repo: tuple[Path, dict[str, str]]) -> None:
         "step_accuracy.csv",
         "step_accuracy.png",
     ):
-        assert (path / "results" / name).stat().st_size > 0, name
+        assert (path / "results/demo" / name).stat().st_size > 0, name
     for variant in VARIANTS:
         for run in RUNS:
             for step in ("step_01", "step_02"):
@@ -70,7 +70,7 @@ def test_repro_writes_results(repo: tuple[Path, dict[str, str]]) -> None:
                     path / f"data/extract/{variant}/{run}/{step}/train.h5"
                 ).is_file()
             assert (path / f"data/solve/{variant}/{run}/weights.h5").is_file()
-    metrics = json.loads((path / "results/metrics.json").read_text())
+    metrics = json.loads((path / "results/demo/metrics.json").read_text())
     assert metrics["runs"] == list(RUNS)
     assert set(metrics) == {"runs", "vary", "pal", "bp", "init", "frozen"}
     assert len(metrics["pal"]["acc"]["runs"]) == len(RUNS)

@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("table", ["results/table.md", "results/ablation/table.md"])
+@pytest.mark.parametrize(
+    "table", ["results/demo/table.md", "results/demo/ablation/table.md"]
+)
 def test_results_quote_the_committed_table(table: str) -> None:
     rows = [
         line
