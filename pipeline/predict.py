@@ -9,12 +9,19 @@ test shard gives the accuracy `pal-solver evaluate` reports for them.
 
 Input: JSONL (one object per line) or CSV (a header row), each row with
 `image` (a path, relative to the input file's folder, or absolute) and/or
-`text`, and optionally `id`. An absent or empty field is a missing modality;
-a row needs one of the two. Output: one JSON line per row, in input order,
-`{"row", "id", "missing", "top": [{"class", "score"}, …]}` (`row` counts
-rows from 1; `id` is the row's own or null) — `score` is the
-ridge classifier's output for the class (about 1 for a confident one-hot
-fit) — and a summary line on stderr.
+`text`, and optionally `id`. An absent or empty field is a missing modality,
+and so is a listed image file that does not exist (as `pal prepare` keeps
+it); a row needs one of the two. Rows are numbered from 1 in the order they
+come (a CSV's header and blank JSONL lines are no rows), in the output and in
+every message, which names the input file.
+
+Output: one JSON line per row, in input order, `{"row", "id", "missing",
+"top": [{"class", "score"}, …]}` (`id` is the row's own or null) — `score` is
+the ridge classifier's output for the class (about 1 for a confident one-hot
+fit). A row that cannot be predicted (an image that does not decode, neither
+image nor text, a malformed row) gets `{"row", "id", "error"}` instead, and
+every other row is still predicted; `--strict` stops at the first such row
+with its one-line error. A summary goes to stderr.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from pipeline import params as pparams
 from pipeline.backbone import load_backbone, resolve_device
 from pipeline.checkpoint import checkpoint_path, load_checkpoint, model_from_checkpoint
 from pipeline.embed import embed_samples
+from pipeline.prepare import unreadable_images
 from pipeline.samples import Sample
 from solver.backend import get_backend
 from solver.params import SolveParams
@@ -53,62 +61,65 @@ class PredictError(PalError):
     """Bad input rows, or a model and weights that do not fit together."""
 
 
-def read_rows(path: Path) -> tuple[list[Sample], list[str | None]]:
-    """The rows of a JSONL or CSV file as samples (id `row N`, N the line
-    number, so a loader error names the row; label unknown: 0), and each
-    row's own `id` (None when it has none)."""
+def read_rows(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
+    """The rows of a JSONL or CSV file, numbered from 1: (row, the row's
+    fields) or (row, what is wrong with it). A file that cannot be read at
+    all is a `PredictError`."""
     if not path.is_file():
         raise PredictError(f"{path}: input file not found")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise PredictError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    rows: list[dict[str, Any] | str] = []
     if path.suffix.lower() == ".csv":
-        # a quoted title may hold line breaks: rows are numbered by the line
-        # they start on
         reader = csv.DictReader(io.StringIO(text, newline=""))
         if not reader.fieldnames or not {"image", "text"} & set(reader.fieldnames):
             raise PredictError(f"{path}: the CSV header needs an image or text column")
-        raw, start = [], reader.line_num + 1
         try:
-            for row in reader:
-                raw.append((start, row))
-                start = reader.line_num + 1
+            rows.extend(reader)  # a quoted title may hold line breaks
         except csv.Error as exc:
-            raise PredictError(f"{path}:{start}: malformed CSV ({exc})") from None
+            raise PredictError(
+                f"{path}: row {len(rows) + 1}: malformed CSV ({exc})"
+            ) from None
     else:
-        raw = []
-        for n, line in enumerate(text.splitlines(), start=1):
+        for line in text.splitlines():
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                raise PredictError(f"{path}:{n}: not valid JSON") from None
-            if not isinstance(row, dict):
-                raise PredictError(f"{path}:{n}: expected a JSON object")
-            raw.append((n, row))
-    if not raw:
+                rows.append("not valid JSON")
+                continue
+            rows.append(row if isinstance(row, dict) else "expected a JSON object")
+    if not rows:
         raise PredictError(f"{path}: no rows")
-    ids = [
-        str(row["id"]) if row.get("id") not in (None, "") else None for _, row in raw
-    ]
-    return [_sample(row, f"{path}:{n}", n) for n, row in raw], ids
+    return list(enumerate(rows, start=1))
 
 
-def _sample(row: dict[str, Any], where: str, line: int) -> Sample:
+def to_sample(row: dict[str, Any], n: int, folder: Path) -> Sample | str:
+    """Row `n` as a sample (id `row n`, label unknown: 0), or what is wrong
+    with it. An image file that does not exist is a missing image."""
     image = row.get("image") or None
     text = row.get("text") or ""
     if image is not None and not isinstance(image, str):
-        raise PredictError(f"{where}: image must be a path")
+        return "image must be a path"
     if not isinstance(text, str):
-        raise PredictError(f"{where}: text must be a string")
+        return "text must be a string"
+    if image is not None and not (folder / image).is_file():
+        image = None  # absent: a missing modality, as in `pal prepare`
     if image is None and not text.strip():
-        raise PredictError(f"{where}: the row has neither an image nor a text")
+        return "the row has neither an image (on disk) nor a text"
     missing = (
         Missing.IMAGE if image is None else Missing.TEXT if not text.strip() else 0
     )
-    return Sample(f"row {line}", "test", 1, 0, "", image, text, int(missing))
+    return Sample(f"row {n}", "test", 1, 0, "", image, text, int(missing))
+
+
+def _row_id(row: dict[str, Any] | str) -> str | None:
+    if not isinstance(row, dict) or row.get("id") in (None, ""):
+        return None
+    return str(row["id"])
 
 
 def predict(
@@ -120,11 +131,30 @@ def predict(
     batch_size: int = 32,
     device: str = "auto",
     solve_params: SolveParams | None = None,
+    strict: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Predictions of every row of `input_path` (in order) and a summary."""
+    """Predictions of every row of `input_path` (in order) and a summary; a
+    row that cannot be predicted gets its error (with `strict`, the first one
+    is raised)."""
     t0 = time.perf_counter()
     input_path, tune_dir = Path(input_path), Path(tune_dir)
-    samples, ids = read_rows(input_path)
+    raw = read_rows(input_path)
+    folder = input_path.parent
+    made = {
+        n: to_sample(row, n, folder) if isinstance(row, dict) else row for n, row in raw
+    }
+    images = sorted(
+        {s.image for s in made.values() if isinstance(s, Sample) and s.image}
+    )
+    for rel in unreadable_images(folder, images):
+        for n, s in made.items():
+            if isinstance(s, Sample) and s.image == rel:
+                made[n] = f"cannot read image {folder / rel}"
+    errors = {n: e for n, e in made.items() if isinstance(e, str)}
+    if errors and strict:
+        n = min(errors)
+        raise PredictError(f"{input_path}: row {n}: {errors[n]}")
+    good = [(n, s) for n, s in made.items() if isinstance(s, Sample)]
     steps = sorted(int(p.stem[5:]) for p in tune_dir.glob("step_[0-9][0-9]*.pt"))
     if not steps:
         raise PredictError(f"{tune_dir}: no step_XX.pt checkpoints (run `pal tune`)")
@@ -146,41 +176,48 @@ def predict(
             f"the model's embeddings have {backbone.hidden_size}"
         )
     model = model_from_checkpoint(ckpt, backbone)
-    x, _ = embed_samples(
-        model,
-        samples,
-        input_path.parent,
-        pparams.ExtractParams(batch_size=batch_size, device=device),
-        desc="predict",
-    )
-    info = weights.info
-    backend = get_backend("cpu")
-    expand = Expander(
-        backend, upsampling_matrix(info.feature_dim, info.width, info.seed), info.dtype
-    )
-    scores = backend.to_host(expand(x) @ backend.asarray(W))  # (n, C_k)
     names = ckpt["tasks"]["class_order"][: W.shape[1]]
     k = min(top_k, W.shape[1])
-    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    rows = [
-        {
-            "row": i + 1,
-            "id": ids[i],
-            "missing": Missing(s.missing).key,
-            "top": [
+    predicted: dict[int, list[dict[str, Any]]] = {}
+    if good:
+        x, _ = embed_samples(
+            model,
+            [s for _, s in good],
+            folder,
+            pparams.ExtractParams(batch_size=batch_size, device=device),
+            desc="predict",
+        )
+        info = weights.info
+        backend = get_backend("cpu")
+        up = upsampling_matrix(info.feature_dim, info.width, info.seed)
+        expand = Expander(backend, up, info.dtype)
+        scores = backend.to_host(expand(x) @ backend.asarray(W))  # (n, C_k)
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        for i, (n, _) in enumerate(good):
+            predicted[n] = [
                 {"class": names[c], "score": round(float(scores[i, c]), 6)}
                 for c in top[i]
-            ],
-        }
-        for i, s in enumerate(samples)
-    ]
+            ]
+    ids = dict((n, _row_id(row)) for n, row in raw)
+    rows = []
+    for n, s in made.items():
+        if isinstance(s, str):
+            rows.append({"row": n, "id": ids[n], "error": s})
+        else:
+            missing = Missing(s.missing).key
+            rows.append(
+                {"row": n, "id": ids[n], "missing": missing, "top": predicted[n]}
+            )
+    for n, e in errors.items():
+        log.warning("%s: row %d: %s (not predicted)", input_path, n, e)
     seconds = time.perf_counter() - t0
     summary = {
         "rows": len(rows),
+        "errors": len(errors),
         "step": step,
         "classes": int(W.shape[1]),
         "seconds": round(seconds, 2),
-        "rows_per_second": round(len(rows) / seconds, 1),
+        "rows_per_second": round(len(good) / seconds, 1),
     }
     return rows, summary
 
@@ -242,6 +279,12 @@ def _weights_for(
     help="Where the ViLT forward runs.",
 )
 @click.option(
+    "--strict",
+    is_flag=True,
+    help="Stop at the first row that cannot be predicted instead of reporting "
+    "it in its output line.",
+)
+@click.option(
     "--out",
     default="-",
     show_default=True,
@@ -258,14 +301,17 @@ def cli(
     top_k: int,
     batch_size: int,
     device: str,
+    strict: bool,
     out: str,
 ) -> None:
     """Classify image–text rows with the tuned model and analytic weights.
 
     INPUT is a JSONL or CSV file whose rows have `image` (a path relative to
     INPUT's folder) and/or `text`, and optionally `id`; a missing image or text
-    takes PAL's missing-modality path. Writes one JSON line per row with the
-    top-k classes and their scores, in input order, and a summary on stderr.
+    (or an image file that does not exist) takes PAL's missing-modality path.
+    Writes one JSON line per row, numbered from 1, with the top-k classes and
+    their scores, in input order; a row that cannot be predicted gets its error
+    instead (--strict: stop at it). A summary goes to stderr.
     Checks the weights against the `solve:` section of --params when the file
     exists.
     """
@@ -275,7 +321,7 @@ def cli(
         else None
     )
     rows, summary = predict(
-        input_file, tune_dir, weights, step, top_k, batch_size, device, solve_p
+        input_file, tune_dir, weights, step, top_k, batch_size, device, solve_p, strict
     )
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     if out == "-":
@@ -283,8 +329,10 @@ def cli(
     else:
         write_bytes_atomic(out, text.encode("utf-8"))
     log.info(
-        "predict: %d rows with step %d (%d classes) in %.2f s, %.1f rows/s -> %s",
+        "predict: %d rows (%d not predicted) with step %d (%d classes) in %.2f s, "
+        "%.1f rows/s -> %s",
         summary["rows"],
+        summary["errors"],
         summary["step"],
         summary["classes"],
         summary["seconds"],

@@ -92,24 +92,50 @@ def _cli(*args):
     return result.exit_code, result.output.strip().splitlines()
 
 
-def test_errors_are_one_line(solved, tmp_path):
+def test_rows_that_cannot_be_predicted_are_reported_per_row(solved, tmp_path):
+    """An image that does not decode and a row with neither modality get an
+    error line; every other row is predicted; an image file that does not
+    exist is a missing image, as in prepare. --strict stops at the first bad
+    row, naming the file and the row."""
     prepare, tune_dir, weights, _ = solved
     rows, _ = _test_rows(prepare)
-    rows = [r for r in rows if "image" in r][:3]
+    rows = [r for r in rows if "image" in r and "text" in r][:4]
     bad = tmp_path / "broken.png"
     bad.write_bytes(b"not an image")
     rows[1]["image"] = str(bad)
+    rows[2]["image"] = str(tmp_path / "gone.jpg")
+    rows.append({"id": "empty"})
     base = ["--tune", tune_dir, "--weights", weights, "--params", tmp_path / "none"]
-    code, out = _cli(_jsonl(tmp_path / "a.jsonl", rows), *base)
-    assert code == 1 and len(out) == 1
-    assert out[0].startswith(f"Error: sample 'row 2': cannot read image {bad} (")
+    path = _jsonl(tmp_path / "a.jsonl", rows)
+    code, out = _cli(path, *base)
+    assert code == 0
+    preds = [json.loads(line) for line in out]
+    assert [p["row"] for p in preds] == [1, 2, 3, 4, 5]
+    assert preds[1] == {
+        "row": 2,
+        "id": rows[1]["id"],
+        "error": f"cannot read image {bad}",
+    }
+    assert preds[4] == {
+        "row": 5,
+        "id": "empty",
+        "error": "the row has neither an image (on disk) nor a text",
+    }
+    assert preds[2]["missing"] == "image_missing" and len(preds[2]["top"]) == 5
+    assert preds[0]["missing"] == preds[3]["missing"] == "complete"
+    alone = json.loads(_cli(_jsonl(tmp_path / "one.jsonl", rows[:1]), *base)[1][0])
+    assert alone["top"] == preds[0]["top"]  # the other rows change nothing
+    code, out = _cli(path, *base, "--strict")
+    assert (code, out) == (1, [f"Error: {path}: row 2: cannot read image {bad}"])
+
+
+def test_errors_are_one_line(solved, tmp_path):
+    prepare, tune_dir, weights, _ = solved
+    rows, _ = _test_rows(prepare)
+    base = ["--tune", tune_dir, "--weights", weights, "--params", tmp_path / "none"]
     code, out = _cli(_jsonl(tmp_path / "b.jsonl", rows[:1]), *base, "--step", 7)
     assert (code, out) == (1, [f"Error: --step 7: {tune_dir} has the checkpoints "
                                "of steps 1..3"])  # fmt: skip
-    _jsonl(tmp_path / "c.jsonl", [{"id": "x"}])
-    code, out = _cli(tmp_path / "c.jsonl", *base)
-    assert out == [f"Error: {tmp_path / 'c.jsonl'}:1: the row has neither an "
-                   "image nor a text"]  # fmt: skip
     params = tmp_path / "params.yaml"
     params.write_text(f"solve:\n  width: {2 * WIDTH}\n")
     code, out = _cli(tmp_path / "b.jsonl", *base[:4], "--params", params)
@@ -124,17 +150,24 @@ def test_errors_are_one_line(solved, tmp_path):
                    "embeddings have 32"]  # fmt: skip
 
 
-def test_csv_rows_are_numbered_by_their_first_line(tmp_path):
+def test_rows_are_numbered_from_one_in_both_formats(tmp_path):
+    """A CSV row may span lines (a quoted line break); its header and blank
+    JSONL lines are no rows."""
     from pipeline.predict import read_rows
 
     path = tmp_path / "in.csv"
-    path.write_text('image,text\n,"two\nlines"\n,\n')
-    with pytest.raises(Exception, match=rf"^{path}:4: the row has neither"):
-        read_rows(path)
     path.write_text('image,text\n,"two\nlines"\n,third\n')
-    samples, ids = read_rows(path)
-    assert [s.id for s in samples] == ["row 2", "row 4"] and ids == [None, None]
-    assert samples[0].text == "two\nlines"
+    assert read_rows(path) == [
+        (1, {"image": "", "text": "two\nlines"}),
+        (2, {"image": "", "text": "third"}),
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "a"}\n\n[1]\n{"text": "b"\n')
+    assert read_rows(path) == [
+        (1, {"text": "a"}),
+        (2, "expected a JSON object"),
+        (3, "not valid JSON"),
+    ]
 
 
 def test_input_that_is_not_utf8_is_one_line(tmp_path):
