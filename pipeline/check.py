@@ -24,6 +24,7 @@ from pathlib import Path
 
 import click
 
+from palcore.cliutil import params_option
 from palcore.errors import PalError
 from palcore.params import (
     ProtocolParams,
@@ -149,14 +150,7 @@ def check_data(path: Path) -> tuple[list[str], str]:
 
 
 @click.command("check")
-@click.option(
-    "--params",
-    "params_file",
-    default="params.yaml",
-    show_default=True,
-    type=click.Path(dir_okay=False),
-    help="Params file to check.",
-)
+@params_option
 def cli(params_file: str) -> None:
     """Check the params, paths, devices and data before `dvc repro`.
 
