@@ -42,6 +42,7 @@ from palcore.params import Source, outcome_record
 from pipeline import params as pparams
 from pipeline.backbone import (
     Backbone,
+    autocast,
     backbone_folder,
     load_backbone,
     resolve_device,
@@ -63,7 +64,14 @@ from pipeline.resume import (
     signature,
 )
 from pipeline.samples import SAMPLES_FILE, Sample, Tasks, read_prepare, select
-from solver.shards import Block, ShardAttrs, step_dir_name, write_test, write_train
+from solver.shards import (
+    Block,
+    ShardAttrs,
+    open_step,
+    step_dir_name,
+    write_test,
+    write_train,
+)
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +162,7 @@ def extract(
             _provenance(ckpt, key, samples_hash, params),
             rank,
             world,
+            _reusable(ckpt, params, partial.path, step, names, world),
         )
     if done:
         log.info(
@@ -267,6 +276,30 @@ def _rank_range(n: int, batch_size: int, rank: int, world: int) -> tuple[int, in
     return lo, hi
 
 
+def _reusable(
+    ckpt: dict,
+    params: pparams.ExtractParams,
+    partial: Path,
+    step: int,
+    names: tuple[str, str],
+    world: int,
+) -> Path | None:
+    """The previous step's folder when its test features can be reused: a
+    model without prompts embeds a sample the same at every step (only its
+    BP head grows), so only the new task's samples need the backbone. With
+    one process and float32 shards, the stored features are the exact ones."""
+    prev = partial / step_dir_name(step - 1)
+    if (
+        step == 1
+        or ckpt["params"]["prompt"]["enabled"]
+        or world != 1
+        or params.dtype != "float32"
+        or not all((prev / name).is_file() for name in names)
+    ):
+        return None
+    return prev
+
+
 def _extract_step(
     model: PalModel,
     step: int,
@@ -278,9 +311,17 @@ def _extract_step(
     provenance: dict,
     rank: int,
     world: int,
+    reuse: Path | None = None,
 ) -> None:
-    # task `step`'s training samples, then the test samples of tasks 1..step,
-    # embedded as one list in batches; this rank takes whole batches of it
+    """Embed and write one step's shards. Task `step`'s training samples, then
+    the test samples of tasks 1..step, are embedded as one list in batches;
+    this rank takes whole batches of it. With `reuse` (a model without
+    prompts), tasks 1..step-1's test features come from that step folder and
+    only their BP logits are computed anew."""
+    if reuse is not None:
+        _extract_step_reusing(model, step, samples, tasks, params, folder, names,
+                              provenance, reuse)  # fmt: skip
+        return
     blocks = [select(samples, "train", [step])] + [
         select(samples, "test", [t]) for t in range(1, step + 1)
     ]
@@ -295,28 +336,84 @@ def _extract_step(
         first_batch=lo // params.batch_size,
     )
     x = x.astype(params.dtype)
-    classes_seen = sum(tasks.classes_per_task[:step])
-    attrs = ShardAttrs(
-        step=step,
-        classes_seen=classes_seen,
-        feature_dim=x.shape[1],
-        provenance=provenance,
-    )
     parts, start = [], 0
     for i, block in enumerate(blocks):
         a = max(start, lo)
         b = max(a, min(start + len(block), hi))  # a == b: the ranges do not meet
-        part, rows = every[a:b], slice(a - lo, b - lo)
+        rows = slice(a - lo, b - lo)
+        parts.append(_block(every[a:b], x[rows], logits[rows] if i else None))
+        start += len(block)
+    _write_step(step, tasks, folder, names, provenance, parts, x.shape[1])
+
+
+def _extract_step_reusing(
+    model: PalModel,
+    step: int,
+    samples: list[Sample],
+    tasks: Tasks,
+    params: pparams.ExtractParams,
+    folder: Path,
+    names: tuple[str, str],
+    provenance: dict,
+    prev: Path,
+) -> None:
+    """One step of a model without prompts: task `step`'s training and test
+    samples embedded, the earlier tasks' test features read from `prev` and
+    scored by this step's BP head."""
+    train, test = select(samples, "train", [step]), select(samples, "test", [step])
+    x, logits = embed_samples(
+        model, train + test, tasks.root, params, f"step {step}", first_batch=0
+    )
+    x = x.astype(params.dtype)
+    old = open_step(prev, step - 1)
+    parts = [_block(train, x[: len(train)], None)]
+    device = model.backbone.device
+    for task in range(1, step):
+        reader = old.test[task]
+        feats, labels, missing, _ = reader.read_all()
+        with torch.inference_mode(), autocast(device):
+            head = model.head(torch.from_numpy(feats).to(device)).float()
         parts.append(
             Block(
-                features=np.ascontiguousarray(x[rows]),
-                labels=np.array([s.label for s in part], dtype=np.int64),
-                missing=np.array([s.missing for s in part], dtype=np.int8),
-                sample_ids=[s.id for s in part],
-                bp_logits=np.ascontiguousarray(logits[rows]) if i else None,
+                features=feats,
+                labels=labels,
+                missing=missing,
+                sample_ids=reader.sample_ids(),
+                bp_logits=np.ascontiguousarray(head.cpu().numpy()),
             )
         )
-        start += len(block)
+    parts.append(_block(test, x[len(train) :], logits[len(train) :]))
+    _write_step(step, tasks, folder, names, provenance, parts, x.shape[1])
+    log.info("step %d: reused the test features of tasks 1-%d from %s",
+             step, step - 1, prev.name)  # fmt: skip
+
+
+def _block(part: list[Sample], x: np.ndarray, logits: np.ndarray | None) -> Block:
+    return Block(
+        features=np.ascontiguousarray(x),
+        labels=np.array([s.label for s in part], dtype=np.int64),
+        missing=np.array([s.missing for s in part], dtype=np.int8),
+        sample_ids=[s.id for s in part],
+        bp_logits=None if logits is None else np.ascontiguousarray(logits),
+    )
+
+
+def _write_step(
+    step: int,
+    tasks: Tasks,
+    folder: Path,
+    names: tuple[str, str],
+    provenance: dict,
+    parts: list[Block],
+    feature_dim: int,
+) -> None:
+    classes_seen = sum(tasks.classes_per_task[:step])
+    attrs = ShardAttrs(
+        step=step,
+        classes_seen=classes_seen,
+        feature_dim=feature_dim,
+        provenance=provenance,
+    )
     write_train(folder / names[0], parts[0], attrs)
     write_test(folder / names[1], dict(enumerate(parts[1:], start=1)), attrs)
     log.info(

@@ -235,3 +235,59 @@ def test_checkpoint_errors_are_one_line(tuned, tmp_path):
         "data (its class order or task split differs from "
         "tasks.json); rerun `pal tune`",
     )
+
+
+def test_a_model_without_prompts_embeds_each_test_set_once(
+    tiny_vilt, tiny_prepare, tmp_path, caplog
+):
+    """The frozen variant: a test sample's features are the same at every
+    step, so step k embeds only task k's samples; the earlier tasks' features
+    are step k-1's bytes, their BP logits come from step k's head."""
+    import logging
+
+    import h5py
+    from helpers import write_params
+
+    from pipeline.backbone import load_backbone
+    from pipeline.checkpoint import load_checkpoint, model_from_checkpoint
+    from pipeline.tune import tune
+
+    params = write_params(
+        tmp_path / "p.yaml", tiny_vilt, prompt={"enabled": False}, tune={"epochs": 0}
+    )
+    load = pparams.load
+    tune(tiny_prepare, tmp_path / "tune", load(params, "model"),
+         load(params, "prompt"), load(params, "tune"))  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        extract(
+            tiny_prepare, tmp_path / "tune", tmp_path / "x", load(params, "extract")
+        )
+    samples, tasks = read_prepare(tiny_prepare)
+    embedded = [
+        int(r.getMessage().split()[2])
+        for r in caplog.records
+        if r.getMessage().startswith("step ") and " samples in " in r.getMessage()
+    ]
+    per_task = [
+        len(select(samples, "train", [k])) + len(select(samples, "test", [k]))
+        for k in (1, 2, 3)
+    ]
+    assert embedded == per_task  # each test set once, not 1 + 2 + 3 times
+    shards = {
+        k: h5py.File(tmp_path / "x" / f"step_{k:02d}" / "test.h5") for k in (1, 2, 3)
+    }
+    for task in (1, 2):
+        first = shards[task][f"task_{task:02d}"]["features"][()]
+        for later in range(task + 1, 4):
+            g = shards[later][f"task_{task:02d}"]
+            assert g["features"][()].tobytes() == first.tobytes()
+            assert g["bp_logits"].shape == (len(first), 2 * later)
+    ckpt = load_checkpoint(checkpoint_path(tmp_path / "tune", 3))
+    model = model_from_checkpoint(ckpt, load_backbone(str(tiny_vilt), 12))
+    import torch
+
+    feats = shards[3]["task_01"]["features"][()]
+    with torch.inference_mode():
+        head = model.head(torch.from_numpy(feats)).float().numpy()
+    assert np.array_equal(shards[3]["task_01"]["bp_logits"][()], head)
+    assert len(open_features(tmp_path / "x")) == 3  # the solver reads them
