@@ -12,7 +12,9 @@ undeclared import, and nothing declared that the stage never reads.
 Params: the sections its code loads (`load(path, "tune")` and the like), each
 as the whole section, or key by key where run-only keys are left out
 (`palcore.params.outcome_keys`); with `--run`, also `protocol.vary` (the seeds a
-run moves), with `--variant NAME`, also `ablation.NAME` (the keys it changes).
+run moves), with `--variant NAME`, also `ablation.NAME.changes` (the keys it
+changes), with `--pipeline NAME`, also `pipelines.NAME` and the variant rows
+of `ablation` (their changes and labels).
 
 The stages are those DVC resolves from dvc.yaml and ablation/dvc.yaml (one
 per run and variant of a `matrix`/`foreach` stage).
