@@ -316,15 +316,11 @@ def _extract_step(
     """Embed and write one step's shards. Task `step`'s training samples, then
     the test samples of tasks 1..step, are embedded as one list in batches;
     this rank takes whole batches of it. With `reuse` (a model without
-    prompts), tasks 1..step-1's test features come from that step folder and
-    only their BP logits are computed anew."""
-    if reuse is not None:
-        _extract_step_reusing(model, step, samples, tasks, params, folder, names,
-                              provenance, reuse)  # fmt: skip
-        return
-    blocks = [select(samples, "train", [step])] + [
-        select(samples, "test", [t]) for t in range(1, step + 1)
-    ]
+    prompts, one process), only task `step`'s test samples are embedded: the
+    earlier tasks' test features come from that step folder."""
+    train = select(samples, "train", [step])
+    first = step if reuse is not None else 1
+    blocks = [train] + [select(samples, "test", [t]) for t in range(first, step + 1)]
     every = [s for block in blocks for s in block]
     lo, hi = _rank_range(len(every), params.batch_size, rank, world)
     x, logits = embed_samples(
@@ -343,37 +339,25 @@ def _extract_step(
         rows = slice(a - lo, b - lo)
         parts.append(_block(every[a:b], x[rows], logits[rows] if i else None))
         start += len(block)
+    if reuse is not None:
+        parts[1:1] = _reused_tests(model, reuse, step)
+        log.info("step %d: reused the test features of tasks 1-%d from %s",
+                 step, step - 1, reuse.name)  # fmt: skip
     _write_step(step, tasks, folder, names, provenance, parts, x.shape[1])
 
 
-def _extract_step_reusing(
-    model: PalModel,
-    step: int,
-    samples: list[Sample],
-    tasks: Tasks,
-    params: pparams.ExtractParams,
-    folder: Path,
-    names: tuple[str, str],
-    provenance: dict,
-    prev: Path,
-) -> None:
-    """One step of a model without prompts: task `step`'s training and test
-    samples embedded, the earlier tasks' test features read from `prev` and
-    scored by this step's BP head."""
-    train, test = select(samples, "train", [step]), select(samples, "test", [step])
-    x, logits = embed_samples(
-        model, train + test, tasks.root, params, f"step {step}", first_batch=0
-    )
-    x = x.astype(params.dtype)
+def _reused_tests(model: PalModel, prev: Path, step: int) -> list[Block]:
+    """Tasks 1..step-1's test blocks of step folder `prev`: their features as
+    stored, scored by this step's BP head."""
     old = open_step(prev, step - 1)
-    parts = [_block(train, x[: len(train)], None)]
     device = model.backbone.device
+    blocks = []
     for task in range(1, step):
         reader = old.test[task]
         feats, labels, missing, _ = reader.read_all()
         with torch.inference_mode(), autocast(device):
             head = model.head(torch.from_numpy(feats).to(device)).float()
-        parts.append(
+        blocks.append(
             Block(
                 features=feats,
                 labels=labels,
@@ -382,10 +366,7 @@ def _extract_step_reusing(
                 bp_logits=np.ascontiguousarray(head.cpu().numpy()),
             )
         )
-    parts.append(_block(test, x[len(train) :], logits[len(train) :]))
-    _write_step(step, tasks, folder, names, provenance, parts, x.shape[1])
-    log.info("step %d: reused the test features of tasks 1-%d from %s",
-             step, step - 1, prev.name)  # fmt: skip
+    return blocks
 
 
 def _block(part: list[Sample], x: np.ndarray, logits: np.ndarray | None) -> Block:

@@ -146,10 +146,10 @@ def predict(
     images = sorted(
         {s.image for s in made.values() if isinstance(s, Sample) and s.image}
     )
-    for rel in unreadable_images(folder, images):
-        for n, s in made.items():
-            if isinstance(s, Sample) and s.image == rel:
-                made[n] = f"cannot read image {folder / rel}"
+    bad = set(unreadable_images(folder, images))
+    for n, s in made.items():
+        if isinstance(s, Sample) and s.image in bad:
+            made[n] = f"cannot read image {folder / s.image}"
     errors = {n: e for n, e in made.items() if isinstance(e, str)}
     if errors and strict:
         n = min(errors)
@@ -198,7 +198,7 @@ def predict(
                 {"class": names[c], "score": round(float(scores[i, c]), 6)}
                 for c in top[i]
             ]
-    ids = dict((n, _row_id(row)) for n, row in raw)
+    ids = {n: _row_id(row) for n, row in raw}
     rows = []
     for n, s in made.items():
         if isinstance(s, str):
