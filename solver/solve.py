@@ -297,6 +297,8 @@ def cli(
         (chain, apply_overrides(load_section(src, "solve", SolveParams), **overrides))
         for src, chain in chains(params_file, pipeline)
     ]  # every chain's params checked before the first is fitted
+    for chain, _ in todo:  # and every chain's shards
+        open_features(Path(features) / chain)
     backend = get_backend(todo[0][1].device)
     for chain, params in todo:
         log.info("solve: chain %s", chain)

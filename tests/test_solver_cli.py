@@ -418,3 +418,19 @@ def test_pipeline_errors_are_one_line(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, ["solve", *args])
     assert (r.exit_code, r.output) == (1, message)
+
+
+def test_a_pipeline_with_a_chain_missing_writes_nothing(tmp_path, pristine):
+    """Every chain's shards are checked before the first chain is fitted."""
+    shutil.copytree(pristine / "extract", tmp_path / "extract" / "pal" / "0")
+    shutil.copytree(pristine / "extract", tmp_path / "extract" / "pal" / "1")
+    (tmp_path / "params.yaml").write_text(CHAIN_PARAMS)
+    r = CliRunner().invoke(
+        main,
+        ["solve", "--params", str(tmp_path / "params.yaml"), "--pipeline", "main",
+         "--features", str(tmp_path / "extract"), "--out", str(tmp_path / "solve")],
+    )  # fmt: skip
+    assert r.exit_code == 1
+    missing = tmp_path / "extract" / "wide" / "0"
+    assert r.output == f"Error: {missing}: features folder not found\n"
+    assert not (tmp_path / "solve").exists()
