@@ -25,23 +25,15 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.fakes import tiny_jpeg
+
 BUDGET_S = 20.0
 FOOD101_IMAGES = 90_900
 N_CLASSES = 101
 PER_CLASS = {"train": 600, "val": 70, "test": 230}
 
 
-def _tiny_jpeg() -> bytes:
-    import io
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (8, 8), (200, 40, 40)).save(buf, format="JPEG")
-    return buf.getvalue()
-
-
-TINY_JPEG = _tiny_jpeg()
+TINY_JPEG = tiny_jpeg()
 
 
 def photo_check_rate(work: Path, n: int, repeat: int) -> float:

@@ -9,6 +9,7 @@ transformers, tokenizers, numpy, pillow), never the dev extras.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,13 @@ def make_hub_vilt(
     for name, doc in files.items():
         (folder / name).write_text(json.dumps(doc, indent=2))
     return folder
+
+
+def tiny_jpeg() -> bytes:
+    """An 8-px JPEG: a listed image file that decodes, at almost no cost."""
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 40, 40)).save(buf, format="JPEG")
+    return buf.getvalue()
 
 
 def photo(size: tuple[int, int], rng: np.random.Generator) -> Image.Image:

@@ -6,7 +6,6 @@ The tree builders are imported by test_prepare.py too.
 from __future__ import annotations
 
 import csv
-import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from pipeline.datasets import DatasetError, FileIndex, read_dataset
 from pipeline.datasets.food101 import class_of_file
 from pipeline.datasets.n24news import text_fields
+from pipeline.fakes import tiny_jpeg
 from pipeline.params import DataParams
 
 N_FOOD = 101
@@ -27,15 +27,7 @@ def food_classes() -> list[str]:
     return [f"dish_{i:03d}" for i in range(N_FOOD)]
 
 
-def _tiny_jpeg() -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (8, 8), (200, 40, 40)).save(buf, format="JPEG")
-    return buf.getvalue()
-
-
-TINY_JPEG = _tiny_jpeg()
+TINY_JPEG = tiny_jpeg()
 
 
 def _touch(path: Path) -> None:
