@@ -296,6 +296,8 @@ def rehearse(
     a failed stage."""
     if runner == "auto":
         runner = "dvc" if shutil.which("dvc") else "direct"
+    if runner == "dvc" and not shutil.which("dvc"):
+        raise SystemExit("rehearsal: --runner dvc, but there is no dvc on PATH")
     cores = os.cpu_count() or 1
     workers = max(0, min(15, cores - 1))
     params = rehearsal_params(config, epochs, width, device, workers, cuda_graphs)
