@@ -10,7 +10,9 @@ Outputs (in `--out`, each written atomically), for a weights file named
 
 - `metrics<suffix>.json`: acc, fg, fg_diag, aia, last (percent), matrix,
   acc_by_missing {complete, text_missing, image_missing} at the final step
-  pooled over all test tasks, and `bp` with the same keys when present.
+  pooled over all test tasks, acc_by_task {first, later} (the first task's
+  accuracy and the later tasks' mean after the last step: stability and
+  plasticity), and `bp` with the same keys when present.
 - `accuracy_matrix<suffix>.csv`: one row per step, one column per task.
 - `step_accuracy<suffix>.csv`: step, al, bp — accuracy pooled over the test
   samples of the seen tasks after each step (bp empty without bp_logits).
@@ -343,8 +345,8 @@ def cli(
 ) -> None:
     """Score the weights on every step's test shards; write metrics.
 
-    Writes metrics.json (acc, fg, fg_diag, aia, last, matrix, acc_by_missing,
-    and bp for the BP head when the shards hold bp_logits),
+    Writes metrics.json (acc, fg, fg_diag, aia, last, matrix, acc_by_task,
+    acc_by_missing, and bp for the BP head when the shards hold bp_logits),
     accuracy_matrix.csv, step_accuracy.csv and step_accuracy.png. For
     weights-eta<η>.h5 the names carry the same -eta<η> suffix. Reads the
     `evaluate:` section of the params file (device, batch_rows).

@@ -8,6 +8,9 @@ k over all classes seen at step k; row k holds tasks 1..k. With K steps:
 - `fg_diag` = mean_{i<K} (a[i][i] − a[K][i])                  (RebQ's variant)
 - `aia`     = mean_k of the accuracy pooled over test tasks 1..k after step k
 - `last`    = a[K][K]
+- `acc_by_task`: `first` = a[K][1], the first task's accuracy after the last
+  step (stability), and `later` = mean_{i>1} a[K][i], the later tasks'
+  (plasticity; None with one step): the paper's stability/plasticity split
 
 With one step there is nothing to forget: `fg` and `fg_diag` are 0.
 """
@@ -114,7 +117,7 @@ def metrics_from_matrix(
 
 def summarize(counts: Counts, digits: int = 6) -> dict[str, object]:
     """The metrics dict: acc, fg, fg_diag, aia, last, matrix, step_accuracy
-    (pooled over seen tasks, per step), acc_by_missing.
+    (pooled over seen tasks, per step), acc_by_task, acc_by_missing.
 
     Floats are rounded to `digits` decimals so the JSON text is stable; a
     missing type without test samples gives None.
@@ -130,6 +133,12 @@ def summarize(counts: Counts, digits: int = 6) -> dict[str, object]:
     }
     out["matrix"] = [[r(a) for a in row] for row in matrix]
     out["step_accuracy"] = [r(a) for a in counts.pooled()]  # aia's terms
+    final = matrix[-1]
+    later = final[1:]
+    out["acc_by_task"] = {
+        "first": r(final[0]),
+        "later": r(sum(later) / len(later)) if later else None,
+    }
     out["acc_by_missing"] = {
         key: r(percent(counts.missing_correct[c], counts.missing_total[c]))
         for c, key in enumerate(MISSING_KEYS)

@@ -4,7 +4,8 @@ Reads each evaluated run, `<evaluations>/<variant>/<run>/metrics.json`, for the
 runs `protocol.runs` lists and the variants given, and writes (DESIGN §2, §6):
 
 - metrics.json: per row, the mean, sample std (ddof 1) and per-run values of
-  acc, fg, fg_diag, aia, last and the accuracy by missing type;
+  acc, fg, fg_diag, aia, last, the accuracy by missing type and the accuracy
+  on the first task and on the later tasks after the last step;
 - table.md, table.csv: the rows as "mean ± std";
 - step_accuracy.csv, step_accuracy.png: accuracy over seen tasks after each
   step, mean and std per row (the plot shades mean ± std);
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 BP_LABEL = "w/o AL module (BP head)"
 SCALARS = ("acc", "fg", "fg_diag", "aia", "last")
 MISSING = ("complete", "image_missing", "text_missing")
+TASKS = ("first", "later")
+# the per-run dicts of metrics.json that a row aggregates key by key
+GROUPS = {"acc_by_missing": MISSING, "acc_by_task": TASKS}
 COLUMNS = {
     "acc": "Acc",
     "fg": "FG",
@@ -53,6 +57,8 @@ COLUMNS = {
     "complete": "complete",
     "image_missing": "image missing",
     "text_missing": "text missing",
+    "first": "first task",
+    "later": "later tasks",
 }
 SEED_WORDS = {
     "class_order": "class order",
@@ -119,17 +125,21 @@ def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
         values = [float(m[key]) for m in per_run]
         mean, std = mean_std(values)
         row[key] = {"mean": _round(mean), "std": _round(std), "runs": values}
-    by_missing = {}
-    for key in MISSING:
-        values = [
-            float(m["acc_by_missing"][key])
-            for m in per_run
-            if m.get("acc_by_missing", {}).get(key) is not None
-        ]
-        if len(values) == len(per_run):
-            mean, std = mean_std(values)
-            by_missing[key] = {"mean": _round(mean), "std": _round(std), "runs": values}
-    row["acc_by_missing"] = by_missing
+    for group, keys in GROUPS.items():
+        row[group] = {}
+        for key in keys:
+            values = [
+                float(m[group][key])
+                for m in per_run
+                if m.get(group, {}).get(key) is not None
+            ]
+            if len(values) == len(per_run):
+                mean, std = mean_std(values)
+                row[group][key] = {
+                    "mean": _round(mean),
+                    "std": _round(std),
+                    "runs": values,
+                }
     steps = [m["step_accuracy"] for m in per_run]
     if len({len(s) for s in steps}) != 1:
         raise ReportError(
@@ -181,9 +191,16 @@ def _cell(stat: dict[str, Any] | None) -> str:
     return f"{stat['mean']:.2f} ± {stat['std']:.2f}"
 
 
+def _stats(row: dict[str, Any]) -> list[dict[str, Any] | None]:
+    """The row's statistics in COLUMNS order (None where a group lacks one)."""
+    stats = [row[k] for k in SCALARS]
+    for group, keys in GROUPS.items():
+        stats += [row.get(group, {}).get(k) for k in keys]
+    return stats
+
+
 def _cells(row: dict[str, Any]) -> list[str]:
-    cells = [_cell(row[k]) for k in SCALARS]
-    return cells + [_cell(row["acc_by_missing"].get(k)) for k in MISSING]
+    return [_cell(stat) for stat in _stats(row)]
 
 
 def caption(report: dict[str, Any]) -> str:
@@ -220,10 +237,8 @@ def table_csv(report: dict[str, Any]) -> str:
     cols = [f"{k}_{s}" for k in COLUMNS for s in ("mean", "std")]
     lines = ["row," + ",".join(cols)]
     for name, row in report["rows"].items():
-        stats = [row[k] for k in SCALARS]
-        stats += [row["acc_by_missing"].get(k) for k in MISSING]
         cells = []
-        for stat in stats:
+        for stat in _stats(row):
             for s in ("mean", "std"):
                 value = None if stat is None else stat[s]
                 cells.append("" if value is None else f"{value:.4f}")

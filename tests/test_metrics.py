@@ -79,8 +79,15 @@ def test_counts_summary():
     assert s["aia"] == 72.5
     assert s["last"] == 83.333333
     assert s["matrix"] == [[75.0], [50.0, 83.333333]]
+    # stability: task 1 after the last step; plasticity: the later tasks' mean
+    assert s["acc_by_task"] == {"first": 50.0, "later": 83.333333}
     assert s["acc_by_missing"] == {
         "complete": 66.666667,
         "text_missing": 75.0,
         "image_missing": None,
     }
+
+
+def test_one_step_has_no_later_tasks():
+    s = summarize(Counts(correct=[[3]], total=[[4]]))
+    assert s["acc_by_task"] == {"first": 75.0, "later": None}

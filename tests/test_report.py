@@ -26,6 +26,7 @@ def metrics(acc: float, *, bp: dict | None = None) -> dict:
         "last": acc - 1,
         "matrix": [[acc + 2], [acc + 1, acc - 1]],
         "step_accuracy": [acc + 2, acc],
+        "acc_by_task": {"first": acc + 1, "later": acc - 1},
         "acc_by_missing": {
             "complete": acc + 5,
             "image_missing": acc - 5,
@@ -76,6 +77,12 @@ def test_report_rows_means_and_stds(evaluations: Path) -> None:
     ]
     assert pal["matrix"] == [[65.0], [64.0, 62.0]]
     assert pal["acc_by_missing"]["image_missing"]["mean"] == 58.0
+    assert pal["acc_by_task"]["first"]["mean"] == 64.0
+    assert pal["acc_by_task"]["later"] == {
+        "mean": 62.0,
+        "std": round(math.sqrt(13.0), 6),
+        "runs": [59.0, 61.0, 66.0],
+    }
 
 
 def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
@@ -102,7 +109,8 @@ def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
     )
     assert lines[4] == (
         "| PAL (prompts + AL) | 63.00 ± 3.61 | 6.30 ± 0.36 | 3.15 ± 0.18 | "
-        "64.00 ± 3.61 | 62.00 ± 3.61 | 68.00 ± 3.61 | 58.00 ± 3.61 | 60.00 ± 3.61 |"
+        "64.00 ± 3.61 | 62.00 ± 3.61 | 68.00 ± 3.61 | 58.00 ± 3.61 | 60.00 ± 3.61 | "
+        "64.00 ± 3.61 | 62.00 ± 3.61 |"
     )
     assert lines[5].startswith("| w/o AL module (BP head) | 31.50 ± 1.80 |")
     assert lines[6].startswith("| w/o prompt module | 50.00 ± 0.00 |")

@@ -100,10 +100,17 @@ def test_solve_and_evaluate_write_their_files(run):
         "last",
         "matrix",
         "step_accuracy",
+        "acc_by_task",
         "acc_by_missing",
         "bp",
     }
     assert [len(r) for r in m["matrix"]] == [1, 2, 3]
+    final = m["matrix"][-1]
+    assert m["acc_by_task"]["first"] == final[0]
+    # from the unrounded matrix: within the rounding of its entries
+    assert m["acc_by_task"]["later"] == pytest.approx(
+        (final[1] + final[2]) / 2, abs=1e-6
+    )
     with h5py.File(root / "solve" / "weights.h5", "r") as f:
         assert f.attrs["width"] == 48 and f["step_03/W"].shape == (48, 6)
 
