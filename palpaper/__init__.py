@@ -1,0 +1,1 @@
+"""The paper's results as DVC experiment grids, and their tables (`pal-paper`)."""

@@ -1,0 +1,3 @@
+from palpaper.cli import main
+
+main()

@@ -1,0 +1,193 @@
+"""Cells as DVC experiments: queue them, run DVC's queue, find their results.
+
+Every cell is an experiment named after its overrides (`grids.Cell.name`) on
+the commit the grid runs from (the baseline). A finished experiment is a git
+ref `refs/exps/<baseline[:2]>/<baseline[2:]>/<name>` (how DVC stores them);
+its `results/<dataset>/metrics.json` is read from that commit with `git show`,
+so collecting needs neither the workspace nor the cache. A cell that finished
+is never queued again on the same baseline: an interrupted grid resumes with
+the cells it lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from palcore.errors import PalError
+from palpaper.grids import Cell
+
+log = logging.getLogger(__name__)
+
+
+class ExperimentError(PalError):
+    """git or DVC refused, or a cell has no usable result."""
+
+
+def _tool(name: str) -> str:
+    """The command `name`: beside this Python (the venv) first, then PATH."""
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise ExperimentError(f"'{name}' not found: install the project (README)")
+    return found
+
+
+def _run(args: Sequence[str], cwd: Path) -> str:
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    try:
+        proc = subprocess.run(
+            list(args), cwd=cwd, env=env, capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        raise ExperimentError(f"'{args[0]}' not found") from None
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"]
+        what = " ".join(Path(args[0]).name if i == 0 else a for i, a in enumerate(args))
+        raise ExperimentError(f"{what}: {lines[-1]}")
+    return proc.stdout
+
+
+class Repo:
+    """The project's git repository, its DVC experiments and DVC's queue."""
+
+    def __init__(self, root: Path, baseline: str | None = None) -> None:
+        self.root = root
+        self.git = _tool("git") if shutil.which("git") else "git"
+        try:
+            self.baseline = _run(
+                [self.git, "rev-parse", "--verify", f"{baseline or 'HEAD'}^{{commit}}"],
+                root,
+            ).strip()
+        except ExperimentError:
+            raise ExperimentError(
+                f"{root}: no git commit '{baseline or 'HEAD'}' (a grid's cells "
+                "are experiments on a commit)"
+            ) from None
+
+    @property
+    def short(self) -> str:
+        return self.baseline[:7]
+
+    def dirty(self) -> list[str]:
+        """Tracked files changed since the baseline commit."""
+        out = _run(
+            [self.git, "status", "--porcelain", "--untracked-files=no"], self.root
+        )
+        return [line[3:] for line in out.splitlines() if line.strip()]
+
+    def finished(self) -> dict[str, str]:
+        """Experiment name -> commit, for the experiments on the baseline."""
+        b = self.baseline
+        out = _run(
+            [
+                self.git,
+                "for-each-ref",
+                "--format=%(objectname) %(refname)",
+                f"refs/exps/{b[:2]}/{b[2:]}/",
+            ],
+            self.root,
+        )
+        done = {}
+        for line in out.splitlines():
+            sha, ref = line.split(" ", 1)
+            done[ref.rsplit("/", 1)[-1]] = sha
+        return done
+
+    def show(self, commit: str, path: str) -> str | None:
+        """The text of `path` at `commit`, or None when it has no such file."""
+        proc = subprocess.run(
+            [self.git, "show", f"{commit}:{path}"],
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+        )
+        return proc.stdout if proc.returncode == 0 else None
+
+    def queue_status(self) -> dict[str, str]:
+        """Task name -> status (Queued, Running, Success, Failed) in DVC's queue."""
+        out = _run([_tool("dvc"), "queue", "status"], self.root)
+        status: dict[str, str] = {}
+        lines = out.splitlines()
+        for line in lines[1:]:
+            if not line.strip() or line.startswith("Worker status"):
+                break
+            parts = line.split()
+            if len(parts) >= 4:
+                status[parts[1]] = parts[-1]
+        return status
+
+    def active_workers(self) -> int:
+        out = _run([_tool("dvc"), "queue", "status"], self.root)
+        for line in out.splitlines():
+            if line.startswith("Worker status:"):
+                return int(line.split(":", 1)[1].split()[0])
+        return 0
+
+    def queue(self, cell: Cell) -> None:
+        _run(
+            [_tool("dvc"), "exp", "run", "--queue", "-n", cell.name, *cell.set_args],
+            self.root,
+        )
+
+    def forget(self, name: str) -> None:
+        """Drop a failed task of this name from DVC's queue."""
+        _run([_tool("dvc"), "queue", "remove", name], self.root)
+
+    def start(self, jobs: int) -> None:
+        _run([_tool("dvc"), "queue", "start", "-j", str(jobs)], self.root)
+
+    def metrics(self, commit: str, dataset: str) -> dict[str, Any] | None:
+        text = self.show(commit, f"results/{dataset}/metrics.json")
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return None
+
+
+def wait(
+    repo: Repo,
+    cells: Sequence[Cell],
+    jobs: int,
+    poll: float = 5.0,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, str]:
+    """Wait until every cell finished or failed; name -> 'done' or 'failed'.
+
+    Starts workers again when cells are still queued and none is active (a
+    worker that was stopped or killed).
+    """
+    names = {c.name for c in cells}
+    seen = 0
+    while True:
+        done = names & set(repo.finished())
+        status = repo.queue_status()
+        failed = {n for n in names - done if status.get(n) == "Failed"}
+        if len(done) != seen and progress is not None:
+            progress(len(done) - seen)
+            seen = len(done)
+        pending = names - done - failed
+        if not pending:
+            return {n: "done" if n in done else "failed" for n in names}
+        lost = {n for n in pending if n not in status}
+        if lost:
+            raise ExperimentError(
+                f"cell '{sorted(lost)[0]}' is neither finished nor in DVC's queue "
+                "(removed by hand?); run the command again to queue it"
+            )
+        if repo.active_workers() == 0:
+            log.info("no queue worker is running; starting %d", jobs)
+            repo.start(jobs)
+        time.sleep(poll)

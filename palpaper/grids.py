@@ -1,0 +1,312 @@
+"""The paper's results as grids of cells: which params each cell changes.
+
+A cell is one DVC experiment: the committed params plus its overrides. Its
+name is made from the overrides that differ from the committed params, so a
+cell two results share (the base scenario, a missing rate that both the
+tables and the step figure use) is one experiment, run once.
+
+Each result lists its columns (the cells, in the paper's order) and the rows
+it reads from each cell's `results/<dataset>/metrics.json` (PAL, its BP head,
+the variants of `ablation`). The values of a grid follow the dataset: the
+paper's for its datasets, scaled ones for the 20-class, 4-layer demo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from palcore.errors import PalError
+
+
+class GridError(PalError):
+    """A result, a cell or an option of `pal-paper` that does not exist."""
+
+
+# the row keys of a report's metrics.json and how the paper names them
+ROW_NAMES = {
+    "pal": "PAL",
+    "bp": "w/o AL module (BP head)",
+    "init": "prompts never trained",
+    "frozen": "w/o prompt module (ACIL)",
+    "shared": "w/ single prompt pool",
+    "vector": "w/ prompt vector",
+}
+
+RATES = (0.1, 0.3, 0.5, 0.7, 0.9)
+TYPES = ("text", "image", "both")  # the paper's column order within a rate
+STEP_RATES = (0.1, 0.5, 0.7)
+MISSING_WORDS = {"text": "text missing", "image": "image missing", "both": "both"}
+
+
+def get(params: Mapping[str, Any], key: str) -> Any:
+    """The value at a dotted key of a params dict."""
+    node: Any = params
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise GridError(f"params: no key '{key}'")
+        node = node[part]
+    return node
+
+
+def _fmt(value: Any) -> str:
+    """A value as a name part: lists joined with '-', floats in short form."""
+    if isinstance(value, (list, tuple)):
+        return "-".join(_fmt(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _flow(value: Any) -> str:
+    """A value as `dvc exp run -S key=value` reads it (YAML flow style)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_flow(v) for v in value) + "]"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One experiment: the overrides (sorted by key) of the committed params."""
+
+    overrides: tuple[tuple[str, Any], ...]
+
+    @property
+    def name(self) -> str:
+        if not self.overrides:
+            return "base"
+        return "+".join(f"{k.rsplit('.', 1)[-1]}={_fmt(v)}" for k, v in self.overrides)
+
+    @property
+    def set_args(self) -> list[str]:
+        """`-S key=value` for each override, as `dvc exp run` takes them."""
+        return [a for k, v in self.overrides for a in ("-S", f"{k}={_flow(v)}")]
+
+    def describe(self) -> str:
+        if not self.overrides:
+            return "the committed params"
+        return " ".join(f"{k}={_flow(v)}" for k, v in self.overrides)
+
+    def value(self, params: Mapping[str, Any], key: str) -> Any:
+        """The cell's value of `key`: its override, else the committed one."""
+        return dict(self.overrides).get(key, get(params, key))
+
+
+def make_cell(params: Mapping[str, Any], changes: Mapping[str, Any]) -> Cell:
+    """The cell of `changes` over `params`: keys equal to params' are dropped."""
+    kept = []
+    for key, value in sorted(changes.items()):
+        if isinstance(value, tuple):
+            value = list(value)
+        if get(params, key) != value:
+            kept.append((key, value))
+    return Cell(tuple(kept))
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column (or row) of a result's table: its label and its cell."""
+
+    key: str
+    label: str
+    cell: Cell
+
+
+@dataclass(frozen=True)
+class Result:
+    """One of the paper's results: what it is, its cells, the rows it reads."""
+
+    id: str
+    paper: str  # where it is in the paper
+    title: str
+    rows: tuple[str, ...]  # row keys of metrics.json, in table order
+    variants: tuple[str, ...] | None  # pipelines.main for its cells; None: as is
+    keeps_features: bool = False  # varies solve.* only: the analytic stages rerun
+    figure: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def columns(
+        self, params: Mapping[str, Any], runs: Sequence[int] | None
+    ) -> list[Column]:
+        """The result's columns in the paper's order, each with its cell."""
+        base: dict[str, Any] = {}
+        if self.variants is not None:
+            base["pipelines.main"] = list(self.variants)
+        if runs is not None:
+            base["protocol.runs"] = list(runs)
+        return [
+            Column(key, label, make_cell(params, {**base, **changes}))
+            for key, label, changes in _GRIDS[self.id](params)
+        ]
+
+
+def _is_demo(params: Mapping[str, Any]) -> bool:
+    return get(params, "data.dataset") == "demo"
+
+
+def _missing(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (
+            f"{t}-{rate:g}",
+            f"{rate:.0%} {MISSING_WORDS[t]}",
+            {"data.missing_type": t, "data.missing_rate": rate},
+        )
+        for rate in RATES
+        for t in TYPES
+    ]
+
+
+def _steps(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (
+            f"both-{rate:g}",
+            f"missing rate {rate:g}",
+            {"data.missing_type": "both", "data.missing_rate": rate},
+        )
+        for rate in STEP_RATES
+    ]
+
+
+def _base(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [("base", "the committed scenario", {})]
+
+
+def _prompt(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    if _is_demo(params):  # the demo's ViLT has 4 layers; its pool 20, length 8
+        layers = [[0], [3], [0, 1], [2, 3], [0, 1, 2, 3]]
+        lengths = [2, 4, 8, 16]
+        pools = [5, 10, 20, 40]
+    else:  # ViLT-B/32, 12 layers; the paper: layers 0-7, length 8, pool 128
+        layers = [
+            list(range(0, 4)),
+            list(range(4, 8)),
+            list(range(0, 8)),
+            list(range(4, 12)),
+            list(range(0, 12)),
+        ]
+        lengths = [2, 4, 8, 16, 32]
+        pools = [16, 32, 64, 128, 256]
+    out = []
+    for v in layers:
+        out.append((f"layers-{_fmt(v)}", f"layers {_fmt(v)}", {"prompt.layers": v}))
+    for v in lengths:
+        out.append((f"length-{v}", f"length {v}", {"prompt.length": v}))
+    for v in pools:
+        out.append((f"pool-{v}", f"pool size {v}", {"prompt.pool_size": v}))
+    return out
+
+
+def _upsampling(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    # the paper's 8k / 15k / 20k around its 15k: the demo scales them to its width
+    width = int(get(params, "solve.width"))
+    if _is_demo(params):
+        widths = {
+            "8k": round(width * 8 / 15),
+            "15k": width,
+            "20k": round(width * 4 / 3),
+        }
+    else:
+        widths = {"8k": 8000, "15k": 15000, "20k": 20000}
+    pairs = [("8k", 1.0), ("15k", 1.0), ("15k", 0.5), ("15k", 0.1), ("20k", 1.0)]
+    return [
+        (
+            f"{size}-{eta:g}",
+            f"{widths[size]} ({size}), η {eta:g}",
+            {"solve.width": widths[size], "solve.eta": eta},
+        )
+        for size, eta in pairs
+    ]
+
+
+def _tasks(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    dataset = get(params, "data.dataset")
+    ks = {"demo": [2, 5, 10, 20], "n24news": [3, 6, 12, 24]}.get(
+        dataset, [5, 10, 20, 50]
+    )
+    return [(f"K-{k}", f"K = {k}", {"data.tasks": k}) for k in ks]
+
+
+_GRIDS = {
+    "missing": _missing,
+    "steps": _steps,
+    "ablation": _base,
+    "prompt": _prompt,
+    "upsampling": _upsampling,
+    "tasks": _tasks,
+    "stability": _base,
+}
+
+RESULTS = {
+    r.id: r
+    for r in (
+        Result(
+            "missing",
+            "Tables 1-2",
+            "Acc and FG (%) under 15 missing-modality scenarios, missing in "
+            "training and test",
+            rows=("pal", "frozen", "bp", "init"),
+            variants=None,
+        ),
+        Result(
+            "steps",
+            "Figures (accuracy at each step)",
+            "Accuracy (%) over the seen tasks after each step, both modalities "
+            "missing at rate 0.1, 0.5 and 0.7",
+            rows=("pal", "frozen", "bp", "init"),
+            variants=None,
+            figure=True,
+        ),
+        Result(
+            "ablation",
+            "Table 3",
+            "Ablation of the prompt module",
+            rows=("pal", "frozen", "bp", "shared", "vector"),
+            variants=("pal", "frozen", "shared", "vector"),
+        ),
+        Result(
+            "prompt",
+            "Figures (prompt layers, pool size, prompt length)",
+            "PAL's Acc and FG (%) against the prompt layers, length and pool size",
+            rows=("pal",),
+            variants=("pal",),
+            figure=True,
+        ),
+        Result(
+            "upsampling",
+            "Table 4",
+            "Up-sampling width and regularisation η",
+            rows=("pal",),
+            variants=None,
+            keeps_features=True,
+        ),
+        Result(
+            "tasks",
+            "Table 5",
+            "Acc and FG (%) against the number of steps K",
+            rows=("pal",),
+            variants=("pal",),
+        ),
+        Result(
+            "stability",
+            "Figure (stability and plasticity)",
+            "Accuracy (%) after the last step on the first task's classes "
+            "(stability) and on the later tasks' (plasticity), with and without "
+            "the AL module",
+            rows=("pal", "bp"),
+            variants=None,
+            figure=True,
+        ),
+    )
+}
+
+
+def result(name: str) -> Result:
+    try:
+        return RESULTS[name]
+    except KeyError:
+        raise GridError(
+            f"no result '{name}'; the results: {', '.join(RESULTS)}"
+        ) from None
