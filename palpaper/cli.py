@@ -133,7 +133,8 @@ def list_cmd(params_file: Path, runs: str | None) -> None:
     params = _params(params_file)
     for name, r in RESULTS.items():
         cols = r.columns(params, _runs(runs))
-        click.echo(f"{name}: {r.paper}; {len(cols)} column{'' if len(cols) == 1 else 's'}, cells:")
+        plural = "" if len(cols) == 1 else "s"
+        click.echo(f"{name}: {r.paper}; {len(cols)} column{plural}, cells:")
         for c in cols:
             click.echo(f"  {c.label}: {c.cell.name}  ({c.cell.describe()})")
 
@@ -192,9 +193,16 @@ def run_cmd(
     status = repo.queue_status()
     queued = []
     for c in todo:
-        if c.name in finished or status.get(c.name) in ("Queued", "Running"):
+        state = status.get(c.name)
+        if state == "Running" and repo.stale(c.name):
+            log.info(
+                "cell %s was interrupted (its process is gone): queued again", c.name
+            )
+            repo.kill(c.name)
+            state = "Failed"
+        if c.name in finished or state in ("Queued", "Running"):
             continue
-        if c.name in status:  # failed before: drop it so the name is free
+        if state is not None:  # failed before: drop it so the name is free
             repo.forget(c.name)
         repo.queue(c)
         queued.append(c.name)
@@ -211,7 +219,7 @@ def run_cmd(
         log.info("queued cell %s", name)
     pending = [c for c in todo if c.name not in finished]
     if pending:
-        if repo.active_workers() == 0:
+        if "Running" not in repo.queue_status().values():  # else a worker is up
             repo.start(jobs)
         if no_wait:
             log.info("workers started; `dvc queue status` shows them")

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -127,12 +128,28 @@ class Repo:
                 status[parts[1]] = parts[-1]
         return status
 
-    def active_workers(self) -> int:
-        out = _run([_tool("dvc"), "queue", "status"], self.root)
-        for line in out.splitlines():
-            if line.startswith("Worker status:"):
-                return int(line.split(":", 1)[1].split()[0])
-        return 0
+    def stale(self, name: str) -> bool:
+        """Whether the task `name`, which DVC's queue lists as Running, lost
+        its process (a killed worker, a restarted machine): DVC keeps a
+        `<task>.json` with the pid beside each task's `<task>.run` info file."""
+        for info in (self.root / ".dvc/tmp/exps/run").glob("*/*.run"):
+            try:
+                if json.loads(info.read_text()).get("name") != name:
+                    continue
+                pid = json.loads(info.with_suffix(".json").read_text())["pid"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return True
+            except (PermissionError, ValueError):
+                return False
+        return False
+
+    def kill(self, name: str) -> None:
+        """Mark a task whose process is gone as failed (`dvc queue kill`)."""
+        _run([_tool("dvc"), "queue", "kill", name], self.root)
 
     def queue(self, cell: Cell) -> None:
         _run(
@@ -145,7 +162,22 @@ class Repo:
         _run([_tool("dvc"), "queue", "remove", name], self.root)
 
     def start(self, jobs: int) -> None:
-        _run([_tool("dvc"), "queue", "start", "-j", str(jobs)], self.root)
+        """Start `jobs` queue workers. They outlive this call (until the queue
+        is empty), so their output goes to a file, not a pipe to wait on."""
+        args = [_tool("dvc"), "queue", "start", "-j", str(jobs)]
+        with tempfile.TemporaryFile(mode="w+") as log_file:
+            proc = subprocess.run(
+                args,
+                cwd=self.root,
+                env={**os.environ, "DVC_NO_ANALYTICS": "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+            if proc.returncode != 0:
+                log_file.seek(0)
+                lines = log_file.read().strip().splitlines() or ["(no output)"]
+                raise ExperimentError(f"dvc queue start: {lines[-1]}")
 
     def metrics(self, commit: str, dataset: str) -> dict[str, Any] | None:
         text = self.show(commit, f"results/{dataset}/metrics.json")
@@ -166,11 +198,12 @@ def wait(
 ) -> dict[str, str]:
     """Wait until every cell finished or failed; name -> 'done' or 'failed'.
 
-    Starts workers again when cells are still queued and none is active (a
-    worker that was stopped or killed).
+    Starts workers again when cells are still queued and nothing has run for
+    two polls (the workers exited or were killed).
     """
     names = {c.name for c in cells}
     seen = 0
+    idle = 0
     while True:
         done = names & set(repo.finished())
         status = repo.queue_status()
@@ -187,7 +220,9 @@ def wait(
                 f"cell '{sorted(lost)[0]}' is neither finished nor in DVC's queue "
                 "(removed by hand?); run the command again to queue it"
             )
-        if repo.active_workers() == 0:
-            log.info("no queue worker is running; starting %d", jobs)
+        idle = idle + 1 if "Running" not in status.values() else 0
+        if idle >= 2:
+            log.info("cells are queued and none runs; starting %d worker(s)", jobs)
             repo.start(jobs)
+            idle = 0
         time.sleep(poll)

@@ -213,7 +213,9 @@ def _swept(
         paper = _published_line(result, c, pub)
         values = [(_stat(data[c.key], "pal", k), paper.get(k)) for k in ("acc", "fg")]
         lines.append(([c.label], values))
-    label = {"upsampling": "Width, η", "tasks": "Steps", "prompt": "Prompt"}[result.id]
+    label = {"upsampling": "Width and η", "tasks": "Steps", "prompt": "Prompt"}[
+        result.id
+    ]
     return Table("", [label], ["Acc", "FG"], lines)
 
 
