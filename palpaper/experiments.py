@@ -59,6 +59,21 @@ def _run(args: Sequence[str], cwd: Path) -> str:
     return proc.stdout
 
 
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
 class Repo:
     """The project's git repository, its DVC experiments and DVC's queue."""
 
@@ -139,12 +154,7 @@ class Repo:
                 pid = json.loads(info.with_suffix(".json").read_text())["pid"]
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                return True
-            except (PermissionError, ValueError):
-                return False
+            return not _alive(int(pid))
         return False
 
     def kill(self, name: str) -> None:
@@ -156,6 +166,12 @@ class Repo:
             [_tool("dvc"), "exp", "run", "--queue", "-n", cell.name, *cell.set_args],
             self.root,
         )
+
+    def requeue(self, cell: Cell) -> None:
+        """Queue a cell again whose task was interrupted."""
+        self.kill(cell.name)
+        self.forget(cell.name)
+        self.queue(cell)
 
     def forget(self, name: str) -> None:
         """Drop a failed task of this name from DVC's queue."""
@@ -214,6 +230,15 @@ def wait(
         pending = names - done - failed
         if not pending:
             return {n: "done" if n in done else "failed" for n in names}
+        for c in cells:
+            if (
+                c.name in pending
+                and status.get(c.name) == "Running"
+                and repo.stale(c.name)
+            ):
+                log.info("cell %s lost its process: queued again", c.name)
+                repo.requeue(c)
+                status[c.name] = "Queued"
         lost = {n for n in pending if n not in status}
         if lost:
             raise ExperimentError(

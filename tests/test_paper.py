@@ -1,0 +1,324 @@
+"""`pal-paper`: the grids' cells, the rendered tables, the collector's errors.
+
+The collector is run as a user types it, on a git repository whose finished
+experiments are refs made by hand (as DVC stores them): no pipeline runs here.
+`test_dvc_pipeline.py` runs a grid through DVC's queue end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from palpaper.cli import tunings
+from palpaper.grids import RESULTS, Cell, make_cell
+from palpaper.render import build, cell
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
+FOOD = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
+
+
+def test_a_cell_keeps_only_the_keys_it_changes() -> None:
+    c = make_cell(PARAMS, {"solve.eta": 1.0, "solve.width": 546})
+    assert c.overrides == (("solve.width", 546),)  # eta 1.0 is the committed one
+    assert c.name == "width=546"
+    assert make_cell(PARAMS, {"data.missing_rate": 0.7}).name == "base"
+    c = make_cell(PARAMS, {"pipelines.main": ["pal"], "prompt.layers": [2, 3]})
+    assert c.name == "main=pal+layers=2-3"
+    assert c.set_args == ["-S", "pipelines.main=[pal]", "-S", "prompt.layers=[2,3]"]
+    assert c.describe() == "pipelines.main=[pal] prompt.layers=[2,3]"
+
+
+def test_results_share_their_common_cells() -> None:
+    missing = {c.key: c.cell for c in RESULTS["missing"].columns(PARAMS, [0])}
+    steps = {c.key: c.cell for c in RESULTS["steps"].columns(PARAMS, [0])}
+    assert len(missing) == 15 and len(steps) == 3
+    assert steps["both-0.1"] == missing["both-0.1"]
+    assert steps["both-0.7"] == missing["both-0.7"] == Cell((("protocol.runs", [0]),))
+    assert missing["text-0.3"].name == "missing_rate=0.3+missing_type=text+runs=0"
+
+
+def test_the_grids_follow_the_dataset() -> None:
+    demo = [c.cell.name for c in RESULTS["upsampling"].columns(PARAMS, None)]
+    assert demo == ["width=546", "base", "eta=0.5", "eta=0.1", "width=1365"]
+    food = [c.cell.name for c in RESULTS["upsampling"].columns(FOOD, None)]
+    assert food == ["width=8000", "base", "eta=0.5", "eta=0.1", "width=20000"]
+    ks = [
+        c.cell.value(FOOD, "data.tasks") for c in RESULTS["tasks"].columns(FOOD, None)
+    ]
+    assert ks == [5, 10, 20, 50]
+    ks = [
+        c.cell.value(PARAMS, "data.tasks")
+        for c in RESULTS["tasks"].columns(PARAMS, None)
+    ]
+    assert all(PARAMS["demo"]["n_classes"] % k == 0 for k in ks)
+
+
+def stat(mean: float, std: float | None) -> dict:
+    return {"mean": mean, "std": std, "runs": []}
+
+
+def metrics(acc: float, runs: list[int]) -> dict:
+    """A report's metrics.json whose numbers follow from `acc`."""
+    std = None if len(runs) == 1 else 1.5
+    row = {
+        "acc": stat(acc, std),
+        "fg": stat(acc / 10, std),
+        "acc_by_task": {"first": stat(acc - 2, std), "later": stat(acc + 2, std)},
+        "step_accuracy": [stat(acc + 10, std), stat(acc, std)],
+    }
+    return {"runs": runs, "vary": [], "pal": row, "bp": row, "frozen": row, "init": row}
+
+
+def test_cells_with_the_papers_numbers_beside() -> None:
+    assert cell(stat(72.0, 0.5), 72.59) == "72.00 ± 0.50 (72.59)"
+    assert cell(stat(72.0, None), None) == "72.00"
+    assert cell(None, 4.92) == "– (4.92)"
+    r = RESULTS["upsampling"]
+    cols = r.columns(FOOD, None)
+    data = {c.key: metrics(70.0 + i, [0, 1, 2]) for i, c in enumerate(cols)}
+    table = build(r, cols, data, "food101", "pal-paper run upsampling")
+    assert table.markdown().splitlines() == [
+        "Table 4 of the paper: Up-sampling width and regularisation η; "
+        "UPMC-Food101, mean ± sample std over 3 runs per cell (0, 1, 2). In "
+        "parentheses: the paper's UPMC-Food101 numbers. Made by `pal-paper run "
+        "upsampling`.",
+        "",
+        "| Width and η | Acc | FG |",
+        "|---|---|---|",
+        "| 8000 (8k), η 1 | 70.00 ± 1.50 (71.85) | 7.00 ± 1.50 (6.50) |",
+        "| 15000 (15k), η 1 | 71.00 ± 1.50 (72.59) | 7.10 ± 1.50 (4.92) |",
+        "| 15000 (15k), η 0.5 | 72.00 ± 1.50 (72.45) | 7.20 ± 1.50 (4.00) |",
+        "| 15000 (15k), η 0.1 | 73.00 ± 1.50 (67.54) | 7.30 ± 1.50 (5.29) |",
+        "| 20000 (20k), η 1 | 74.00 ± 1.50 (72.39) | 7.40 ± 1.50 (4.43) |",
+    ]
+    assert table.csv().splitlines()[:2] == [
+        "Width and η,Acc mean,Acc std,Acc paper,FG mean,FG std,FG paper",
+        '"8000 (8k), η 1",70.0000,1.5000,71.8500,7.0000,1.5000,6.5000',
+    ]
+
+
+def test_tables_1_2_in_the_papers_layout() -> None:
+    r = RESULTS["missing"]
+    cols = r.columns(FOOD, None)
+    data = {c.key: metrics(60.0, [0, 1, 2]) for c in cols}
+    lines = build(r, cols, data, "food101", "pal-paper run missing").markdown()
+    lines = lines.splitlines()
+    assert lines[2] == (
+        "| Metric | Method | 10% text missing | 10% image missing | 10% both | "
+        "30% text missing | 30% image missing | 30% both | 50% text missing | "
+        "50% image missing | 50% both | 70% text missing | 70% image missing | "
+        "70% both | 90% text missing | 90% image missing | 90% both |"
+    )
+    # PAL's Acc row: the paper's Table 1 PAL row beside every cell
+    assert lines[4].startswith(
+        "| Acc | PAL | 60.00 ± 1.50 (82.45) | 60.00 ± 1.50 (84.66) | "
+        "60.00 ± 1.50 (83.50) | 60.00 ± 1.50 (76.80) |"
+    )
+    assert lines[4].endswith("| 60.00 ± 1.50 (69.69) |")
+    assert lines[5].startswith(
+        "| Acc | w/o prompt module (ACIL) | 60.00 ± 1.50 (78.62) |"
+    )
+    assert lines[6].startswith("| Acc | w/o AL module (BP head) | 60.00 ± 1.50 |")
+    assert lines[8].endswith("| 6.00 ± 1.50 (5.32) |")  # FG, PAL, 90 % both
+    assert len(lines) == 4 + 2 * len(r.rows)
+
+
+def test_the_demo_says_there_is_nothing_to_compare() -> None:
+    r = RESULTS["stability"]
+    cols = r.columns(PARAMS, [0])
+    data = {c.key: metrics(50.0, [0]) for c in cols}
+    md = build(r, cols, data, "demo", "pal-paper run stability --runs 0").markdown()
+    assert md.splitlines() == [
+        "Figure (stability and plasticity) of the paper: Accuracy (%) after the "
+        "last step on the first task's classes (stability) and on the later "
+        "tasks' (plasticity), with and without the AL module; the demo dataset, "
+        "one run per cell (run 0), no spread. The paper reports no numbers for "
+        "demo: there is nothing to compare, and the cells show what this "
+        "pipeline does at its scale. Made by `pal-paper run stability --runs 0`.",
+        "",
+        "| Method | first task (stability) | later tasks (plasticity) |",
+        "|---|---|---|",
+        "| PAL | 48.00 | 52.00 |",
+        "| w/o AL module (BP head) | 48.00 | 52.00 |",
+    ]
+
+
+def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
+    # missing on Food101: 14 new cells (70 % both is the committed one) x 3 runs;
+    # pal trains, init and frozen only extract: 42 tunings, 126 extractions
+    cells = RESULTS["missing"].columns(FOOD, None)
+    counts = [tunings(RESULTS["missing"], c.cell, FOOD) for c in cells]
+    assert sum(t for t, _ in counts) == 42 and sum(e for _, e in counts) == 126
+    out = subprocess.run(
+        [
+            str(BIN / "pal-paper"),
+            "plan",
+            "missing",
+            "upsampling",
+            "-p",
+            "configs/food101.yaml",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
+    )
+    assert out.returncode == 0, out.stderr
+    hours = (42 * 77 + 126 * 5.3) / 60
+    assert out.stdout.splitlines()[1:] == [
+        f"  missing: 15 cells, 42 tunings, 126 extractions: {hours:.1f} h",
+        "  upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
+        f"  all of them: {hours:.1f} h (cells shared between results counted once)",
+    ]
+
+
+# --- the collector on hand-made experiments -------------------------------
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    out = subprocess.run(
+        ["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def fake_experiment(repo: Path, base: str, name: str, m: dict) -> None:
+    """A commit holding results/demo/metrics.json, under DVC's ref for `name`."""
+    blob = subprocess.run(
+        ["git", "hash-object", "-w", "--stdin"],
+        cwd=repo,
+        input=json.dumps(m),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    tree = subprocess.run(
+        ["git", "mktree"],
+        cwd=repo,
+        input=f"100644 blob {blob}\tmetrics.json\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    for folder in ("demo", "results"):
+        tree = subprocess.run(
+            ["git", "mktree"],
+            cwd=repo,
+            input=f"040000 tree {tree}\t{folder}\n",
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    commit = git(repo, "commit-tree", tree, "-p", base, "-m", name)
+    git(repo, "update-ref", f"refs/exps/{base[:2]}/{base[2:]}/{name}", commit)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Path, str]:
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    repo = tmp_path / "project"
+    repo.mkdir()
+    shutil.copy(ROOT / "params.yaml", repo / "params.yaml")
+    git(repo, "init", "-q")
+    subprocess.run([str(BIN / "dvc"), "init", "-q"], cwd=repo, check=True)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "project")
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def pal_paper(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    """`pal-paper` as a user types it: nothing on PATH but the system's."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    env["DVC_NO_ANALYTICS"] = "1"
+    return subprocess.run(
+        [str(BIN / "pal-paper"), *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_a_missing_cell_is_one_line_naming_it_and_the_rerun(
+    project: tuple[Path, str],
+) -> None:
+    repo, base = project
+    cols = RESULTS["upsampling"].columns(PARAMS, None)
+    for i, c in enumerate(cols):
+        if c.cell.name != "eta=0.1":
+            fake_experiment(repo, base, c.cell.name, metrics(50.0 + i, [0, 1, 2]))
+    out = pal_paper(repo, "collect", "upsampling")
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        f"Error: cell 'eta=0.1' (solve.eta=0.1) has no finished experiment on "
+        f"{base[:7]}; rerun: pal-paper run upsampling"
+    ]
+    assert not (repo / "results").exists()  # nothing written
+    fake_experiment(repo, base, "eta=0.1", metrics(60.0, [0, 1, 2]))
+    out = pal_paper(repo, "collect", "upsampling")
+    assert out.returncode == 0, out.stderr
+    md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
+    assert md[4:] == [
+        "| 546 (8k), η 1 | 50.00 ± 1.50 | 5.00 ± 1.50 |",
+        "| 1024 (15k), η 1 | 51.00 ± 1.50 | 5.10 ± 1.50 |",
+        "| 1024 (15k), η 0.5 | 52.00 ± 1.50 | 5.20 ± 1.50 |",
+        "| 1024 (15k), η 0.1 | 60.00 ± 1.50 | 6.00 ± 1.50 |",
+        "| 1365 (20k), η 1 | 54.00 ± 1.50 | 5.40 ± 1.50 |",
+    ]
+    assert sorted(p.name for p in (repo / "results/paper/demo").iterdir()) == [
+        "upsampling.csv",
+        "upsampling.md",
+    ]
+
+
+def test_figures_are_written_as_png(project: tuple[Path, str]) -> None:
+    repo, base = project
+    for c in RESULTS["steps"].columns(PARAMS, [0]):
+        fake_experiment(repo, base, c.cell.name, metrics(40.0, [0]))
+    out = pal_paper(repo, "collect", "steps", "--runs", "0")
+    assert out.returncode == 0, out.stderr
+    folder = repo / "results/paper/demo"
+    assert (folder / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (folder / "steps.md").read_text().splitlines()
+    assert md[2] == "| Scenario | Method | step 1 | step 2 |"
+    assert md[4] == "| missing rate 0.1 | PAL | 50.00 | 40.00 |"
+    first = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert pal_paper(repo, "collect", "steps", "--runs", "0").returncode == 0
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == first  # same bytes
+
+
+def test_run_refuses_a_dirty_workspace_and_unknown_names(
+    project: tuple[Path, str],
+) -> None:
+    repo, _ = project
+    out = pal_paper(repo, "run", "table9")
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "Error: no result 'table9'; the results: missing, steps, ablation, "
+        "prompt, upsampling, tasks, stability"
+    )
+    (repo / "params.yaml").write_text((repo / "params.yaml").read_text() + "\n")
+    out = pal_paper(repo, "run", "upsampling")
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "Error: uncommitted changes (params.yaml): the cells are experiments on "
+        "HEAD; commit or stash them first"
+    )
