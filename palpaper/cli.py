@@ -193,20 +193,20 @@ def run_cmd(
     status = repo.queue_status()
     queued = []
     for c in todo:
-        state = status.get(c.name)
-        if state == "Running" and repo.stale(c.name):
+        state = status.get(repo.exp_name(c))
+        if state == "Running" and repo.stale(repo.exp_name(c)):
             log.info(
                 "cell %s was interrupted (its process is gone): queued again", c.name
             )
-            repo.kill(c.name)
+            repo.kill(repo.exp_name(c))
             state = "Failed"
-        if c.name in finished or state in ("Queued", "Running"):
+        if repo.exp_name(c) in finished or state in ("Queued", "Running"):
             continue
         if state is not None:  # failed before: drop it so the name is free
-            repo.forget(c.name)
+            repo.forget(repo.exp_name(c))
         repo.queue(c)
         queued.append(c.name)
-    kept = [c.name for c in todo if c.name in finished]
+    kept = [c.name for c in todo if repo.exp_name(c) in finished]
     log.info(
         "%d cells on %s: %d finished before (kept), %d queued now, %d already queued",
         len(todo),
@@ -217,7 +217,7 @@ def run_cmd(
     )
     for name in queued:
         log.info("queued cell %s", name)
-    pending = [c for c in todo if c.name not in finished]
+    pending = [c for c in todo if repo.exp_name(c) not in finished]
     if pending:
         if "Running" not in repo.queue_status().values():  # else a worker is up
             repo.start(jobs)
@@ -225,12 +225,12 @@ def run_cmd(
             log.info("workers started; `dvc queue status` shows them")
             return
         outcome = _wait(repo, pending, jobs)
-        failed = [c for c in pending if outcome[c.name] == "failed"]
+        failed = [c for c in pending if outcome[repo.exp_name(c)] == "failed"]
         if failed:
             raise ExperimentError(
                 "\n".join(
                     f"cell '{c.name}' ({c.describe()}) failed: `dvc queue logs "
-                    f"{c.name}` shows why; rerun: {_command(ids, run_ids)}"
+                    f"{repo.exp_name(c)}` shows why; rerun: {_command(ids, run_ids)}"
                     for c in failed
                 )
             )
@@ -286,16 +286,19 @@ def _collect(
     columns, cells = _grid(ids, params, runs)
     dataset = str(get(params, "data.dataset"))
     finished = repo.finished()
-    lacking = [c for c in cells if c.name not in finished]
+    lacking = [c for c in cells if repo.exp_name(c) not in finished]
     if lacking:
         status = repo.queue_status()
         lines = []
         for c in lacking:
             why = {
-                "Failed": f"failed (`dvc queue logs {c.name}`)",
+                "Failed": f"failed (`dvc queue logs {repo.exp_name(c)}`)",
                 "Queued": "still queued",
                 "Running": "still running",
-            }.get(status.get(c.name, ""), f"has no finished experiment on {repo.short}")
+            }.get(
+                status.get(repo.exp_name(c), ""),
+                f"has no finished experiment on {repo.short}",
+            )
             owners = [i for i in ids if any(x.cell.name == c.name for x in columns[i])]
             lines.append(
                 f"cell '{c.name}' ({c.describe()}) {why}; rerun: "
@@ -304,7 +307,7 @@ def _collect(
         raise ExperimentError("\n".join(lines))
     metrics: dict[str, dict[str, Any]] = {}
     for c in cells:
-        m = repo.metrics(finished[c.name], dataset)
+        m = repo.metrics(finished[repo.exp_name(c)], dataset)
         if m is None:
             raise ExperimentError(
                 f"cell '{c.name}': its experiment has no readable "

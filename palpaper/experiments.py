@@ -1,8 +1,8 @@
 """Cells as DVC experiments: queue them, run DVC's queue, find their results.
 
-Every cell is an experiment named after its overrides (`grids.Cell.name`) on
-the commit the grid runs from (the baseline). A finished experiment is a git
-ref `refs/exps/<baseline[:2]>/<baseline[2:]>/<name>` (how DVC stores them);
+Every cell is an experiment on the commit the grid runs from (the baseline),
+named `<baseline short hash>-<cell name>` (`grids.Cell.name`: its overrides).
+A finished experiment is a git ref `refs/exps/<baseline[:2]>/<baseline[2:]>/<name>` (how DVC stores them);
 its `results/<dataset>/metrics.json` is read from that commit with `git show`,
 so collecting needs neither the workspace nor the cache. A cell that finished
 is never queued again on the same baseline: an interrupted grid resumes with
@@ -95,6 +95,11 @@ class Repo:
     def short(self) -> str:
         return self.baseline[:7]
 
+    def exp_name(self, cell: Cell) -> str:
+        """The cell's experiment name: the baseline's short hash, then the
+        cell's name (DVC's queue lists tasks of every baseline by name)."""
+        return f"{self.short}-{cell.name}"
+
     def dirty(self) -> list[str]:
         """Tracked files changed since the baseline commit."""
         out = _run(
@@ -163,14 +168,22 @@ class Repo:
 
     def queue(self, cell: Cell) -> None:
         _run(
-            [_tool("dvc"), "exp", "run", "--queue", "-n", cell.name, *cell.set_args],
+            [
+                _tool("dvc"),
+                "exp",
+                "run",
+                "--queue",
+                "-n",
+                self.exp_name(cell),
+                *cell.set_args,
+            ],
             self.root,
         )
 
     def requeue(self, cell: Cell) -> None:
         """Queue a cell again whose task was interrupted."""
-        self.kill(cell.name)
-        self.forget(cell.name)
+        self.kill(self.exp_name(cell))
+        self.forget(self.exp_name(cell))
         self.queue(cell)
 
     def forget(self, name: str) -> None:
@@ -217,7 +230,7 @@ def wait(
     Starts workers again when cells are still queued and nothing has run for
     two polls (the workers exited or were killed).
     """
-    names = {c.name for c in cells}
+    names = {repo.exp_name(c) for c in cells}
     seen = 0
     idle = 0
     while True:
@@ -232,13 +245,13 @@ def wait(
             return {n: "done" if n in done else "failed" for n in names}
         for c in cells:
             if (
-                c.name in pending
-                and status.get(c.name) == "Running"
-                and repo.stale(c.name)
+                repo.exp_name(c) in pending
+                and status.get(repo.exp_name(c)) == "Running"
+                and repo.stale(repo.exp_name(c))
             ):
                 log.info("cell %s lost its process: queued again", c.name)
                 repo.requeue(c)
-                status[c.name] = "Queued"
+                status[repo.exp_name(c)] = "Queued"
         lost = {n for n in pending if n not in status}
         if lost:
             raise ExperimentError(

@@ -227,7 +227,8 @@ def fake_experiment(repo: Path, base: str, name: str, m: dict) -> None:
             check=True,
         ).stdout.strip()
     commit = git(repo, "commit-tree", tree, "-p", base, "-m", name)
-    git(repo, "update-ref", f"refs/exps/{base[:2]}/{base[2:]}/{name}", commit)
+    ref = f"refs/exps/{base[:2]}/{base[2:]}/{base[:7]}-{name}"
+    git(repo, "update-ref", ref, commit)
 
 
 @pytest.fixture
