@@ -2,9 +2,10 @@
 
 Every cell is an experiment on the commit the grid runs from (the baseline),
 named `<baseline short hash>-<cell name>` (`grids.Cell.name`: its overrides).
-A finished experiment is a git ref `refs/exps/<baseline[:2]>/<baseline[2:]>/<name>` (how DVC stores them);
-its `results/<dataset>/metrics.json` is read from that commit with `git show`,
-so collecting needs neither the workspace nor the cache. A cell that finished
+A finished experiment is a git ref `refs/exps/<baseline[:2]>/<baseline[2:]>/
+<name>` (how DVC stores them); its `results/<dataset>/metrics.json` is read
+from that commit with `git show`, so collecting needs neither the workspace
+nor the cache. A cell that finished
 is never queued again on the same baseline: an interrupted grid resumes with
 the cells it lacks.
 """
