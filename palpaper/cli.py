@@ -33,8 +33,9 @@ from palpaper.grids import RESULTS, Cell, Column, GridError, get, result
 log = logging.getLogger(__name__)
 
 JOBS_HELP = (
-    "Queue workers (`dvc queue start -j N`): experiments run N at a time. One "
-    "per GPU on a multi-GPU box, 1 on a CPU (each cell already uses every core)."
+    "Queue workers (`dvc queue start -j N`): N cells at once. Every worker sees "
+    "the same devices, so on a GPU box they share the first GPU; for one GPU "
+    "per cell use --shard in one clone per GPU (README). 1 on a CPU."
 )
 
 
@@ -68,6 +69,17 @@ def _runs(text: str | None) -> list[int] | None:
     if not runs:
         raise GridError("--runs: name at least one run id")
     return runs
+
+
+def _shard(text: str) -> slice:
+    """K/N: the slice of every N-th cell from the K-th."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise GridError(f"--shard: K/N such as 1/4, got '{text}'") from None
+    if not 1 <= k <= n:
+        raise GridError(f"--shard: K must be 1 to N, got '{text}'")
+    return slice(k - 1, None, n)
 
 
 def _command(names: Sequence[str], runs: list[int] | None) -> str:
@@ -151,6 +163,13 @@ def list_cmd(params_file: Path, runs: str | None) -> None:
     metavar="NAME[,NAME…]",
     help="Run only these cells (names as `pal-paper list` prints them).",
 )
+@click.option(
+    "--shard",
+    default=None,
+    metavar="K/N",
+    help="Run every N-th cell from the K-th (1-based): one share of the grid, "
+    "for one of N clones, each pinned to its own GPU (README).",
+)
 @click.option("--no-wait", is_flag=True, help="Queue and start workers, then return.")
 @out_option
 @clean_errors
@@ -159,6 +178,7 @@ def run_cmd(
     runs: str | None,
     jobs: int,
     cells: str | None,
+    shard: str | None,
     no_wait: bool,
     out: Path,
 ) -> None:
@@ -189,6 +209,8 @@ def run_cmd(
                 "(`pal-paper list` names them)"
             )
         todo = [c for c in todo if c.name in wanted]
+    if shard is not None:
+        todo = todo[_shard(shard)]
     finished = repo.finished()
     status = repo.queue_status()
     queued = []
@@ -234,7 +256,7 @@ def run_cmd(
                     for c in failed
                 )
             )
-    if cells is not None:
+    if cells is not None or shard is not None:
         log.info("ran the cells asked for; `pal-paper collect` renders the tables")
         return
     _collect(repo, ids, params, run_ids, out)

@@ -176,3 +176,93 @@ def test_shared_cache_lets_a_clone_skip_every_stage(
         assert _ran(out) == (set() if checkout else {"evaluate"}), out
         assert (clone / "data/extract/pal/1/step_02/test.h5").is_file()
         assert _run(["git", "status", "--porcelain"], clone, env) == ""
+
+
+def _paper(path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "pal-paper"), *args],
+        cwd=path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
+    repo: tuple[Path, dict[str, str]],
+) -> None:
+    """Table 4 (width × η) on the tiny project: two cells first, then the
+    grid, which queues only the three it lacks; every cell reruns only the
+    analytic stages, and the table holds each experiment's numbers."""
+    from palpaper.grids import RESULTS
+
+    path, env = repo
+    _run(["git", "checkout", "-q", "--", "."], path, env)
+    head = _run(["git", "rev-parse", "HEAD"], path, env).strip()
+    params = yaml.safe_load((path / "params.yaml").read_text())
+    cols = RESULTS["upsampling"].columns(params, None)
+    names = [c.cell.name for c in cols]
+    first = _paper(path, env, "run", "upsampling", "--cells", ",".join(names[:2]))
+    assert first.returncode == 0, first.stderr
+    assert f"5 cells on {head[:7]}" not in first.stderr  # --cells: 2 of them
+    assert "2 cells on" in first.stderr and "2 queued now" in first.stderr
+
+    out = _paper(path, env, "collect", "upsampling")
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        f"Error: cell '{c.cell.name}' ({c.cell.describe()}) has no finished "
+        f"experiment on {head[:7]}; rerun: pal-paper run upsampling"
+        for c in cols[2:]
+    ]
+
+    out = _paper(path, env, "run", "upsampling")
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"5 cells on {head[:7]}: 2 finished before (kept), 3 queued now, "
+        "0 already queued" in out.stderr
+    )
+    lines = (path / "results/paper/demo/upsampling.md").read_text().splitlines()
+    expected = []
+    for c in cols:
+        ref = f"refs/exps/{head[:2]}/{head[2:]}/{head[:7]}-{c.cell.name}"
+        m = json.loads(
+            _run(["git", "show", f"{ref}:results/demo/metrics.json"], path, env)
+        )
+        acc, fg = m["pal"]["acc"], m["pal"]["fg"]
+        assert m["runs"] == list(RUNS)
+        expected.append(
+            f"| {c.label} | {acc['mean']:.2f} ± {acc['std']:.2f} | "
+            f"{fg['mean']:.2f} ± {fg['std']:.2f} |"
+        )
+        logs = _run(
+            [str(BIN / "dvc"), "queue", "logs", f"{head[:7]}-{c.cell.name}"], path, env
+        )
+        assert _ran(logs) <= {"solve", "evaluate"}, logs  # from the cached features
+    assert lines[4:] == expected
+    assert lines[2] == "| Width and η | Acc | FG |"
+
+
+def test_a_failed_cell_is_one_line_naming_it_and_the_rerun(
+    repo: tuple[Path, dict[str, str]],
+) -> None:
+    path, env = repo
+    _run(["git", "checkout", "-q", "--", "."], path, env)
+    head = _run(["git", "rev-parse", "HEAD"], path, env).strip()[:7]
+    # 5 tasks for the tiny demo's 4 classes: prepare fails
+    out = _paper(path, env, "run", "tasks", "--cells", "tasks=5+main=pal")
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1] == (
+        "Error: cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]) failed: "
+        f"`dvc queue logs {head}-tasks=5+main=pal` shows why; rerun: "
+        "pal-paper run tasks"
+    )
+    logs = _run(
+        [str(BIN / "dvc"), "queue", "logs", f"{head}-tasks=5+main=pal"], path, env
+    )
+    assert "data.tasks: 5 tasks for 4 classes" in logs
+    out = _paper(path, env, "collect", "tasks")
+    assert out.returncode == 1
+    assert (
+        f"cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]) failed "
+        f"(`dvc queue logs {head}-tasks=5+main=pal`); rerun: pal-paper run tasks"
+    ) in out.stderr.splitlines()
