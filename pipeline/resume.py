@@ -7,7 +7,9 @@ output folder. They wait in `<out>.partial/` (e.g. `data/tune.partial/`), a
 sibling that DVC does not track, together with the *signature* of the run that
 wrote them: a hash of the stage's code, of its params and of its inputs. A
 rerun with the same signature picks the finished steps up; any other
-signature (a changed param, input or line of code) starts afresh. When the run
+signature (a changed param, input or line of code) starts afresh. A stage
+whose step k depends only on the inputs of steps 1..k (tune) signs each step:
+a rerun keeps the steps whose own inputs did not change. When the run
 completes, its files move into the output folder and the partial folder goes.
 
 `code_closure(module)` is the stage's code: its module and every project
@@ -24,7 +26,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,25 +126,49 @@ def signature(parts: Mapping[str, Any]) -> str:
 class PartialRun:
     """`<out>.partial/`: the finished steps of a run that has not completed.
 
-    Opening it with another signature than the one it holds (or with `fresh`)
-    empties it first. Steps are written into `path` (atomically, by their
-    writers); `finish` moves them into the output folder.
+    `signature` is one string for the whole run, or one per step (step k's
+    covers only what step k and the steps before it depend on). Opening it
+    with `fresh`, or with a whole-run signature other than the one it holds,
+    empties it first; with per-step signatures the steps 1..`kept` whose
+    signatures still match are kept and the later ones are dropped. Steps are
+    written into `path` (atomically, by their writers); `finish` moves them
+    into the output folder.
     """
 
     def __init__(
-        self, out: Path, signature: str, fresh: bool = False, suffix: str = ""
+        self,
+        out: Path,
+        signature: str | Sequence[str],
+        fresh: bool = False,
+        suffix: str = "",
     ) -> None:
         self.out = Path(out)
         self.path = self.out.with_name(f"{self.out.name}.partial{suffix}")
         marker = self.path / SIGNATURE_FILE
         held = marker.read_text().strip() if marker.is_file() else None
-        if held is not None and (fresh or held != signature):
-            why = "--fresh" if fresh else "code, params or inputs changed"
-            log.info("%s: discarding unfinished work (%s)", self.path, why)
-        if fresh or held != signature:
+        text = signature if isinstance(signature, str) else json.dumps(list(signature))
+        self.kept = 0
+        if held is not None and not fresh and not isinstance(signature, str):
+            self.kept = _matching_steps(held, list(signature))
+        if held is not None and (fresh or held != text):
+            if fresh:
+                log.info("%s: discarding unfinished work (--fresh)", self.path)
+            elif self.kept:
+                log.info(
+                    "%s: keeping steps 1-%d; the inputs of step %d on changed",
+                    self.path,
+                    self.kept,
+                    self.kept + 1,
+                )
+            else:
+                log.info(
+                    "%s: discarding unfinished work (code, params or inputs changed)",
+                    self.path,
+                )
+        if (fresh or held != text) and not self.kept:
             shutil.rmtree(self.path, ignore_errors=True)
         self.path.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(marker, signature.encode())
+        write_bytes_atomic(marker, text.encode())
 
     def finish(self, names: Iterable[str]) -> None:
         """Move the files `names` (relative paths) into the output folder,
@@ -152,3 +178,19 @@ class PartialRun:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.path / name, target)
         shutil.rmtree(self.path)
+
+
+def _matching_steps(held: str, signatures: list[str]) -> int:
+    """How many leading steps' signatures in the held marker equal these."""
+    try:
+        old = json.loads(held)
+    except ValueError:
+        return 0
+    if not isinstance(old, list):
+        return 0
+    n = 0
+    for a, b in zip(old, signatures, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n

@@ -16,6 +16,8 @@ go to `--timings` (default `logs/tune.jsonl`), outside what DVC tracks.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -44,13 +46,11 @@ from pipeline.model import PalModel
 from pipeline.resume import (
     PartialRun,
     code_digest,
-    file_digest,
     folder_digest,
     signature,
 )
 from pipeline.samples import (
-    SAMPLES_FILE,
-    TASKS_FILE,
+    Sample,
     Tasks,
     read_prepare,
     select,
@@ -84,9 +84,11 @@ def tune(
     backbone = load_backbone(model_p.backbone, model_p.max_text_len).place(device)
     model = PalModel(backbone, prompt_p, tasks.classes_per_task).to(device)
     partial = PartialRun(
-        out, _signature(prepare_dir, record, backbone, device), fresh=fresh
+        out, _signatures(samples, tasks, record, backbone, device), fresh=fresh
     )
-    done = _resume(model, partial.path, tasks)
+    for k in range(partial.kept + 1, tasks.n_tasks + 1):  # inputs changed
+        checkpoint_path(partial.path, k).unlink(missing_ok=True)
+    done = _resume(model, partial.path, tasks, partial.kept)
     entries = [e for e in _read_log(partial.path) if e.get("task", 0) <= done]
     if done:
         log.info(
@@ -121,33 +123,41 @@ def tune(
     return [checkpoint_path(out, k) for k in range(1, tasks.n_tasks + 1)]
 
 
-def _signature(
-    prepare_dir: str | Path, record: dict, backbone: Backbone, device: torch.device
-) -> str:
-    """What the checkpoints depend on: tune's code, params, the prepared
-    samples and task split, the backbone's files, the device type and the
-    versions of torch and transformers."""
+def _signatures(
+    samples: list[Sample],
+    tasks: Tasks,
+    record: dict,
+    backbone: Backbone,
+    device: torch.device,
+) -> list[str]:
+    """What checkpoint k depends on, per step: tune's code, params, the task
+    split, the training samples of tasks 1..k, the backbone's files, the
+    device type and the versions of torch and transformers. A sample changed
+    in task k leaves the signatures of steps 1..k-1 as they were."""
     import transformers
 
-    prepare = Path(prepare_dir)
-    return signature(
-        {
-            "code": code_digest(__name__),
-            "params": record,
-            "samples": file_digest(prepare / SAMPLES_FILE),
-            "tasks": file_digest(prepare / TASKS_FILE),
-            "backbone": folder_digest(backbone_folder(backbone.name)),
-            "device": device.type,
-            "versions": [torch.__version__, transformers.__version__],
-        }
-    )
+    common = {
+        "code": code_digest(__name__),
+        "params": record,
+        "split": [tasks.record(), str(tasks.root)],
+        "backbone": folder_digest(backbone_folder(backbone.name)),
+        "device": device.type,
+        "versions": [torch.__version__, transformers.__version__],
+    }
+    h = hashlib.sha256()
+    out = []
+    for task in range(1, tasks.n_tasks + 1):
+        for sample in select(samples, "train", [task]):
+            h.update(json.dumps(dataclasses.asdict(sample), sort_keys=True).encode())
+        out.append(signature({**common, "samples": h.hexdigest()}))
+    return out
 
 
-def _resume(model: PalModel, folder: Path, tasks: Tasks) -> int:
-    """Load the last of the consecutive checkpoints 1..k in `folder` into
-    `model` (a run with this signature wrote them); returns k."""
+def _resume(model: PalModel, folder: Path, tasks: Tasks, kept: int) -> int:
+    """Load the last of the consecutive checkpoints 1..k in `folder`, k ≤
+    `kept` (the steps whose signatures match), into `model`; returns k."""
     done, state = 0, None
-    for k in range(1, tasks.n_tasks + 1):
+    for k in range(1, kept + 1):
         path = checkpoint_path(folder, k)
         if not path.exists():
             break

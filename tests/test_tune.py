@@ -109,6 +109,54 @@ def test_interrupted_run_resumes_to_the_same_bytes(
         assert (half / name).read_bytes() == (out / name).read_bytes(), name
 
 
+def _edit_train_sample(prepare, dst, task):
+    """A copy of the prepare folder whose first training sample of `task` lost
+    its text (as when a file turns out unreadable and counts as missing)."""
+    import shutil
+
+    shutil.copytree(prepare, dst)
+    lines = (dst / "samples.jsonl").read_text().splitlines()
+    for i, line in enumerate(lines):
+        row = json.loads(line)
+        if row["split"] == "train" and row["task"] == task:
+            row["text"] = "edited"
+            lines[i] = json.dumps(row)
+            break
+    (dst / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def test_a_rerun_keeps_the_steps_whose_own_inputs_did_not_change(
+    tuned, tmp_path, monkeypatch, caplog
+):
+    params, prepare, _ = tuned
+    out = tmp_path / "tune"
+    _run_interrupted(monkeypatch, params, prepare, out, 3)  # steps 1, 2 done
+    edited = _edit_train_sample(prepare, tmp_path / "prepare-edited", task=2)
+    with caplog.at_level("INFO"):
+        _run_interrupted(monkeypatch, params, edited, out, 2)  # redoes step 2
+    # step 2 of the old inputs is gone: only step 1 waits for the next rerun
+    assert sorted(p.name for p in (tmp_path / "tune.partial").iterdir()) == [
+        "SIGNATURE",
+        "log.jsonl",
+        "step_01.pt",
+    ]
+    with caplog.at_level("INFO"):
+        _run(params, edited, out)
+    assert (
+        f"{out}.partial: keeping steps 1-1; the inputs of step 2 on changed"
+        in caplog.messages
+    )
+    assert (
+        "reusing steps 1-1 of an interrupted run with the same code, params and "
+        f"inputs ({out}.partial)" in caplog.messages
+    )
+    fresh = tmp_path / "fresh"
+    _run(params, edited, fresh)
+    for name in ("step_01.pt", "step_02.pt", "step_03.pt", "log.jsonl"):
+        assert (out / name).read_bytes() == (fresh / name).read_bytes(), name
+
+
 def test_changed_params_or_fresh_discard_unfinished_work(
     tuned, tmp_path, monkeypatch, caplog
 ):
