@@ -117,7 +117,16 @@ def check_paths(path: Path) -> list[str]:
     if not made(model.backbone):
         from pipeline.backbone import backbone_folder
 
-        problems += _load(backbone_folder, model.backbone)
+        found = _load(backbone_folder, model.backbone)
+        if not found and not Path(model.backbone).exists():
+            name = model.backbone.rstrip("/").rsplit("/", 1)[-1]
+            found = [
+                f"model.backbone '{model.backbone}' is a hub id, and `dvc repro` "
+                "needs a folder (the stages' dependency): run `pal backbone "
+                f"{model.backbone} --link models/{name}` and set model.backbone: "
+                f"models/{name}"
+            ]
+        problems += found
     return [p if p.startswith(str(path)) else f"{path}: {p}" for p in problems]
 
 

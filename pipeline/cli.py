@@ -22,6 +22,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 COMMANDS = {
+    "backbone": (
+        "pipeline.hub:cli",
+        "Link a folder to a hub id's snapshot in the local HF cache.",
+    ),
     "check": (
         "pipeline.check:cli",
         "Check params, paths, devices and data before dvc repro.",

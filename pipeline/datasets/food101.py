@@ -199,10 +199,12 @@ def drop_smallest_class(listing: Listing) -> Listing:
     """Drop the class with the fewest training samples (ties: first by name)."""
     counts = Counter(s.class_name for s in listing.samples if s.split == "train")
     smallest = min(listing.classes, key=lambda c: (counts.get(c, 0), c))
+    n = counts.get(smallest, 0)
     log.info(
-        "food101: dropping class %r (%d training samples), the smallest of %d",
+        "food101: dropping class %r (%d training sample%s), the smallest of %d",
         smallest,
-        counts.get(smallest, 0),
+        n,
+        "s" * (n != 1),
         len(listing.classes),
     )
     return Listing(
