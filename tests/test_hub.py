@@ -162,6 +162,14 @@ def test_dvc_repro_depends_on_the_snapshot_through_the_link(tmp_path: Path) -> N
         list((project / "models/vilt").iterdir())
     )
     assert "didn't change" in dvc("repro", "tune@frozen-0")
+    # the dataset's chain alone: neither the demo stage nor the ablation file's
+    status = dvc("status", "--with-deps", "evaluate")
+    stages = {
+        line[:-1]
+        for line in status.splitlines()
+        if line.endswith(":") and line[0] != "\t"
+    }
+    assert stages == {"extract@frozen-0", "solve", "evaluate"}, status
     # another snapshot behind the link: the stage is out of date
     snap = cache / "models--dandelin--vilt-b32-mlm/snapshots"
     newer = fake_cache(cache, commit="4567cdef")
