@@ -216,7 +216,7 @@ def run_cmd(
     queued = []
     for c in todo:
         state = status.get(repo.exp_name(c))
-        if state == "Running" and repo.stale(repo.exp_name(c)):
+        if state == "Running" and repo.interrupted(repo.exp_name(c)):
             log.info(
                 "cell %s was interrupted (its process is gone): queued again", c.name
             )
@@ -350,7 +350,8 @@ def _collect(
             files[f"{rid}.png"] = png
         for name, blob in files.items():
             write_bytes_atomic(folder / name, blob)
-        log.info("%s: %s (%d cells)", rid, folder / f"{rid}.md", len(columns[rid]))
+        n = len(columns[rid])
+        log.info("%s: %s (%d cell%s)", rid, folder / f"{rid}.md", n, "s" * (n != 1))
 
 
 def costs() -> dict[str, Any]:
@@ -428,7 +429,8 @@ def plan_cmd(names: tuple[str, ...], params_file: Path, runs: str | None) -> Non
         hours = (t * per["tune_min"] + e * per["extract_min"]) / 60
         total += hours
         click.echo(
-            f"  {rid}: {len(cols)} cells, {t} tunings, {e} extractions: {hours:.1f} h"
+            f"  {rid}: {len(cols)} cell{'s' * (len(cols) != 1)}, {t} tunings, "
+            f"{e} extractions: {hours:.1f} h"
         )
     click.echo(
         f"  all of them: {total:.1f} h (cells shared between results counted once)"

@@ -152,20 +152,36 @@ class Repo:
     def stale(self, name: str) -> bool:
         """Whether the task `name`, which DVC's queue lists as Running, lost
         its process (a killed worker, a restarted machine): DVC keeps a
-        `<task>.json` with the pid beside each task's `<task>.run` info file."""
+        `<task>.json` with the pid beside each task's `<task>.run` info file;
+        the newest of a name's is the task's (older ones are earlier tries)."""
+        pids = []
         for info in (self.root / ".dvc/tmp/exps/run").glob("*/*.run"):
             try:
                 if json.loads(info.read_text()).get("name") != name:
                     continue
                 pid = json.loads(info.with_suffix(".json").read_text())["pid"]
+                pids.append((info.stat().st_mtime_ns, int(pid)))
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            return not _alive(int(pid))
-        return False
+        return bool(pids) and not _alive(max(pids)[1])
+
+    def interrupted(self, name: str) -> bool:
+        """Whether the task `name` is listed as Running but lost its process,
+        checked twice: a task that ends between DVC's listing and the pid
+        check is not interrupted."""
+        if not self.stale(name):
+            return False
+        time.sleep(1.0)
+        return self.queue_status().get(name) == "Running" and self.stale(name)
 
     def kill(self, name: str) -> None:
-        """Mark a task whose process is gone as failed (`dvc queue kill`)."""
-        _run([_tool("dvc"), "queue", "kill", name], self.root)
+        """Mark a task whose process is gone as failed (`dvc queue kill`); a
+        task that is no longer running needs nothing."""
+        try:
+            _run([_tool("dvc"), "queue", "kill", name], self.root)
+        except ExperimentError as exc:
+            if "not a valid running experiment" not in str(exc):
+                raise
 
     def queue(self, cell: Cell) -> None:
         _run(
@@ -248,7 +264,7 @@ def wait(
             if (
                 repo.exp_name(c) in pending
                 and status.get(repo.exp_name(c)) == "Running"
-                and repo.stale(repo.exp_name(c))
+                and repo.interrupted(repo.exp_name(c))
             ):
                 log.info("cell %s lost its process: queued again", c.name)
                 repo.requeue(c)
