@@ -185,7 +185,7 @@ def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
 # --- the collector on hand-made experiments -------------------------------
 
 
-def git(repo: Path, *args: str) -> str:
+def git(repo: Path, *args: str, stdin: str | None = None) -> str:
     env = {
         **os.environ,
         "GIT_AUTHOR_NAME": "t",
@@ -194,38 +194,23 @@ def git(repo: Path, *args: str) -> str:
         "GIT_COMMITTER_EMAIL": "t@example.com",
     }
     out = subprocess.run(
-        ["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=True
+        ["git", *args],
+        cwd=repo,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return out.stdout.strip()
 
 
 def fake_experiment(repo: Path, base: str, name: str, m: dict) -> None:
     """A commit holding results/demo/metrics.json, under DVC's ref for `name`."""
-    blob = subprocess.run(
-        ["git", "hash-object", "-w", "--stdin"],
-        cwd=repo,
-        input=json.dumps(m),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    tree = subprocess.run(
-        ["git", "mktree"],
-        cwd=repo,
-        input=f"100644 blob {blob}\tmetrics.json\n",
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    blob = git(repo, "hash-object", "-w", "--stdin", stdin=json.dumps(m))
+    tree = git(repo, "mktree", stdin=f"100644 blob {blob}\tmetrics.json\n")
     for folder in ("demo", "results"):
-        tree = subprocess.run(
-            ["git", "mktree"],
-            cwd=repo,
-            input=f"040000 tree {tree}\t{folder}\n",
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        tree = git(repo, "mktree", stdin=f"040000 tree {tree}\t{folder}\n")
     commit = git(repo, "commit-tree", tree, "-p", base, "-m", name)
     ref = f"refs/exps/{base[:2]}/{base[2:]}/{base[:7]}-{name}"
     git(repo, "update-ref", ref, commit)
