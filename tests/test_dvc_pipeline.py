@@ -4,6 +4,10 @@ A copy of the project (code, dvc.yaml) with tiny params and 2 runs runs `dvc
 repro`; then a change to `solve.eta` must rerun only the analytic stage
 (`solve` and `evaluate`, each once for every run and variant), reusing the
 cached features, and a second `dvc repro` must do nothing.
+
+The module reproduces one project and commits its lock and results; every
+test that changes something works in its own clone sharing that cache, so
+the tests hold in any order.
 """
 
 from __future__ import annotations
@@ -48,7 +52,27 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]
     env = make_scratch_project(path, TINY)
     out = _run([str(BIN / "dvc"), "repro"], path, env)
     assert _ran(out) == set(STAGES), out
+    _run(["git", "add", "-A"], path, env)
+    _run(["git", "commit", "-qm", "repro"], path, env)
     return path, env
+
+
+@pytest.fixture
+def work(
+    repo: tuple[Path, dict[str, str]], tmp_path: Path
+) -> tuple[Path, dict[str, str]]:
+    """A clone of the reproduced project at its commit, outputs checked out
+    from the shared cache: a test may change it freely."""
+    path, env = repo
+    clone = tmp_path / "work"
+    _run(["git", "clone", "-q", str(path), str(clone)], tmp_path, env)
+    _run(
+        [str(BIN / "dvc"), "cache", "dir", "--local", str(path / ".dvc/cache")],
+        clone,
+        env,
+    )
+    _run([str(BIN / "dvc"), "checkout", "-q", "dvc.yaml"], clone, env)
+    return clone, dict(env, PYTHONPATH=str(clone))
 
 
 def test_repro_writes_results(repo: tuple[Path, dict[str, str]]) -> None:
@@ -76,17 +100,17 @@ def test_repro_writes_results(repo: tuple[Path, dict[str, str]]) -> None:
     assert len(metrics["pal"]["acc"]["runs"]) == len(RUNS)
 
 
-def test_second_repro_runs_nothing(repo: tuple[Path, dict[str, str]]) -> None:
-    path, env = repo
+def test_second_repro_runs_nothing(work: tuple[Path, dict[str, str]]) -> None:
+    path, env = work
     out = _run([str(BIN / "dvc"), "repro"], path, env)
     assert _ran(out) == set(), out
     assert "Data and pipelines are up to date." in out
 
 
 def test_eta_change_reruns_only_the_analytic_stages(
-    repo: tuple[Path, dict[str, str]],
+    work: tuple[Path, dict[str, str]],
 ) -> None:
-    path, env = repo
+    path, env = work
     params = yaml.safe_load((path / "params.yaml").read_text())
     params["solve"]["eta"] = 0.1
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -113,11 +137,9 @@ def test_eta_change_reruns_only_the_analytic_stages(
     assert (path / "data/extract/pal/1/step_01/train.h5").read_bytes() == before
 
 
-def test_queued_grid_reuses_cached_features(repo: tuple[Path, dict[str, str]]) -> None:
-    path, env = repo
+def test_queued_grid_reuses_cached_features(work: tuple[Path, dict[str, str]]) -> None:
+    path, env = work
     dvc = str(BIN / "dvc")
-    _run(["git", "add", "-A"], path, env)
-    _run(["git", "commit", "-qm", "eta 0.1"], path, env)
     _run(
         [
             dvc,
@@ -148,7 +170,7 @@ def test_queued_grid_reuses_cached_features(repo: tuple[Path, dict[str, str]]) -
         env,
     )
     rows = [line.split(",") for line in table.strip().splitlines()[1:]]
-    # rows: the workspace, HEAD (eta 0.1), then the two experiments
+    # rows: the workspace, HEAD (eta 1.0), then the two experiments
     grid = {r[-1]: float(r[-2]) for r in rows}
     for eta in ("0.5", "2"):
         assert 0.0 <= grid[eta] <= 100.0, table
@@ -164,7 +186,6 @@ def test_shared_cache_lets_a_clone_skip_every_stage(
     git, not in the cache (seconds, the same bytes)."""
     path, env = repo
     dvc = str(BIN / "dvc")
-    _run(["git", "checkout", "-q", "--", "."], path, env)
     for name, checkout in (("clone", True), ("bare", False)):
         clone = tmp_path / name
         _run(["git", "clone", "-q", str(path), str(clone)], tmp_path, env)
@@ -189,15 +210,14 @@ def _paper(path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedP
 
 
 def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
-    repo: tuple[Path, dict[str, str]],
+    work: tuple[Path, dict[str, str]],
 ) -> None:
     """Table 4 (width × η) on the tiny project: two cells first, then the
     grid, which queues only the three it lacks; every cell reruns only the
     analytic stages, and the table holds each experiment's numbers."""
     from palpaper.grids import RESULTS
 
-    path, env = repo
-    _run(["git", "checkout", "-q", "--", "."], path, env)
+    path, env = work
     head = _run(["git", "rev-parse", "HEAD"], path, env).strip()
     params = yaml.safe_load((path / "params.yaml").read_text())
     cols = RESULTS["upsampling"].columns(params, None)
@@ -243,10 +263,9 @@ def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
 
 
 def test_a_failed_cell_is_one_line_naming_it_and_the_rerun(
-    repo: tuple[Path, dict[str, str]],
+    work: tuple[Path, dict[str, str]],
 ) -> None:
-    path, env = repo
-    _run(["git", "checkout", "-q", "--", "."], path, env)
+    path, env = work
     head = _run(["git", "rev-parse", "HEAD"], path, env).strip()[:7]
     # 5 tasks for the tiny demo's 4 classes: prepare fails
     out = _paper(path, env, "run", "tasks", "--cells", "tasks=5+main=pal")
