@@ -210,11 +210,15 @@ def _paper(path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedP
 
 
 def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
+    repo: tuple[Path, dict[str, str]],
     work: tuple[Path, dict[str, str]],
+    tmp_path: Path,
 ) -> None:
-    """Table 4 (width × η) on the tiny project: two cells first, then the
-    grid, which queues only the three it lacks; every cell reruns only the
-    analytic stages, and the table holds each experiment's numbers."""
+    """Table 4 (width × η) on the tiny project: cells 1 and 3 first; a second
+    clone runs its share (--shard 2/2: cells 2 and 4) and its experiments are
+    fetched; then the grid queues only the cell it still lacks. Every
+    cell reruns only the analytic stages, and the table holds each
+    experiment's numbers."""
     from palpaper.grids import RESULTS
 
     path, env = work
@@ -222,7 +226,7 @@ def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
     params = yaml.safe_load((path / "params.yaml").read_text())
     cols = RESULTS["upsampling"].columns(params, None)
     names = [c.cell.name for c in cols]
-    first = _paper(path, env, "run", "upsampling", "--cells", ",".join(names[:2]))
+    first = _paper(path, env, "run", "upsampling", "--cells", f"{names[0]},{names[2]}")
     assert first.returncode == 0, first.stderr
     assert f"5 cells on {head[:7]}" not in first.stderr  # --cells: 2 of them
     assert "2 cells on" in first.stderr and "2 queued now" in first.stderr
@@ -232,15 +236,29 @@ def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
     assert out.stderr.splitlines() == [
         f"Error: cell '{c.cell.name}' ({c.cell.describe()}) has no finished "
         f"experiment on {head[:7]}; rerun: pal-paper run upsampling"
-        for c in cols[2:]
+        for c in cols
+        if c.cell.name not in (names[0], names[2])
     ]
+
+    other = tmp_path / "other"  # another clone of the same commit, its own queue
+    _run(["git", "clone", "-q", str(repo[0]), str(other)], tmp_path, env)
+    cache = str(repo[0] / ".dvc/cache")
+    _run([str(BIN / "dvc"), "cache", "dir", "--local", cache], other, env)
+    _run([str(BIN / "dvc"), "checkout", "-q", "dvc.yaml"], other, env)
+    out = _paper(
+        other, dict(env, PYTHONPATH=str(other)), "run", "upsampling", "--shard", "2/2"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "2 cells on" in out.stderr and "1 finished before" not in out.stderr
+    _run(["git", "fetch", "-q", str(other), "refs/exps/*:refs/exps/*"], path, env)
 
     out = _paper(path, env, "run", "upsampling")
     assert out.returncode == 0, out.stderr
     assert (
-        f"5 cells on {head[:7]}: 2 finished before (kept), 3 queued now, "
+        f"5 cells on {head[:7]}: 4 finished before (kept), 1 queued now, "
         "0 already queued" in out.stderr
     )
+    assert f"queued cell {names[4]}" in out.stderr
     lines = (path / "results/paper/demo/upsampling.md").read_text().splitlines()
     expected = []
     for c in cols:
