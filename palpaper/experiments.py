@@ -45,8 +45,19 @@ def _tool(name: str) -> str:
     return found
 
 
-def _run(args: Sequence[str], cwd: Path) -> str:
+def _env() -> dict[str, str]:
+    """The environment of DVC and its queue workers: this Python's scripts
+    folder first on PATH, so the stages' `pal` and `pal-solver` are found as
+    in the shell that runs `dvc repro` (pal-paper may run unactivated)."""
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    scripts = Path(sys.executable).parent
+    if (scripts / "pal").exists():
+        env["PATH"] = os.pathsep.join([str(scripts), env.get("PATH", "")])
+    return env
+
+
+def _run(args: Sequence[str], cwd: Path) -> str:
+    env = _env()
     try:
         proc = subprocess.run(
             list(args), cwd=cwd, env=env, capture_output=True, text=True
@@ -215,7 +226,7 @@ class Repo:
             proc = subprocess.run(
                 args,
                 cwd=self.root,
-                env={**os.environ, "DVC_NO_ANALYTICS": "1"},
+                env=_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

@@ -285,8 +285,10 @@ def test_a_failed_cell_is_one_line_naming_it_and_the_rerun(
 ) -> None:
     path, env = work
     head = _run(["git", "rev-parse", "HEAD"], path, env).strip()[:7]
-    # 5 tasks for the tiny demo's 4 classes: prepare fails
-    out = _paper(path, env, "run", "tasks", "--cells", "tasks=5+main=pal")
+    # 5 tasks for the tiny demo's 4 classes: prepare fails. Nothing activated:
+    # the queue worker still finds `pal` (pal-paper puts its scripts on PATH)
+    bare = dict(env, PATH="/usr/bin:/bin")
+    out = _paper(path, bare, "run", "tasks", "--cells", "tasks=5+main=pal")
     assert out.returncode == 1
     assert out.stderr.splitlines()[-1] == (
         "Error: cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]) failed: "
