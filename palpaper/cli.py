@@ -250,7 +250,7 @@ def run_cmd(
         failed = [c for c in pending if outcome[repo.exp_name(c)] == "failed"]
         if failed:
             raise ExperimentError(
-                "\n".join(
+                "\nError: ".join(
                     f"cell '{c.name}' ({c.describe()}) failed: `dvc queue logs "
                     f"{repo.exp_name(c)}` shows why; rerun: {_command(ids, run_ids)}"
                     for c in failed
@@ -288,7 +288,7 @@ def collect_cmd(
     """Render RESULT… from the cells' finished experiments into OUT/<dataset>/.
 
     A cell without a finished experiment is one line naming it and the
-    command that runs it; nothing is written then.
+    command that runs it (an `Error:` line per cell); nothing is written then.
     """
     repo = Repo(Path.cwd(), rev)
     params_text = repo.show(repo.baseline, "params.yaml")
@@ -326,7 +326,7 @@ def _collect(
                 f"cell '{c.name}' ({c.describe()}) {why}; rerun: "
                 f"{_command(owners, runs)}"
             )
-        raise ExperimentError("\n".join(lines))
+        raise ExperimentError("\nError: ".join(lines))
     metrics: dict[str, dict[str, Any]] = {}
     for c in cells:
         m = repo.metrics(finished[repo.exp_name(c)], dataset)

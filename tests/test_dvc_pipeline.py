@@ -272,8 +272,9 @@ def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
             f"| {c.label} | {acc['mean']:.2f} ± {acc['std']:.2f} | "
             f"{fg['mean']:.2f} ± {fg['std']:.2f} |"
         )
+        where = other if c.cell.name in (names[1], names[3]) else path  # its queue
         logs = _run(
-            [str(BIN / "dvc"), "queue", "logs", f"{head[:7]}-{c.cell.name}"], path, env
+            [str(BIN / "dvc"), "queue", "logs", f"{head[:7]}-{c.cell.name}"], where, env
         )
         assert _ran(logs) <= {"solve", "evaluate"}, logs  # from the cached features
     assert lines[4:] == expected
@@ -302,6 +303,6 @@ def test_a_failed_cell_is_one_line_naming_it_and_the_rerun(
     out = _paper(path, env, "collect", "tasks")
     assert out.returncode == 1
     assert (
-        f"cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]) failed "
+        f"Error: cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]) failed "
         f"(`dvc queue logs {head}-tasks=5+main=pal`); rerun: pal-paper run tasks"
     ) in out.stderr.splitlines()
