@@ -6,6 +6,8 @@ second. The session fixtures built from them live in conftest.py.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -193,3 +195,16 @@ def heavy_modules_after(imports: str) -> list[str]:
     )
     assert r.returncode == 0, r.stderr
     return [m for m in r.stdout.strip().split(",") if m]
+
+
+def pal_paper(
+    cwd: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess:
+    """`pal-paper ARGS` run by its path in the venv, in `cwd` with `env`."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "pal-paper"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import pal_paper
 from scratch_project import BIN, TINY, make_scratch_project
 
 pytestmark = pytest.mark.slow  # a real `dvc repro` of every stage: about 3 minutes
@@ -199,16 +200,6 @@ def test_shared_cache_lets_a_clone_skip_every_stage(
         assert _run(["git", "status", "--porcelain"], clone, env) == ""
 
 
-def _paper(path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "pal-paper"), *args],
-        cwd=path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-
-
 def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
     repo: tuple[Path, dict[str, str]],
     work: tuple[Path, dict[str, str]],
@@ -226,12 +217,14 @@ def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
     params = yaml.safe_load((path / "params.yaml").read_text())
     cols = RESULTS["upsampling"].columns(params, None)
     names = [c.cell.name for c in cols]
-    first = _paper(path, env, "run", "upsampling", "--cells", f"{names[0]},{names[2]}")
+    first = pal_paper(
+        path, env, "run", "upsampling", "--cells", f"{names[0]},{names[2]}"
+    )
     assert first.returncode == 0, first.stderr
     assert f"5 cells on {head[:7]}" not in first.stderr  # --cells: 2 of them
     assert "2 cells on" in first.stderr and "2 queued now" in first.stderr
 
-    out = _paper(path, env, "collect", "upsampling")
+    out = pal_paper(path, env, "collect", "upsampling")
     assert out.returncode == 1
     assert out.stderr.splitlines() == [
         f"Error: cell '{c.cell.name}' ({c.cell.describe()}) has no finished "
@@ -245,14 +238,14 @@ def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
     cache = str(repo[0] / ".dvc/cache")
     _run([str(BIN / "dvc"), "cache", "dir", "--local", cache], other, env)
     _run([str(BIN / "dvc"), "checkout", "-q", "dvc.yaml"], other, env)
-    out = _paper(
+    out = pal_paper(
         other, dict(env, PYTHONPATH=str(other)), "run", "upsampling", "--shard", "2/2"
     )
     assert out.returncode == 0, out.stderr
     assert "2 cells on" in out.stderr and "1 finished before" not in out.stderr
     _run(["git", "fetch", "-q", str(other), "refs/exps/*:refs/exps/*"], path, env)
 
-    out = _paper(path, env, "run", "upsampling")
+    out = pal_paper(path, env, "run", "upsampling")
     assert out.returncode == 0, out.stderr
     assert (
         f"5 cells on {head[:7]}: 4 finished before (kept), 1 queued now, "
@@ -289,7 +282,7 @@ def test_a_failed_cell_is_one_line_naming_it_and_the_rerun(
     # 5 tasks for the tiny demo's 4 classes: prepare fails. Nothing activated:
     # the queue worker still finds `pal` (pal-paper puts its scripts on PATH)
     bare = dict(env, PATH="/usr/bin:/bin")
-    out = _paper(path, bare, "run", "tasks", "--cells", "tasks=5+main=pal")
+    out = pal_paper(path, bare, "run", "tasks", "--cells", "tasks=5+main=pal")
     assert out.returncode == 1
     assert out.stderr.splitlines()[-1] == (
         "Error: cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]) failed: "
@@ -300,7 +293,7 @@ def test_a_failed_cell_is_one_line_naming_it_and_the_rerun(
         [str(BIN / "dvc"), "queue", "logs", f"{head}-tasks=5+main=pal"], path, env
     )
     assert "data.tasks: 5 tasks for 4 classes" in logs
-    out = _paper(path, env, "collect", "tasks")
+    out = pal_paper(path, env, "collect", "tasks")
     assert out.returncode == 1
     assert (
         f"Error: cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]) failed "

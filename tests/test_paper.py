@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import pal_paper
 
 from palpaper.cli import tunings
 from palpaper.grids import RESULTS, Cell, make_cell
@@ -230,17 +231,10 @@ def project(tmp_path: Path) -> tuple[Path, str]:
     return repo, git(repo, "rev-parse", "HEAD")
 
 
-def pal_paper(repo: Path, *args: str) -> subprocess.CompletedProcess:
+def paper(repo: Path, *args: str) -> subprocess.CompletedProcess:
     """`pal-paper` as a user types it: nothing on PATH but the system's."""
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
-    env["DVC_NO_ANALYTICS"] = "1"
-    return subprocess.run(
-        [str(BIN / "pal-paper"), *args],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    return pal_paper(repo, {**env, "DVC_NO_ANALYTICS": "1"}, *args)
 
 
 def test_a_missing_cell_is_one_line_naming_it_and_the_rerun(
@@ -251,7 +245,7 @@ def test_a_missing_cell_is_one_line_naming_it_and_the_rerun(
     for i, c in enumerate(cols):
         if c.cell.name != "eta=0.1":
             fake_experiment(repo, base, c.cell.name, metrics(50.0 + i, [0, 1, 2]))
-    out = pal_paper(repo, "collect", "upsampling")
+    out = paper(repo, "collect", "upsampling")
     assert out.returncode == 1
     assert out.stderr.splitlines() == [
         f"Error: cell 'eta=0.1' (solve.eta=0.1) has no finished experiment on "
@@ -259,7 +253,7 @@ def test_a_missing_cell_is_one_line_naming_it_and_the_rerun(
     ]
     assert not (repo / "results").exists()  # nothing written
     fake_experiment(repo, base, "eta=0.1", metrics(60.0, [0, 1, 2]))
-    out = pal_paper(repo, "collect", "upsampling")
+    out = paper(repo, "collect", "upsampling")
     assert out.returncode == 0, out.stderr
     md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
     assert md[4:] == [
@@ -279,7 +273,7 @@ def test_figures_are_written_as_png(project: tuple[Path, str]) -> None:
     repo, base = project
     for c in RESULTS["steps"].columns(PARAMS, [0]):
         fake_experiment(repo, base, c.cell.name, metrics(40.0, [0]))
-    out = pal_paper(repo, "collect", "steps", "--runs", "0")
+    out = paper(repo, "collect", "steps", "--runs", "0")
     assert out.returncode == 0, out.stderr
     folder = repo / "results/paper/demo"
     assert (folder / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -287,7 +281,7 @@ def test_figures_are_written_as_png(project: tuple[Path, str]) -> None:
     assert md[2] == "| Scenario | Method | step 1 | step 2 |"
     assert md[4] == "| missing rate 0.1 | PAL | 50.00 | 40.00 |"
     first = {p.name: p.read_bytes() for p in folder.iterdir()}
-    assert pal_paper(repo, "collect", "steps", "--runs", "0").returncode == 0
+    assert paper(repo, "collect", "steps", "--runs", "0").returncode == 0
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == first  # same bytes
 
 
@@ -295,14 +289,14 @@ def test_run_refuses_a_dirty_workspace_and_unknown_names(
     project: tuple[Path, str],
 ) -> None:
     repo, _ = project
-    out = pal_paper(repo, "run", "table9")
+    out = paper(repo, "run", "table9")
     assert out.returncode == 1
     assert out.stderr.strip() == (
         "Error: no result 'table9'; the results: missing, steps, ablation, "
         "prompt, upsampling, tasks, stability"
     )
     (repo / "params.yaml").write_text((repo / "params.yaml").read_text() + "\n")
-    out = pal_paper(repo, "run", "upsampling")
+    out = paper(repo, "run", "upsampling")
     assert out.returncode == 1
     assert out.stderr.strip() == (
         "Error: uncommitted changes (params.yaml): the cells are experiments on "
