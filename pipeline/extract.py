@@ -22,6 +22,7 @@ Reads params `extract` (and the params recorded in the checkpoints).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -59,11 +60,10 @@ from pipeline.model import PalModel
 from pipeline.resume import (
     PartialRun,
     code_digest,
-    file_digest,
     folder_digest,
     signature,
 )
-from pipeline.samples import SAMPLES_FILE, Sample, Tasks, read_prepare, select
+from pipeline.samples import Sample, Tasks, read_prepare, select
 from solver.shards import (
     Block,
     ShardAttrs,
@@ -116,7 +116,6 @@ def extract(
     params and inputs reuses them (`pipeline.resume`), `fresh` discards them.
     """
     samples, tasks = read_prepare(prepare_dir)
-    samples_hash = file_digest(Path(prepare_dir) / SAMPLES_FILE)
     if steps is None or isinstance(steps, str):
         steps = parse_steps(steps, tasks.n_tasks)
     rank, world = rank_and_world()
@@ -130,13 +129,17 @@ def extract(
         path = checkpoint_path(tune_dir, step)
         ckpts[step] = first if step == 1 else load_checkpoint(path)
         _check_checkpoint(path, ckpts[step], step, tasks, first)
+    digests = step_samples_digests(samples, tasks)
     partial = PartialRun(
         out,
-        _signature(params, samples_hash, ckpts, world, rank, device),
+        _signatures(params, digests, ckpts, world, rank, device),
         fresh=fresh,
         suffix="" if world == 1 else f".rank{rank:05d}",
     )
     names = _shard_names(world, rank)
+    for step in steps[partial.kept :]:  # their inputs changed: embed them again
+        for n in names:
+            (partial.path / step_dir_name(step) / n).unlink(missing_ok=True)
     backbone: Backbone | None = None
     done: list[int] = []
     moved: list[str] = []
@@ -150,6 +153,7 @@ def extract(
         if backbone is None:
             m = ckpt["params"]["model"]
             backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
+        samples_hash = digests[step - 1]
         key = _extract_key(ckpt["hash"], samples_hash, params.dtype, world)
         _extract_step(
             model_from_checkpoint(ckpt, backbone),
@@ -184,32 +188,51 @@ def extract(
     return [out / step_dir_name(step) for step in steps]
 
 
-def _signature(
+def step_samples_digests(samples: list[Sample], tasks: Tasks) -> list[str]:
+    """Per step k, sha256 of the samples its shards hold: task k's training
+    samples and the test samples of tasks 1..k (each as sorted JSON)."""
+    out = []
+    for k in range(1, tasks.n_tasks + 1):
+        h = hashlib.sha256()
+        for sample in [
+            *select(samples, "train", [k]),
+            *select(samples, "test", range(1, k + 1)),
+        ]:
+            h.update(json.dumps(dataclasses.asdict(sample), sort_keys=True).encode())
+        out.append(h.hexdigest())
+    return out
+
+
+def _signatures(
     params: pparams.ExtractParams,
-    samples_hash: str,
+    digests: list[str],
     ckpts: dict[int, dict],
     world: int,
     rank: int,
     device: torch.device,
-) -> str:
-    """What this rank's shards depend on: extract's code, params, the samples,
-    the checkpoints of the steps, the backbone's files, the part layout, the
-    device type and the versions of torch and transformers."""
+) -> list[str]:
+    """What this rank's shards of each step depend on, cumulatively over the
+    steps in order: extract's code, params, the step's samples and checkpoint,
+    the backbone's files, the part layout, the device type and the versions
+    of torch and transformers. A sample changed in task k leaves the steps
+    before k as they were (their shards hold none of task k's samples)."""
     import transformers
 
     backbone = next(iter(ckpts.values()))["params"]["model"]["backbone"]
-    return signature(
-        {
-            "code": code_digest(__name__),
-            "params": outcome_record(params),
-            "samples": samples_hash,
-            "checkpoints": {str(k): c["hash"] for k, c in ckpts.items()},
-            "backbone": folder_digest(backbone_folder(backbone)),
-            "parts": [world, rank],
-            "device": device.type,
-            "versions": [torch.__version__, transformers.__version__],
-        }
-    )
+    common = {
+        "code": code_digest(__name__),
+        "params": outcome_record(params),
+        "backbone": folder_digest(backbone_folder(backbone)),
+        "parts": [world, rank],
+        "device": device.type,
+        "versions": [torch.__version__, transformers.__version__],
+    }
+    out, before = [], ""
+    for k, c in ckpts.items():
+        step = {"step": k, "samples": digests[k - 1], "checkpoint": c["hash"]}
+        before = signature({**common, "before": before, **step})
+        out.append(before)
+    return out
 
 
 def _check_checkpoint(

@@ -114,6 +114,52 @@ def test_interrupted_run_resumes_to_the_same_bytes(
     assert not partial.exists()
 
 
+def test_a_rerun_keeps_the_steps_whose_own_samples_did_not_change(
+    tuned, tmp_path, monkeypatch, caplog
+):
+    import shutil
+
+    import pipeline.extract as extract_module
+
+    params, prepare, tune_dir = tuned
+    out = tmp_path / "extract"
+    real = extract_module._extract_step
+
+    def interrupted(model, step, *args, **kwargs):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real(model, step, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(extract_module, "_extract_step", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            extract(prepare, tune_dir, out, pparams.load(params, "extract"))
+    # a test sample of task 2 changes: steps 2 and 3 hold it, step 1 does not
+    edited = tmp_path / "prepare-edited"
+    shutil.copytree(prepare, edited)
+    lines = (edited / "samples.jsonl").read_text().splitlines()
+    for i, line in enumerate(lines):
+        row = json.loads(line)
+        if row["split"] == "test" and row["task"] == 2:
+            lines[i] = json.dumps({**row, "text": "edited"})
+            break
+    (edited / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    with caplog.at_level("INFO"):
+        extract(edited, tune_dir, out, pparams.load(params, "extract"))
+    partial = tmp_path / "extract.partial"
+    assert (
+        f"{partial}: keeping steps 1-1; the inputs of step 2 on changed"
+        in caplog.messages
+    )
+    assert (
+        "reused steps 1 of an interrupted run with the same code, params and "
+        f"inputs ({partial})" in caplog.messages
+    )
+    fresh = tmp_path / "fresh"
+    extract(edited, tune_dir, fresh, pparams.load(params, "extract"))
+    assert _digests(out) == _digests(fresh)
+
+
 def test_steps_beyond_the_tasks_are_removed(extracted, tuned, tmp_path):
     params, prepare, tune_dir = tuned
     out = tmp_path / "extract"
