@@ -78,17 +78,14 @@ def test_same_checkpoint_same_bytes(extracted, tuned, tmp_path):
     assert first.stat().st_mtime_ns == stamps[first]
 
 
-def test_interrupted_run_resumes_to_the_same_bytes(
-    extracted, tuned, tmp_path, monkeypatch, caplog
-):
+def _extract_interrupted(monkeypatch, params, prepare, tune_dir, out, at):
+    """An extract run that stops (KeyboardInterrupt) when it reaches step `at`."""
     import pipeline.extract as extract_module
 
-    params, prepare, tune_dir = tuned
-    out = tmp_path / "extract"
     real = extract_module._extract_step
 
     def interrupted(model, step, *args, **kwargs):
-        if step == 3:
+        if step == at:
             raise KeyboardInterrupt
         return real(model, step, *args, **kwargs)
 
@@ -96,6 +93,14 @@ def test_interrupted_run_resumes_to_the_same_bytes(
         m.setattr(extract_module, "_extract_step", interrupted)
         with pytest.raises(KeyboardInterrupt):
             extract(prepare, tune_dir, out, pparams.load(params, "extract"))
+
+
+def test_interrupted_run_resumes_to_the_same_bytes(
+    extracted, tuned, tmp_path, monkeypatch, caplog
+):
+    params, prepare, tune_dir = tuned
+    out = tmp_path / "extract"
+    _extract_interrupted(monkeypatch, params, prepare, tune_dir, out, at=3)
     partial = tmp_path / "extract.partial"
     assert not out.exists()
     assert sorted(p.relative_to(partial).as_posix() for p in partial.rglob("*.h5")) == [
@@ -119,21 +124,9 @@ def test_a_rerun_keeps_the_steps_whose_own_samples_did_not_change(
 ):
     import shutil
 
-    import pipeline.extract as extract_module
-
     params, prepare, tune_dir = tuned
     out = tmp_path / "extract"
-    real = extract_module._extract_step
-
-    def interrupted(model, step, *args, **kwargs):
-        if step == 3:
-            raise KeyboardInterrupt
-        return real(model, step, *args, **kwargs)
-
-    with monkeypatch.context() as m:
-        m.setattr(extract_module, "_extract_step", interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            extract(prepare, tune_dir, out, pparams.load(params, "extract"))
+    _extract_interrupted(monkeypatch, params, prepare, tune_dir, out, at=3)
     # a test sample of task 2 changes: steps 2 and 3 hold it, step 1 does not
     edited = tmp_path / "prepare-edited"
     shutil.copytree(prepare, edited)
