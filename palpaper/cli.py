@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import yaml
 from palcore.cliutil import clean_errors, setup_logging
 from palcore.errors import ParamsError
 from palcore.outputs import write_bytes_atomic
+from palcore.params import read_params_file
 from palpaper import render
 from palpaper.experiments import ExperimentError, Repo, wait
 from palpaper.grids import RESULTS, Cell, Column, GridError, get, result
@@ -39,18 +39,31 @@ JOBS_HELP = (
 )
 
 
-def _params(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ParamsError(f"{path}: not found") from None
-    except yaml.YAMLError as exc:
-        raise ParamsError(
-            f"{path}: not valid YAML ({exc.__class__.__name__})"
-        ) from None
-    if not isinstance(data, dict):
-        raise ParamsError(f"{path}: not a mapping of sections")
-    return data
+# the keys the grids read beyond the ones they change
+REQUIRED = (
+    "data.dataset",
+    "solve.width",
+    "pipelines.main",
+    "protocol.runs",
+    "ablation",
+)
+
+
+def _params(path: Path, text: str | None = None) -> dict[str, Any]:
+    """The params file (or its `text` at a commit), with the keys grids read."""
+    if text is None:
+        params = read_params_file(path)
+    else:
+        try:
+            params = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ParamsError(f"{path}: not valid YAML") from None
+    for key in REQUIRED:
+        try:
+            get(params, key)
+        except GridError:
+            raise ParamsError(f"{path}: no key '{key}'") from None
+    return params
 
 
 def _results(names: Sequence[str]) -> list[str]:
@@ -294,7 +307,7 @@ def collect_cmd(
     params_text = repo.show(repo.baseline, "params.yaml")
     if params_text is None:
         raise ParamsError(f"params.yaml: not in commit {repo.short}")
-    params = yaml.safe_load(params_text)
+    params = _params(Path(f"params.yaml at {repo.short}"), params_text)
     _collect(repo, _results(names), params, _runs(runs), out)
 
 
@@ -355,8 +368,7 @@ def _collect(
 
 
 def costs() -> dict[str, Any]:
-    text = resources.files("palpaper").joinpath("costs.yaml").read_text("utf-8")
-    return yaml.safe_load(text)
+    return render.package_yaml("costs.yaml")
 
 
 FREE_KEYS = {"pipelines.main", "protocol.runs"}

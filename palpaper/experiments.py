@@ -56,19 +56,36 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(args: Sequence[str], cwd: Path) -> str:
-    env = _env()
-    try:
-        proc = subprocess.run(
-            list(args), cwd=cwd, env=env, capture_output=True, text=True
-        )
-    except FileNotFoundError:
-        raise ExperimentError(f"'{args[0]}' not found") from None
+def _run(args: Sequence[str], cwd: Path, detached: bool = False) -> str:
+    """Run a git or DVC command; its last line of output is the error.
+
+    `detached`: the command leaves processes behind (DVC's queue workers),
+    so its output goes to a file they may keep open, not a pipe to wait on.
+    """
+    with tempfile.TemporaryFile(mode="w+") as log_file:
+        out = log_file if detached else subprocess.PIPE
+        try:
+            proc = subprocess.run(
+                list(args),
+                cwd=cwd,
+                env=_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if detached else subprocess.PIPE,
+                text=True,
+            )
+        except FileNotFoundError:
+            raise ExperimentError(f"'{args[0]}' not found") from None
+        if detached:
+            log_file.seek(0)
+            stdout, stderr = log_file.read(), ""
+        else:
+            stdout, stderr = proc.stdout, proc.stderr
     if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"]
+        lines = (stderr or stdout).strip().splitlines() or ["(no output)"]
         what = " ".join(Path(args[0]).name if i == 0 else a for i, a in enumerate(args))
         raise ExperimentError(f"{what}: {lines[-1]}")
-    return proc.stdout
+    return stdout
 
 
 def _alive(pid: int) -> bool:
@@ -91,7 +108,7 @@ class Repo:
 
     def __init__(self, root: Path, baseline: str | None = None) -> None:
         self.root = root
-        self.git = _tool("git") if shutil.which("git") else "git"
+        self.git = "git"
         try:
             self.baseline = _run(
                 [self.git, "rev-parse", "--verify", f"{baseline or 'HEAD'}^{{commit}}"],
@@ -219,22 +236,10 @@ class Repo:
         _run([_tool("dvc"), "queue", "remove", name], self.root)
 
     def start(self, jobs: int) -> None:
-        """Start `jobs` queue workers. They outlive this call (until the queue
-        is empty), so their output goes to a file, not a pipe to wait on."""
-        args = [_tool("dvc"), "queue", "start", "-j", str(jobs)]
-        with tempfile.TemporaryFile(mode="w+") as log_file:
-            proc = subprocess.run(
-                args,
-                cwd=self.root,
-                env=_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
-            if proc.returncode != 0:
-                log_file.seek(0)
-                lines = log_file.read().strip().splitlines() or ["(no output)"]
-                raise ExperimentError(f"dvc queue start: {lines[-1]}")
+        """Start `jobs` queue workers (they run until the queue is empty)."""
+        _run(
+            [_tool("dvc"), "queue", "start", "-j", str(jobs)], self.root, detached=True
+        )
 
     def metrics(self, commit: str, dataset: str) -> dict[str, Any] | None:
         text = self.show(commit, f"results/{dataset}/metrics.json")

@@ -37,9 +37,13 @@ Stat = Mapping[str, Any]  # {"mean": float, "std": float | None, ...}
 Value = tuple[Stat | None, float | None]  # measured, published
 
 
+def package_yaml(name: str) -> dict[str, Any]:
+    """One of palpaper's data files (published.yaml, costs.yaml)."""
+    return yaml.safe_load(resources.files("palpaper").joinpath(name).read_text("utf-8"))
+
+
 def published() -> dict[str, Any]:
-    text = resources.files("palpaper").joinpath("published.yaml").read_text("utf-8")
-    return yaml.safe_load(text)
+    return package_yaml("published.yaml")
 
 
 @dataclass
