@@ -201,17 +201,12 @@ def run_cmd(
     Cells that vary solve.* only rerun the analytic stages from the cached
     features. The workspace must be committed: cells are experiments on HEAD.
     """
-    repo = Repo(Path.cwd())
-    dirty = repo.dirty()
-    if dirty:
-        raise ExperimentError(
-            f"uncommitted changes ({', '.join(dirty[:3])}"
-            f"{', …' if len(dirty) > 3 else ''}): the cells are experiments on "
-            "HEAD; commit or stash them first"
-        )
     ids = _results(names)
-    params = _params(Path("params.yaml"))
     run_ids = _runs(runs)
+    shard_slice = None if shard is None else _shard(shard)
+    repo = Repo(Path.cwd())
+    _refuse_uncommitted(repo, out)
+    params = _params(Path("params.yaml"))
     columns, todo = _grid(ids, params, run_ids)
     if cells is not None:
         wanted = [c.strip() for c in cells.split(",") if c.strip()]
@@ -222,8 +217,8 @@ def run_cmd(
                 "(`pal-paper list` names them)"
             )
         todo = [c for c in todo if c.name in wanted]
-    if shard is not None:
-        todo = todo[_shard(shard)]
+    if shard_slice is not None:
+        todo = todo[shard_slice]
     finished = repo.finished()
     status = repo.queue_status()
     queued = []
@@ -273,6 +268,22 @@ def run_cmd(
         log.info("ran the cells asked for; `pal-paper collect` renders the tables")
         return
     _collect(repo, ids, params, run_ids, out)
+
+
+def _refuse_uncommitted(repo: Repo, out: Path) -> None:
+    """Cells are experiments on HEAD: refuse tracked changes, except the
+    tables pal-paper itself renders under OUT (its own previous run's)."""
+    try:
+        own = out.resolve().relative_to(repo.root.resolve()).as_posix() + "/"
+    except ValueError:  # OUT outside the repository: nothing of it is tracked
+        own = None
+    dirty = [p for p in repo.dirty() if own is None or not p.startswith(own)]
+    if dirty:
+        raise ExperimentError(
+            f"uncommitted changes ({', '.join(dirty[:3])}"
+            f"{', …' if len(dirty) > 3 else ''}): the cells are experiments on "
+            "HEAD; commit or stash them first"
+        )
 
 
 def _wait(repo: Repo, pending: list[Cell], jobs: int) -> dict[str, str]:

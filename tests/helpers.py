@@ -15,6 +15,42 @@ import yaml
 
 from pipeline.fakes import WORDS, make_hub_vilt, tiny_config  # noqa: F401
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def committed(rel: str) -> str:
+    """The text of the repository file `rel` as committed at HEAD.
+
+    Tests check the committed params and results, never the workspace's
+    copies: the README's `dvc exp run -S solve.eta=0.1` leaves a changed
+    params.yaml and new results there, and `make test` must still pass.
+    """
+    return subprocess.run(
+        ["git", "show", f"HEAD:{rel}"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        encoding="utf-8",
+    ).stdout
+
+
+def committed_params() -> dict:
+    """The committed params.yaml, loaded."""
+    return yaml.safe_load(committed("params.yaml"))
+
+
+def committed_files(folder: str) -> list[str]:
+    """The paths of the files committed at HEAD directly under `folder`."""
+    out = subprocess.run(
+        ["git", "ls-tree", "--name-only", "HEAD", f"{folder.rstrip('/')}/"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        encoding="utf-8",
+    ).stdout
+    return out.split()
+
+
 COLOURS = {
     "red": (220, 30, 30),
     "green": (30, 200, 40),

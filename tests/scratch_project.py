@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from helpers import committed_params
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's `dvc` and `pal` live beside python
@@ -111,7 +112,7 @@ def make_scratch_project(dst: Path, params: dict[str, Any]) -> dict[str, str]:
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
-    project = yaml.safe_load((ROOT / "params.yaml").read_text())
+    project = committed_params()
     # the project's variants and pipelines by default
     params = {
         "ablation": project["ablation"],

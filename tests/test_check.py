@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
+from helpers import committed
 
 from pipeline.cli import main
 from pipeline.fakes import make_food101_tree, make_hub_vilt
@@ -23,7 +24,7 @@ def project(tmp_path, monkeypatch) -> Path:
     shutil.copy(ROOT / "dvc.yaml", tmp_path)
     (tmp_path / "ablation").mkdir()
     shutil.copy(ROOT / "ablation" / "dvc.yaml", tmp_path / "ablation")
-    shutil.copy(ROOT / "params.yaml", tmp_path)
+    (tmp_path / "params.yaml").write_text(committed("params.yaml"))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import committed_params
 
 from palcore.params import ProtocolParams, outcome_keys
 from pipeline import cli as pipeline_cli
@@ -237,7 +238,7 @@ def test_a_variant_is_added_in_two_edits_of_params(
     shutil.copy(ROOT / "dvc.yaml", tmp_path)
     (tmp_path / "ablation").mkdir()
     shutil.copy(ROOT / "ablation" / "dvc.yaml", tmp_path / "ablation")
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = committed_params()
     params["ablation"]["long"] = {  # edit 1
         "label": "PAL, prompts of length 8",
         "changes": {"prompt": {"length": 8}},

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import pal_paper
+from helpers import committed, committed_params, pal_paper
 
 from palpaper.cli import tunings
 from palpaper.grids import RESULTS, Cell, make_cell
@@ -24,7 +24,7 @@ from palpaper.render import build, cell
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
+PARAMS = committed_params()
 FOOD = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
 
 
@@ -223,7 +223,7 @@ def project(tmp_path: Path) -> tuple[Path, str]:
         pytest.skip("git not installed")
     repo = tmp_path / "project"
     repo.mkdir()
-    shutil.copy(ROOT / "params.yaml", repo / "params.yaml")
+    (repo / "params.yaml").write_text(committed("params.yaml"))
     git(repo, "init", "-q")
     subprocess.run([str(BIN / "dvc"), "init", "-q"], cwd=repo, check=True)
     git(repo, "add", "-A")
@@ -289,18 +289,36 @@ def test_run_refuses_a_dirty_workspace_and_unknown_names(
     project: tuple[Path, str],
 ) -> None:
     repo, _ = project
-    out = paper(repo, "run", "table9")
+    (repo / "params.yaml").write_text((repo / "params.yaml").read_text() + "\n")
+    out = paper(repo, "run", "table9")  # the arguments first, then the workspace
     assert out.returncode == 1
     assert out.stderr.strip() == (
         "Error: no result 'table9'; the results: missing, steps, ablation, "
         "prompt, upsampling, tasks, stability"
     )
-    (repo / "params.yaml").write_text((repo / "params.yaml").read_text() + "\n")
     out = paper(repo, "run", "upsampling")
     assert out.returncode == 1
     assert out.stderr.strip() == (
         "Error: uncommitted changes (params.yaml): the cells are experiments on "
         "HEAD; commit or stash them first"
+    )
+
+
+def test_its_own_rendered_tables_never_block_the_next_run(
+    project: tuple[Path, str],
+) -> None:
+    repo, _ = project
+    table = repo / "results/paper/demo/upsampling.md"
+    table.parent.mkdir(parents=True)
+    table.write_text("an earlier run's table\n")
+    git(repo, "add", "results")
+    git(repo, "commit", "-qm", "tables")
+    table.write_text("this run's table\n")  # what `pal-paper run` rewrites
+    # past the workspace check: the next check is the one of --cells
+    out = paper(repo, "run", "upsampling", "--cells", "nosuch")
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "Error: --cells: no cell 'nosuch' in upsampling (`pal-paper list` names them)"
     )
 
 

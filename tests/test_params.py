@@ -1,4 +1,5 @@
 import pytest
+from helpers import committed
 
 from palcore.errors import ParamsError
 from palcore.params import load_section
@@ -12,10 +13,11 @@ def write(tmp_path, text):
     return path
 
 
-def test_repo_params_load_every_section():
+def test_repo_params_load_every_section(tmp_path):
+    path = write(tmp_path, committed("params.yaml"))
     for section in ("demo", "data", "model", "prompt", "tune", "extract"):
-        load("params.yaml", section)
-    solve = load_section("params.yaml", "solve", SolveParams)
+        load(path, section)
+    solve = load_section(path, "solve", SolveParams)
     assert solve.method == "gram" and solve.eta == 1.0
 
 
