@@ -15,6 +15,7 @@ results/paper/<dataset>/<result>.md, .csv and .png.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from palcore.cliutil import clean_errors, setup_logging
 from palcore.errors import ParamsError
 from palcore.outputs import write_bytes_atomic
 from palcore.params import read_params_file
-from palpaper import render
+from palpaper import render, workers
 from palpaper.experiments import ExperimentError, Repo, wait
 from palpaper.grids import RESULTS, Cell, Column, GridError, get, result
 
@@ -34,8 +35,14 @@ log = logging.getLogger(__name__)
 
 JOBS_HELP = (
     "Queue workers (`dvc queue start -j N`): N cells at once. Every worker sees "
-    "the same devices, so on a GPU box they share the first GPU; for one GPU "
-    "per cell use --shard in one clone per GPU (README). 1 on a CPU."
+    "the same devices, so on a GPU box they share the first GPU: use --gpus "
+    "there. 1 on a CPU."
+)
+GPUS_HELP = (
+    "One queue worker per CUDA device id listed (e.g. 0,1,2,3), each pinned to "
+    "its card with CUDA_VISIBLE_DEVICES: every cell runs on one card, the "
+    "workers share the DVC cache. List a card twice for two cells on it at "
+    f"once. Replaces -j. Default: ${workers.ENV} when set."
 )
 
 
@@ -183,6 +190,7 @@ def list_cmd(params_file: Path, runs: str | None) -> None:
     help="Run every N-th cell from the K-th (1-based): one share of the grid, "
     "for one of N clones, each pinned to its own GPU (README).",
 )
+@click.option("--gpus", default=None, metavar="ID[,ID…]", help=GPUS_HELP)
 @click.option("--no-wait", is_flag=True, help="Queue and start workers, then return.")
 @out_option
 @clean_errors
@@ -192,6 +200,7 @@ def run_cmd(
     jobs: int,
     cells: str | None,
     shard: str | None,
+    gpus: str | None,
     no_wait: bool,
     out: Path,
 ) -> None:
@@ -204,6 +213,9 @@ def run_cmd(
     ids = _results(names)
     run_ids = _runs(runs)
     shard_slice = None if shard is None else _shard(shard)
+    cards = workers.parse_gpus(
+        gpus if gpus is not None else os.environ.get(workers.ENV)
+    )
     repo = Repo(Path.cwd())
     _refuse_uncommitted(repo, out)
     params = _params(Path("params.yaml"))
@@ -249,12 +261,12 @@ def run_cmd(
         log.info("queued cell %s", name)
     pending = [c for c in todo if repo.exp_name(c) not in finished]
     if pending:
-        if "Running" not in repo.queue_status().values():  # else a worker is up
-            repo.start(jobs)
+        if cards or "Running" not in repo.queue_status().values():
+            repo.start(jobs, cards)  # pinned: only the workers that are gone
         if no_wait:
             log.info("workers started; `dvc queue status` shows them")
             return
-        outcome = _wait(repo, pending, jobs)
+        outcome = _wait(repo, pending, jobs, cards, _command(ids, run_ids))
         failed = [c for c in pending if outcome[repo.exp_name(c)] == "failed"]
         if failed:
             raise ExperimentError(
@@ -286,13 +298,26 @@ def _refuse_uncommitted(repo: Repo, out: Path) -> None:
         )
 
 
-def _wait(repo: Repo, pending: list[Cell], jobs: int) -> dict[str, str]:
+def _wait(
+    repo: Repo,
+    pending: list[Cell],
+    jobs: int,
+    cards: list[str] | None,
+    rerun: str,
+) -> dict[str, str]:
+    """Wait for the cells with a progress bar; Ctrl-C ends the workers and the
+    cells they run, which the next run queues again."""
+    from tqdm import tqdm
+
     try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return wait(repo, pending, jobs)
-    with tqdm(total=len(pending), desc="cells", unit="cell") as bar:
-        return wait(repo, pending, jobs, progress=bar.update)
+        with tqdm(total=len(pending), desc="cells", unit="cell") as bar:
+            return wait(repo, pending, jobs, cards, progress=bar.update)
+    except KeyboardInterrupt:
+        repo.stop()
+        raise ExperimentError(
+            f"interrupted: the grid's workers and their cells were stopped; "
+            f"finished cells are kept, `{rerun}` runs the rest"
+        ) from None
 
 
 @main.command("collect")

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from palcore.errors import PalError
+from palpaper import workers
 from palpaper.grids import Cell
+from palpaper.workers import alive
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +88,6 @@ def _run(args: Sequence[str], cwd: Path, detached: bool = False) -> str:
         what = " ".join(Path(args[0]).name if i == 0 else a for i, a in enumerate(args))
         raise ExperimentError(f"{what}: {lines[-1]}")
     return stdout
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
 
 
 class Repo:
@@ -191,7 +178,7 @@ class Repo:
                 pids.append((info.stat().st_mtime_ns, int(pid)))
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-        return bool(pids) and not _alive(max(pids)[1])
+        return bool(pids) and not alive(max(pids)[1])
 
     def interrupted(self, name: str) -> bool:
         """Whether the task `name` is listed as Running but lost its process,
@@ -235,11 +222,21 @@ class Repo:
         """Drop a failed task of this name from DVC's queue."""
         _run([_tool("dvc"), "queue", "remove", name], self.root)
 
-    def start(self, jobs: int) -> None:
-        """Start `jobs` queue workers (they run until the queue is empty)."""
+    def start(self, jobs: int, gpus: Sequence[str] | None = None) -> None:
+        """Start `jobs` queue workers, or one pinned to each of `gpus`
+        (`palpaper.workers`); they run until the queue is empty."""
+        if gpus:
+            workers.start(self.root, gpus, _tool("dvc"), _env())
+            return
         _run(
             [_tool("dvc"), "queue", "start", "-j", str(jobs)], self.root, detached=True
         )
+
+    def stop(self) -> None:
+        """End the workers and the cells they run (`dvc queue stop --kill`, and
+        the pinned workers); a killed cell is queued again by the next run."""
+        workers.stop(self.root)
+        _run([_tool("dvc"), "queue", "stop", "--kill"], self.root)
 
     def metrics(self, commit: str, dataset: str) -> dict[str, Any] | None:
         text = self.show(commit, f"results/{dataset}/metrics.json")
@@ -255,6 +252,7 @@ def wait(
     repo: Repo,
     cells: Sequence[Cell],
     jobs: int,
+    gpus: Sequence[str] | None = None,
     poll: float = 5.0,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, str]:
@@ -291,9 +289,11 @@ def wait(
                 f"cell '{sorted(lost)[0]}' is neither finished nor in DVC's queue "
                 "(removed by hand?); run the command again to queue it"
             )
+        if gpus and any(status.get(n) == "Queued" for n in pending):
+            repo.start(jobs, gpus)  # a pinned worker that died: its card again
         idle = idle + 1 if "Running" not in status.values() else 0
         if idle >= 2:
-            log.info("cells are queued and none runs; starting %d worker(s)", jobs)
-            repo.start(jobs)
+            log.info("cells are queued and none runs; starting the workers")
+            repo.start(jobs, gpus)
             idle = 0
         time.sleep(poll)

@@ -1,0 +1,146 @@
+"""DVC's queue workers pinned to GPUs: one worker per listed card.
+
+`dvc queue start -j N` starts N workers that all see every GPU, so their cells
+share the first card. Here each worker is DVC's own (`dvc exp queue-worker
+NAME`, what `dvc queue start` runs) started with `CUDA_VISIBLE_DEVICES` set to
+its card: a worker runs one cell at a time, every stage of that cell in its
+own processes, so each cell runs on exactly one card. The workers take their
+cells from the one queue and share the project's DVC cache; a card listed
+twice gets two workers (two cells at once on it).
+
+A worker exits by itself once the queue is empty. Its pid is kept in DVC's
+queue folder (`.dvc/tmp/exps/celery/pal-gpu-<i>.pid`), so a rerun starts only
+the workers that are gone, and `stop` ends them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from palcore.errors import PalError
+
+log = logging.getLogger(__name__)
+
+ENV = "PAL_PAPER_GPUS"  # the default of `pal-paper run --gpus`
+
+
+class GpuListError(PalError):
+    """A --gpus list that names no card or a malformed one."""
+
+
+def parse_gpus(text: str | None) -> list[str] | None:
+    """`0,1,3` → ['0', '1', '3']: the CUDA device ids, one worker each; None
+    or an empty text: no pinning."""
+    if text is None or not text.strip():
+        return None
+    ids = [part.strip() for part in text.split(",")]
+    bad = [i for i in ids if not i.isdigit()]
+    if bad:
+        raise GpuListError(
+            f"--gpus: CUDA device ids separated by commas such as 0,1,2, got "
+            f"'{text}' ('{bad[0]}' is not one)"
+        )
+    return ids
+
+
+def _folder(root: Path) -> Path:
+    return root / ".dvc" / "tmp" / "exps" / "celery"
+
+
+def _pid_file(root: Path, index: int) -> Path:
+    return _folder(root) / f"pal-gpu-{index}.pid"
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def running(root: Path, index: int) -> int | None:
+    """The pid of pinned worker `index` when it still runs, else None."""
+    pid = _read_pid(_pid_file(root, index))
+    return pid if pid is not None and alive(pid) else None
+
+
+def node_name(root: Path, index: int, gpu: str) -> str:
+    """The worker's celery node name: unique per project and worker slot."""
+    import hashlib
+
+    tag = hashlib.sha256(str(_folder(root)).encode()).hexdigest()[:6]
+    return f"dvc-exp-{tag}-gpu{gpu}-{index}@localhost"
+
+
+def start(root: Path, gpus: Sequence[str], dvc: str, env: dict[str, str]) -> list[int]:
+    """Start the pinned workers of `gpus` that are not running; their slots."""
+    folder = _folder(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    started = []
+    for index, gpu in enumerate(gpus):
+        if running(root, index) is not None:
+            continue
+        args = [dvc, "exp", "queue-worker", node_name(root, index, gpu)]
+        if index == 0:
+            args.append("--clean")  # as DVC's first worker: clean the broker
+        with (folder / f"pal-gpu-{index}.out").open("a") as out:
+            proc = subprocess.Popen(
+                args,
+                cwd=root,
+                env={**env, "CUDA_VISIBLE_DEVICES": gpu},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C in the shell reaches pal-paper only
+            )
+        tmp = _pid_file(root, index).with_suffix(".tmp")
+        tmp.write_text(f"{proc.pid} {gpu}\n")
+        tmp.replace(_pid_file(root, index))
+        log.info("worker %d started on GPU %s (pid %d)", index + 1, gpu, proc.pid)
+        started.append(index)
+    return started
+
+
+def stop(root: Path) -> int:
+    """End every pinned worker of the project (its running cell too: the
+    worker's session); the number ended."""
+    ended = 0
+    for path in sorted(_folder(root).glob("pal-gpu-*.pid")):
+        pid = _read_pid(path)
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGTERM)
+                ended += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        path.unlink(missing_ok=True)
+    return ended
+
+
+def wall_hours(cell_hours: Sequence[float], cards: int) -> float:
+    """The grid's wall time on `cards` cards: cells longest first, each to the
+    card that frees first (a worker runs one cell at a time)."""
+    loads = [0.0] * max(cards, 1)
+    for hours in sorted(cell_hours, reverse=True):
+        loads[loads.index(min(loads))] += hours
+    return max(loads)
