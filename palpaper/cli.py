@@ -443,11 +443,23 @@ def tunings(r: Any, cell: Cell, params: dict[str, Any]) -> tuple[int, int]:
 @click.argument("names", nargs=-1, metavar="RESULT…")
 @params_path_option
 @runs_option
+@click.option(
+    "--gpus",
+    "cards",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="N",
+    help="Cards the grid runs on (`pal-paper run --gpus`): the wall time on N.",
+)
 @clean_errors
-def plan_cmd(names: tuple[str, ...], params_file: Path, runs: str | None) -> None:
+def plan_cmd(
+    names: tuple[str, ...], params_file: Path, runs: str | None, cards: int
+) -> None:
     """Projected GPU time of RESULT… for a preset (e.g. -p configs/food101.yaml):
     the tunings and extractions its cells add to a finished `dvc repro`, times
-    the per-tuning time measured on a GPU (bench/README.md)."""
+    the per-tuning time measured on a GPU (bench/README.md), and the wall time
+    on N cards (--gpus N: a card runs one cell at a time)."""
     params = _params(params_file)
     dataset = str(get(params, "data.dataset"))
     table = costs()
@@ -465,6 +477,7 @@ def plan_cmd(names: tuple[str, ...], params_file: Path, runs: str | None) -> Non
     )
     total = 0.0
     seen: set[str] = set()
+    cell_hours: list[float] = []
     for rid in ids:
         cols = RESULTS[rid].columns(params, _runs(runs))
         t = e = 0
@@ -474,6 +487,7 @@ def plan_cmd(names: tuple[str, ...], params_file: Path, runs: str | None) -> Non
             seen.add(c.cell.name)
             dt, de = tunings(RESULTS[rid], c.cell, params)
             t, e = t + dt, e + de
+            cell_hours.append((dt * per["tune_min"] + de * per["extract_min"]) / 60)
         hours = (t * per["tune_min"] + e * per["extract_min"]) / 60
         total += hours
         click.echo(
@@ -482,4 +496,9 @@ def plan_cmd(names: tuple[str, ...], params_file: Path, runs: str | None) -> Non
         )
     click.echo(
         f"  all of them: {total:.1f} h (cells shared between results counted once)"
+    )
+    wall = workers.wall_hours(cell_hours, cards)
+    click.echo(
+        f"  on {cards} card{'s' * (cards != 1)}: {wall:.1f} h wall "
+        f"({len(cell_hours)} cells, longest {max(cell_hours, default=0.0):.1f} h)"
     )

@@ -168,6 +168,8 @@ def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
             "upsampling",
             "-p",
             "configs/food101.yaml",
+            "--gpus",
+            "4",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -180,6 +182,9 @@ def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
         f"  missing: 15 cells, 42 tunings, 126 extractions: {hours:.1f} h",
         "  upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
         f"  all of them: {hours:.1f} h (cells shared between results counted once)",
+        # 14 cells of equal cost on 4 cards: 4, 4, 3 and 3 cells
+        f"  on 4 cards: {4 * hours / 14:.1f} h wall (19 cells, longest "
+        f"{hours / 14:.1f} h)",
     ]
 
 
