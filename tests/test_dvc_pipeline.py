@@ -299,3 +299,81 @@ def test_a_failed_cell_is_one_line_naming_it_and_the_rerun(
         f"Error: cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]) failed "
         f"(`dvc queue logs {head}-tasks=5+main=pal`); rerun: pal-paper run tasks"
     ) in out.stderr.splitlines()
+
+
+def test_two_machines_share_features_run_cache_and_a_grid(
+    work: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """Machine A (a clone with the features) and machine B (a clone of the
+    team's git remote with an empty cache of its own) share a local-path DVC
+    remote and a bare git remote, with the commands of docs/USAGE.md: B pulls
+    A's features and an η change reruns only the analytic stages; A's tuned
+    experiment, pushed with its run-cache, is restored on B instead of tuned
+    again; A and B each run half of Table 4's grid and B renders one table."""
+    from palpaper.grids import RESULTS
+
+    a, env = work
+    dvc = str(BIN / "dvc")
+    origin, store = tmp_path / "origin.git", tmp_path / "store"
+    _run(["git", "init", "-q", "--bare", str(origin)], tmp_path, env)
+    # machine A: the team's remotes; its features; a tuned experiment
+    _run(["git", "remote", "add", "team", str(origin)], a, env)
+    _run([dvc, "remote", "add", "-d", "store", str(store)], a, env)
+    _run(["git", "commit", "-qam", "the team's DVC remote"], a, env)
+    _run(["git", "push", "-q", "team", "HEAD:main"], a, env)
+    _run([dvc, "push", "-q", "dvc.yaml"], a, env)
+    lr = [
+        "-S",
+        "tune.lr=0.002",
+        "-S",
+        "pipelines.main=[pal]",
+        "-S",
+        "protocol.runs=[0]",
+    ]
+    out = _run([dvc, "exp", "run", "-n", "lr", *lr], a, env)
+    assert "Running stage 'tune@pal-0'" in out, out
+    _reset(a, env)
+    _run([dvc, "exp", "push", "team", "lr", "--run-cache"], a, env)
+
+    # machine B: a clone of the team's repository, its own (empty) cache
+    b = tmp_path / "b"
+    _run(["git", "clone", "-q", "-b", "main", str(origin), str(b)], tmp_path, env)
+    b_env = dict(env, PYTHONPATH=str(b))
+    _run([dvc, "pull", "-q", "dvc.yaml"], b, b_env)
+    out = _run([dvc, "exp", "run", "-S", "solve.eta=0.5"], b, b_env)
+    assert _ran(out) == {"solve", "evaluate"}, out
+    _reset(b, b_env)
+    _run([dvc, "exp", "pull", "origin", "lr", "--run-cache"], b, b_env)
+    out = _run([dvc, "exp", "run", *lr], b, b_env)
+    assert "Stage 'tune@pal-0' is cached - skipping run" in out, out
+    assert "Stage 'extract@pal-0' is cached - skipping run" in out, out
+    assert _ran(out) == {"evaluate"}, out  # its report files live in git
+    _reset(b, b_env)
+
+    # half a grid each; A's experiments travel through git, B renders the table
+    out = pal_paper(a, env, "run", "upsampling", "--shard", "1/2")
+    assert out.returncode == 0, out.stderr
+    _run([dvc, "exp", "push", "team", "--run-cache"], a, env)
+    out = pal_paper(b, b_env, "run", "upsampling", "--shard", "2/2")
+    assert out.returncode == 0, out.stderr
+    _run([dvc, "exp", "pull", "origin"], b, b_env)
+    out = pal_paper(b, b_env, "collect", "upsampling")
+    assert out.returncode == 0, out.stderr
+    params = yaml.safe_load((b / "params.yaml").read_text())
+    lines = (b / "results/paper/demo/upsampling.md").read_text().splitlines()
+    head = _run(["git", "rev-parse", "HEAD"], b, env).strip()
+    cols = RESULTS["upsampling"].columns(params, None)
+    for line, c in zip(lines[4:], cols, strict=True):
+        ref = f"refs/exps/{head[:2]}/{head[2:]}/{head[:7]}-{c.cell.name}"
+        m = json.loads(
+            _run(["git", "show", f"{ref}:results/demo/metrics.json"], b, env)
+        )
+        acc = m["pal"]["acc"]
+        assert line.startswith(f"| {c.label} | {acc['mean']:.2f} ± {acc['std']:.2f} |")
+    assert len(lines) == 4 + 5
+
+
+def _reset(path: Path, env: dict[str, str]) -> None:
+    """Back to the commit after a `dvc exp run` in the workspace."""
+    _run(["git", "checkout", "-q", "--", "."], path, env)
+    _run([str(BIN / "dvc"), "checkout", "-q", "dvc.yaml"], path, env)
