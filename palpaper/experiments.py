@@ -235,8 +235,8 @@ class Repo:
     def stop(self) -> None:
         """End the workers and the cells they run (`dvc queue stop --kill`, and
         the pinned workers); a killed cell is queued again by the next run."""
-        workers.stop(self.root)
         _run([_tool("dvc"), "queue", "stop", "--kill"], self.root)
+        workers.stop(self.root)
 
     def metrics(self, commit: str, dataset: str) -> dict[str, Any] | None:
         text = self.show(commit, f"results/{dataset}/metrics.json")

@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -121,20 +122,48 @@ def start(root: Path, gpus: Sequence[str], dvc: str, env: dict[str, str]) -> lis
     return started
 
 
-def stop(root: Path) -> int:
-    """End every pinned worker of the project (its running cell too: the
-    worker's session); the number ended."""
-    ended = 0
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (zombies do not: they
+    wait for their parent to reap them)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # no procfs: ask the kernel, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def stop(root: Path, grace: float = 15.0) -> int:
+    """End every pinned worker of the project and whatever its session still
+    runs: SIGTERM (celery's warm shutdown), then SIGKILL after `grace`
+    seconds; the number of workers that were running."""
+    groups = []
     for path in sorted(_folder(root).glob("pal-gpu-*.pid")):
         pid = _read_pid(path)
-        if pid is not None:
-            try:
-                os.killpg(pid, signal.SIGTERM)
-                ended += 1
-            except (ProcessLookupError, PermissionError):
-                pass
+        if pid is not None and group_alive(pid):
+            groups.append(pid)
+            os.killpg(pid, signal.SIGTERM)
         path.unlink(missing_ok=True)
-    return ended
+    deadline = time.monotonic() + grace
+    while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in groups:
+        if group_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+        try:  # a worker this process started: reap it
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    return len(groups)
 
 
 def wall_hours(cell_hours: Sequence[float], cards: int) -> float:

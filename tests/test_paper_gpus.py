@@ -22,7 +22,7 @@ import yaml
 from helpers import committed_params, pal_paper
 
 from palpaper.grids import RESULTS
-from palpaper.workers import GpuListError, parse_gpus, wall_hours
+from palpaper.workers import GpuListError, group_alive, parse_gpus, wall_hours
 
 BIN = Path(sys.executable).parent
 
@@ -179,3 +179,44 @@ def test_a_worker_killed_mid_cell_and_a_rerun_completes_the_grid(
     for ref in refs:
         m = json.loads(git(repo, "show", f"{ref}:results/demo/metrics.json"))
         assert f"| {m['pal']['acc']['mean']:.2f} ± 1.00 |" in "\n".join(lines)
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_every_worker_and_a_rerun_resumes(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    repo = make_project(tmp_path / "project")
+    record = tmp_path / "record.txt"
+    proc = subprocess.Popen(
+        [str(BIN / "pal-paper"), "run", "upsampling", "--gpus", "0,1"],
+        cwd=repo,
+        env=dict(env, PAL_STAGE_SECONDS="6"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while len({g for what, _, g, _ in records(record) if what == "start"}) < 2:
+        assert time.time() < deadline, "the two cards never both ran a cell"
+        time.sleep(0.5)
+    pids = [
+        int(p.read_text().split()[0])
+        for p in sorted((repo / ".dvc/tmp/exps/celery").glob("pal-gpu-*.pid"))
+    ]
+    assert len(pids) == 2
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert err.splitlines()[-1] == (
+        "Error: interrupted: the grid's workers and their cells were stopped; "
+        "finished cells are kept, `pal-paper run upsampling` runs the rest"
+    )
+    time.sleep(1.0)
+    assert not any(group_alive(pid) for pid in pids)  # no worker, no cell of it
+    ended = len(spans(records(record)))
+    assert ended < 5  # stopped mid-grid
+
+    out = pal_paper(repo, env, "run", "upsampling", "--gpus", "0,1")
+    assert out.returncode == 0, out.stderr
+    assert f"{ended} finished before (kept)" in out.stderr
+    assert len(spans(records(record))) == 5
