@@ -31,6 +31,7 @@ from pipeline.backbone import Backbone
 from pipeline.params import PromptParams
 from pipeline.prompts import Prompts, check_prompt_params
 from pipeline.samples import Batch
+from pipeline.vision import batch_inputs
 
 
 class TaskHead(nn.Module):
@@ -215,15 +216,17 @@ class PalModel(nn.Module):
     @torch.no_grad()
     def batch_queries(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Frozen queries of all R rows of a batch: (q_t, q_v), each (R, D)."""
-        ids, am, px, pm = batch.inputs_to(self.backbone.device)
-        h, mask = self.backbone.embed(ids, am, px, pm)
+        ids, am, px, pm = batch_inputs(batch, self.backbone.device)
+        h, mask = self.backbone.embed(ids, am, px, pm, batch.image_sizes)
         return self.backbone.queries(h, mask, ids.shape[1])
 
     def features(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Extraction: joint embeddings (n, D) float32 and head logits (n, C_k)."""
-        ids, am, px, pm = batch.inputs_to(self.backbone.device)
+        ids, am, px, pm = batch_inputs(batch, self.backbone.device)
         n, T = batch.n, ids.shape[1]
-        h, mask = self.backbone.embed(ids[:n], am[:n], px[:n], pm[:n])
+        sizes = None if batch.image_sizes is None else batch.image_sizes[:n]
+        pm = None if pm is None else pm[:n]
+        h, mask = self.backbone.embed(ids[:n], am[:n], px[:n], pm, sizes)
         q_t, q_v = self.backbone.queries(h, mask, T)
         if self.prompts is None:
             x = q_t
