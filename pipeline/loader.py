@@ -95,14 +95,17 @@ class SampleDataset(Dataset):
         return len(self.samples)
 
     def dummy_image(self) -> torch.Tensor:
-        """The dummy image of this dataset's image side (`dummy_image`);
-        (3, side, side) uint8 of 255 for a uint8 dataset (its rows are
-        flagged `dummy` and set to 1.0 on the device)."""
-        if self.uint8:
-            return torch.full(
-                (3, self.image_side, self.image_side), 255, dtype=torch.uint8
-            )
+        """The dummy image of this dataset's image side (`dummy_image`), float."""
         return dummy_image(self.image_side)
+
+    def dummy_item_image(self) -> torch.Tensor:
+        """The dummy image as items carry it: float, or for a uint8 dataset
+        (3, side, side) uint8 of 255 (its rows are flagged `dummy` and set to
+        1.0 on the device)."""
+        if self.uint8:
+            side = self.image_side
+            return torch.full((3, side, side), 255, dtype=torch.uint8)
+        return self.dummy_image()
 
     def norm(self) -> torch.Tensor:
         """(3, 3) float64: rescale factor, mean and std per channel."""
@@ -115,7 +118,7 @@ class SampleDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         s = self.samples[i]
         if s.missing == Missing.IMAGE:
-            pixels = self.dummy_image()
+            pixels = self.dummy_item_image()
         else:
             try:
                 pixels = self._image(self.root / s.image)
@@ -208,7 +211,7 @@ class Collate:
     def __init__(self, dataset: SampleDataset, copies: bool):
         self.copies = copies
         self.empty_ids, self.empty_mask = dataset.empty_ids, dataset.empty_mask
-        self.dummy = dataset.dummy_image()
+        self.dummy = dataset.dummy_item_image()
         self.norm = dataset.norm() if dataset.uint8 else None
 
     def __call__(self, items: list[dict[str, Any]]) -> Batch | str:

@@ -111,12 +111,12 @@ def static_inputs(
     ids, am, px, pm = (None if t is None else t[:n] for t in batch_inputs(batch, dev))
     sizes = None if batch.image_sizes is None else batch.image_sizes[:n]
     index, missing, labels = (
-        t.to(dev) for t in (batch.index, batch.missing, batch.labels)
+        t.to(dev, non_blocking=True) for t in (batch.index, batch.missing, batch.labels)
     )
     if rows > n:  # repeat the first sample; its copies get label −1
         sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
         sizes = None if sizes is None else sizes[sel]  # host rows, no transfer
-        sel = sel.to(dev)
+        sel = sel.to(dev, non_blocking=True)
         ids, am, px, pm, index, missing, labels = (
             None if t is None else t[sel]
             for t in (ids, am, px, pm, index, missing, labels)

@@ -40,7 +40,7 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     assert report["scale"] == "smallest" and report["versions"]["card"] is None
     # without a GPU every test marked gpu is skipped, all others deselected
     # (and test_dvc_deps.py as a whole where dvc is not installed)
-    skipped = 8 + (importlib.util.find_spec("dvc") is None)
+    skipped = 9 + (importlib.util.find_spec("dvc") is None)
     assert report["tests"]["exit"] == 0
     assert report["tests"]["summary"].startswith(f"{skipped} skipped, ")
     solver = report["solver"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import make_model
 from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -15,7 +16,8 @@ from palcore.codes import Missing
 from pipeline import vision
 from pipeline.backbone import load_backbone
 from pipeline.loader import SampleDataset, make_loader, vilt_pixels
-from pipeline.samples import Sample
+from pipeline.losses import static_inputs
+from pipeline.samples import Sample, read_prepare, select
 
 SIZES = [(32, 32), (32, 48), (48, 32), (40, 64)]  # raw photo sizes (h, w)
 
@@ -205,3 +207,35 @@ def test_padded_embedding_has_no_cuda_sync(tiny_vilt):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert q[0].shape == (4, 32) and mask.shape == (4, 12 + 1 + 24)
+
+
+def test_graphed_step_inputs_of_uint8_batches_make_no_host_sync(
+    tiny_vilt, tiny_prepare, monkeypatch
+):
+    samples, tasks = read_prepare(tiny_prepare)
+    backbone = load_backbone(str(tiny_vilt), 12)
+    model = make_model(backbone, tasks, steps=2)
+    train = select(samples, "train", [2])
+    batch = {}
+    for uint8 in (False, True):
+        ds = SampleDataset(train, tasks.root, backbone.processor, 12, 32, uint8=uint8)
+        # the graphed step's dummy segments take the float dummy image
+        assert torch.equal(ds.dummy_image(), torch.ones(3, 32, 32))
+        batch[uint8] = next(iter(make_loader(ds, 4)))
+    backbone.fast_embed = True  # what place() sets on CUDA
+    try:
+        with SyncCounter() as counter:
+            new = static_inputs(model, batch[True], rows=6)
+        monkeypatch.setenv("PAL_IMAGE_PATH", "legacy")
+        old = static_inputs(model, batch[False], rows=6)
+    finally:
+        backbone.fast_embed = False
+    assert counter.syncs == []
+    for key in ("index", "missing", "labels"):
+        assert torch.equal(new[key], old[key])
+    assert new["labels"][4:].tolist() == [-1, -1]  # rows padded to 6
+    assert new["h"].shape == old["h"].shape and torch.equal(new["mask"], old["mask"])
+    q_new = backbone.queries(new["h"], new["mask"], 12)
+    q_old = backbone.queries(old["h"], old["mask"], 12)
+    for a, b in zip(q_new, q_old, strict=True):
+        assert (a - b).abs().max().item() < 1e-5
