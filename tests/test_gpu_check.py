@@ -31,6 +31,7 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu_tests.log",
+        "rehearsal-legacy.log",
         "rehearsal.log",
         "report.json",
         "report.md",
@@ -52,9 +53,21 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     assert rehearsal["setup"]["photos"] == 11 * 3 - 1 + 11 * 2
     assert rehearsal["train_samples"] == 10 * 3  # the smallest class dropped
     assert set(rehearsal["projections"]) == {"UPMC-Food101", "N24News"}
+    # before and after: the image path in one process, a rehearsal per path
+    paths = report["paths"]
+    assert paths["exit"] == 0 and list(paths["paths"]) == ["legacy", "new"]
+    legacy, new = paths["paths"]["legacy"], paths["paths"]["new"]
+    # uint8 against float32 + int64 mask: 3 bytes a canvas position against 20
+    assert legacy["extract"]["bytes_per_batch"] > 6 * new["extract"]["bytes_per_batch"]
+    assert new["extract"]["syncs_per_batch"] < legacy["extract"]["syncs_per_batch"]
+    assert paths["feature_cosine_min"] >= 0.9999
+    assert report["rehearsal_legacy"]["exit"] == 0
+    assert report["plan"]["counts"] == [93, 177]  # configs/food101.yaml's grids
+    assert set(report["plan"]["paths"]) == {"legacy", "new"}
     md = (out / "report.md").read_text().splitlines()
     assert md[0] == "# GPU check on no GPU (CPU only)"
     assert "## Rehearsal: one run of PAL on a Food101-shaped tree" in md
+    assert "## The image path, before (legacy) and after" in md
 
 
 def test_missing_packages_are_named_in_one_line():
