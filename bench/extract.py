@@ -115,6 +115,7 @@ def synthetic_batch(
         labels=torch.randint(10 * (N_TASKS - 1), 10 * N_TASKS, (n,), generator=g),
         complete=complete,
         ids=[str(i) for i in range(n)],
+        image_sizes=torch.tensor([[S, S]] * rows),
     )
 
 

@@ -11,14 +11,22 @@ no dvc, no dev extras, no tests/ helpers. In order:
 3. `python -m solver solve` on synthetic features of Food101's training row
    count (61,127 rows of D = 768, 100 classes in 10 steps) at the paper's
    width 15,000, with the backend it ran on (CuPy on a GPU if present);
-4. bench/rehearsal.py's run of PAL on a Food101-shaped tree of photo-sized
+4. bench/image_path.py: the image path before (`PAL_IMAGE_PATH=legacy`) and
+   after on the same photo batches at ViLT-B/32's sizes: tune and extract
+   samples/s, their share of the bf16 peak, host syncs per step, bytes per
+   extract batch, and the cosine of the features;
+5. bench/rehearsal.py's run of PAL on a Food101-shaped tree of photo-sized
    JPEGs and a ViLT-B/32-sized random ViLT (the stage commands directly when
-   dvc is absent).
+   dvc is absent), once per image path in `--paths` (default: legacy, then
+   new), each with its data wait and projections, and `pal-paper plan all`'s
+   tunings and extractions for Food101 priced at each path's projected
+   minutes.
 
 After each part it rewrites `report.md` and `report.json` under --out (the
 logs of each part beside them), so a run cut short still leaves a report.
 
-    PYTHONPATH=. python3 bench/gpu_check.py --out "$OUT"              # GPU, ~6 min
+    PYTHONPATH=. python3 bench/gpu_check.py --out "$OUT"              # GPU, ~10 min
+    PYTHONPATH=. python3 bench/gpu_check.py --parts paths,rehearsal --out "$OUT"
     .venv/bin/python bench/gpu_check.py --scale smallest --out /tmp/gc  # CPU, ~1 min
 """
 
@@ -39,6 +47,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gpu_paths  # noqa: E402
 
 # import name -> distribution name: what every part needs (pytest for part 2)
 NEEDED = {
@@ -200,9 +211,9 @@ def solver_check(
 
 def rehearsal_check(
     out: Path, work: Path, device: str, epochs: int, runner: str, graphs: bool,
-    **scale: Any,
+    log_name: str = "rehearsal.log", **scale: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    """bench/rehearsal.py's one run of PAL; its log copied to --out."""
+    """bench/rehearsal.py's one run of PAL; its log copied to --out/log_name."""
     sys.path.insert(0, str(ROOT / "bench"))
     import rehearsal
 
@@ -222,7 +233,7 @@ def rehearsal_check(
     result["wall_s"] = round(time.perf_counter() - start, 1)
     log = work / "logs" / "rehearsal.log"
     if log.exists():
-        (out / "rehearsal.log").write_text(log.read_text())
+        (out / log_name).write_text(log.read_text())
     return result
 
 
@@ -255,11 +266,18 @@ def render(report: dict[str, Any]) -> str:
             f"(exit {s['exit']}; synthetic features made in "
             f"{s['features_made_s']:.0f} s).",
         ]
-    if "rehearsal" in report:
-        r = report["rehearsal"]
-        lines += ["", "## Rehearsal: one run of PAL on a Food101-shaped tree", ""]
+    lines += gpu_paths.markdown(report)
+    for key, title, log in (
+        ("rehearsal_legacy", " (legacy image path)", "rehearsal-legacy.log"),
+        ("rehearsal", "", "rehearsal.log"),
+    ):
+        if key not in report:
+            continue
+        r = report[key]
+        lines += ["", f"## Rehearsal: one run of PAL on a Food101-shaped tree{title}"]
+        lines.append("")
         if r["exit"]:
-            lines.append(f"Failed: {r['error']} (see rehearsal.log).")
+            lines.append(f"Failed: {r['error']} (see {log}).")
         else:
             sys.path.insert(0, str(ROOT / "bench"))
             import rehearsal
@@ -297,8 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         "--epochs", type=int, default=1, help="tune.epochs of the rehearsal"
     )
     ap.add_argument(
-        "--parts", default="tests,solver,rehearsal",
-        help="comma-separated subset of tests, solver, rehearsal",
+        "--parts", default="tests,solver,paths,rehearsal",
+        help="comma-separated subset of tests, solver, paths, rehearsal",
+    )  # fmt: skip
+    ap.add_argument(
+        "--paths", default="legacy,new",
+        help="image paths to rehearse, in order: legacy (PAL_IMAGE_PATH=legacy, "
+        "the path before uint8 loading and sync-free padded batches), new",
     )  # fmt: skip
     ap.add_argument("--runner", choices=("auto", "dvc", "direct"), default="auto",
                     help="the rehearsal's: dvc repro, or the stage commands (auto: "
@@ -314,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, help="scratch folder (default: a temp one)")
     a = ap.parse_args(argv)
     parts = a.parts.split(",")
-    unknown = set(parts) - {"tests", "solver", "rehearsal"}
+    unknown = set(parts) - {"tests", "solver", "paths", "rehearsal"}
     if unknown:
         print(
             f"gpu_check: --parts: unknown part {sorted(unknown)[0]!r}", file=sys.stderr
@@ -354,21 +377,26 @@ def main(argv: list[str] | None = None) -> int:
         s = report["solver"]
         print(f"gpu_check: solver: {s['backend']}, {s['wall_s']} s", flush=True)
         write_report(a.out, report)
+    if "paths" in parts:
+        report["paths"] = gpu_paths.paths_check(work / "paths", a.device, a.scale)
+        print(f"gpu_check: paths: exit {report['paths']['exit']}", flush=True)
+        write_report(a.out, report)
     if "rehearsal" in parts:
-        report["rehearsal"] = rehearsal_check(
-            a.out,
-            work / "rehearsal",
-            a.device,
-            a.epochs,
-            a.runner,
-            a.cuda_graphs,
-            **scale["rehearsal"],
-        )
-        print(f"gpu_check: rehearsal: exit {report['rehearsal']['exit']}, "
-              f"{report['rehearsal']['wall_s']} s", flush=True)  # fmt: skip
+        for path in a.paths.split(","):
+            key = "rehearsal" if path == "new" else f"rehearsal_{path}"
+            log = "rehearsal.log" if path == "new" else f"rehearsal-{path}.log"
+            report[key] = gpu_paths.with_path(
+                path, rehearsal_check, a.out, work / f"rehearsal-{path}", a.device,
+                a.epochs, a.runner, a.cuda_graphs, log_name=log, **scale["rehearsal"],
+            )  # fmt: skip
+            r = report[key]
+            print(f"gpu_check: rehearsal ({path} image path): exit {r['exit']}, "
+                  f"{r['wall_s']} s", flush=True)  # fmt: skip
+            write_report(a.out, report)
+        report["plan"] = gpu_paths.priced(report, gpu_paths.plan_counts())
         write_report(a.out, report)
     print(render(report))
-    failed = [p for p in ("tests", "solver", "rehearsal")
+    failed = [p for p in ("tests", "solver", "paths", "rehearsal", "rehearsal_legacy")
               if p in report and report[p]["exit"] not in (0, 5)]  # fmt: skip
     return 1 if failed else 0
 

@@ -14,8 +14,9 @@ them and wraps them in `Backbone`. The encoder is run as our own loop over
   (`LayerPrompt.tokens`, prepended to the sequence and replaced at each
   prompt layer); their key mask lets a prompt be switched off per sample.
 
-On CUDA, batches of full (unpadded) images are embedded without HF's
-per-sample loops (`Backbone.embed_full`, patches in raster order).
+On CUDA, batches of images of any sizes are embedded without HF's per-sample
+loops and host syncs (`Backbone.embed_padded`, `pipeline.vision`: patches in
+raster order, from the image sizes the loader ships).
 
 With no prompts the loop equals `ViltModel.forward(...).last_hidden_state`
 (a test holds this to 1e-6; ViLT shuffles patch order with torch's RNG, so seed
@@ -37,6 +38,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from palcore.errors import PalError
+from pipeline import vision
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,7 @@ class Backbone(nn.Module):
         self.fused_attention = False  # True: F.scaled_dot_product_attention
         self.fast_embed = False  # True: `embed_full` for batches of full images
         self.attention_backends: list | None = None  # SDPA kernels allowed
+        self._positions = vision.PositionTables()  # per patch grid, for embed_padded
         if self.max_text_len > cfg.max_position_embeddings:
             interpolate_text_positions(vilt, self.max_text_len)
         ip = processor.image_processor if processor is not None else None
@@ -139,16 +142,25 @@ class Backbone(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         pixel_values: torch.Tensor,
-        pixel_mask: torch.Tensor,
+        pixel_mask: torch.Tensor | None,
+        sizes: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token embeddings and key mask.
 
         input_ids, attention_mask: (B, T) int64; pixel_values: (B, 3, H, W)
-        float; pixel_mask: (B, H, W) int64. Returns h (B, T + 1 + P, D) and
-        mask (B, T + 1 + P) bool (True = attend). Consumes torch's RNG (patch
-        order on the CPU path; see `embed_full` for CUDA).
+        float; pixel_mask: (B, H, W) int64 (None: built from `sizes`); sizes:
+        (B, 2) int64 image heights and widths on the host (`Batch.image_sizes`).
+        Returns h (B, T + 1 + P, D) and mask (B, T + 1 + P) bool (True =
+        attend). On CUDA, with `sizes`, the sync-free `embed_padded`; else HF's
+        `ViltEmbeddings`, which consumes torch's RNG (patch order).
         """
-        if self.fast_embed and self._full_images(pixel_mask):
+        if self.fast_embed and sizes is not None and not vision.legacy_path():
+            if not vision.samples_patches(self.vilt, sizes):
+                return self.embed_padded(input_ids, attention_mask, pixel_values, sizes)
+        if pixel_mask is None:
+            H, W = pixel_values.shape[2:]
+            pixel_mask = vision.pixel_mask(sizes.to(pixel_values.device), H, W)
+        elif self.fast_embed and vision.full_images(self.vilt, pixel_mask):
             return self.embed_full(input_ids, attention_mask, pixel_values)
         h, mask = self.vilt.embeddings(
             input_ids,
@@ -162,29 +174,27 @@ class Backbone(nn.Module):
         )
         return h, mask.bool()
 
-    def _full_images(self, pixel_mask: torch.Tensor) -> bool:
-        """True when every image fills the whole padded tensor and ViLT would keep
-        all of its patches (`max_image_length` ≤ 0 or ≥ the patch count).
-        One host synchronisation (instead of HF's per-sample ones)."""
-        cfg = self.vilt.config
-        limit = cfg.max_image_length
-        if isinstance(limit, int) and limit > 0:
-            ph, pw = self.vilt.embeddings.patch_embeddings.patch_size
-            if limit < (pixel_mask.shape[1] // ph) * (pixel_mask.shape[2] // pw):
-                return False  # HF samples a random subset of patches
-        return bool(pixel_mask.all())
-
-    def _patches(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-        """The patch projection (a stride-p convolution) as one GEMM over the
-        unfolded patches: (B, gh·gw, D) in raster order, gh, gw."""
-        conv = self.vilt.embeddings.patch_embeddings.projection
-        B, C, H, W = pixel_values.shape
-        ph, pw = conv.kernel_size
-        gh, gw = H // ph, W // pw
-        px = pixel_values[:, :, : gh * ph, : gw * pw].to(conv.weight.dtype)
-        px = px.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5)
-        px = px.reshape(B, gh * gw, C * ph * pw)
-        return F.linear(px, conv.weight.flatten(1), conv.bias), gh, gw
+    def embed_padded(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pixel_values: torch.Tensor,
+        sizes: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`embed` of a padded batch of images of (B, 2) host `sizes`, without
+        host syncs (`vision.image_embeddings`): each image's patches in raster
+        order, then masked padding up to the batch's largest patch count.
+        Same tokens as `ViltEmbeddings.forward` up to patch order; the encoder
+        is permutation-equivariant over the patch tokens, so the CLS outputs
+        are the same up to summation order."""
+        emb = self.vilt.embeddings
+        type_w = emb.token_type_embeddings.weight  # (types, D)
+        text = emb.text_embeddings(input_ids=input_ids) + type_w[0]
+        image, image_mask = vision.image_embeddings(
+            emb, self._positions, pixel_values, sizes
+        )
+        h = torch.cat([text, image + type_w[1]], 1)
+        return h, torch.cat([attention_mask.bool(), image_mask], 1)
 
     def embed_full(
         self,
@@ -192,31 +202,10 @@ class Backbone(nn.Module):
         attention_mask: torch.Tensor,
         pixel_values: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`embed` for full images without HF's per-sample loops and syncs.
-
-        Same arithmetic as `ViltEmbeddings.forward` except that the patches keep
-        their raster order instead of a random permutation; the encoder is
-        permutation-equivariant over the patch tokens (positions are added
-        before), so the CLS outputs are the same up to summation order.
-        """
-        emb = self.vilt.embeddings
-        text = emb.text_embeddings(input_ids=input_ids)
-        type_w = emb.token_type_embeddings.weight  # (types, D)
-        text = text + type_w[0]
-        x, gh, gw = self._patches(pixel_values)  # (B, gh·gw, D)
-        B, D = x.shape[0], self.hidden_size
-        g = self.vilt.config.image_size // self.vilt.config.patch_size
-        pos = emb.position_embeddings  # (1, 1 + g·g, D)
-        spatial = pos[:, 1:, :].transpose(1, 2).reshape(1, D, g, g)
-        spatial = F.interpolate(
-            spatial, size=(gh, gw), mode="bilinear", align_corners=True
-        )
-        x = x + spatial.flatten(2).transpose(1, 2)
-        cls = emb.cls_token.expand(B, -1, -1) + pos[:, :1, :]
-        image = torch.cat([cls, x], 1) + type_w[1]
-        h = torch.cat([text, image], 1)
-        ones = torch.ones(B, 1 + gh * gw, dtype=torch.bool, device=h.device)
-        return h, torch.cat([attention_mask.bool(), ones], 1)
+        """`embed_padded` of a batch whose images all fill pixel_values."""
+        B, _, H, W = pixel_values.shape
+        sizes = torch.tensor([[H, W]], dtype=torch.int64).expand(B, 2)
+        return self.embed_padded(input_ids, attention_mask, pixel_values, sizes)
 
     def encode(
         self,

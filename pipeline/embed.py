@@ -23,6 +23,7 @@ from pipeline.backbone import autocast
 from pipeline.loader import SampleDataset, WaitClock, make_loader
 from pipeline.model import PalModel
 from pipeline.samples import Sample
+from pipeline.vision import legacy_path
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def embed_samples(
         backbone.processor,
         backbone.max_text_len,
         backbone.image_side,
+        uint8=not legacy_path(),  # normalised on the device, same bits
     )
     loader = make_loader(
         dataset, params.batch_size, num_workers=params.num_workers, device=device

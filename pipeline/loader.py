@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from palcore.codes import Missing
 from palcore.errors import PalError
 from pipeline.samples import Batch, Sample
+from pipeline.vision import legacy_path
 
 
 def dummy_image(side: int) -> torch.Tensor:
@@ -43,6 +44,10 @@ class SampleDataset(Dataset):
 
     Item: dict(index, input_ids (T,) int64, attention_mask (T,) int64,
     pixel_values (3, h, w) float32, missing, label, id) — or dict(error=str).
+    With `uint8` (and a processor that rescales and normalises), pixel_values
+    is the resized image as (3, h, w) uint8, normalised later on the device
+    (`vision.normalise_pixels`, bit for bit the same), and `dummy` says
+    whether it stands for the dummy image.
     """
 
     def __init__(
@@ -53,12 +58,15 @@ class SampleDataset(Dataset):
         max_text_len: int,
         image_side: int,
         draft: bool = True,
+        uint8: bool = False,
     ):
         self.samples = list(samples)
         self.root = Path(root)
         self.image_processor = processor.image_processor
         self.image_side = image_side
         self.draft = draft
+        ip = self.image_processor
+        self.uint8 = uint8 and bool(ip.do_rescale and ip.do_normalize)
         texts = ["" if s.missing == Missing.TEXT else s.text for s in self.samples] or [
             ""
         ]
@@ -87,13 +95,30 @@ class SampleDataset(Dataset):
         return len(self.samples)
 
     def dummy_image(self) -> torch.Tensor:
-        """The dummy image of this dataset's image side (`dummy_image`)."""
+        """The dummy image of this dataset's image side (`dummy_image`), float."""
         return dummy_image(self.image_side)
+
+    def dummy_item_image(self) -> torch.Tensor:
+        """The dummy image as items carry it: float, or for a uint8 dataset
+        (3, side, side) uint8 of 255 (its rows are flagged `dummy` and set to
+        1.0 on the device)."""
+        if self.uint8:
+            side = self.image_side
+            return torch.full((3, side, side), 255, dtype=torch.uint8)
+        return self.dummy_image()
+
+    def norm(self) -> torch.Tensor:
+        """(3, 3) float64: rescale factor, mean and std per channel."""
+        ip = self.image_processor
+        mean, std = (np.broadcast_to(np.asarray(v, np.float64), 3)
+                     for v in (ip.image_mean, ip.image_std))  # fmt: skip
+        scale = np.full(3, float(ip.rescale_factor))
+        return torch.from_numpy(np.stack([scale, mean, std]))
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         s = self.samples[i]
         if s.missing == Missing.IMAGE:
-            pixels = self.dummy_image()
+            pixels = self.dummy_item_image()
         else:
             try:
                 pixels = self._image(self.root / s.image)
@@ -113,6 +138,7 @@ class SampleDataset(Dataset):
             "missing": s.missing,
             "label": s.label,
             "id": s.id,
+            "dummy": s.missing == Missing.IMAGE,
         }
 
     def _image(self, path: Path) -> torch.Tensor:
@@ -127,7 +153,34 @@ class SampleDataset(Dataset):
                 scale = self.image_side / min(w, h)
                 im.draft(None, (math.ceil(w * scale), math.ceil(h * scale)))
             rgb = im.convert("RGB")
+        if self.uint8:
+            return torch.from_numpy(vilt_uint8(rgb, self.image_processor))
         return torch.from_numpy(vilt_pixels(rgb, self.image_processor))
+
+
+def vilt_uint8(rgb, image_processor) -> np.ndarray:
+    """(3, h, w) uint8: the image `vilt_pixels` makes, resized but before
+    rescaling and normalisation."""
+    x = np.asarray(_vilt_resize(rgb, image_processor))
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def _vilt_resize(rgb, ip):
+    """The RGB PIL image resized as ViLT's image processor resizes it."""
+    from transformers.models.vilt import image_processing_pil_vilt as vilt
+
+    if not ip.do_resize:
+        return rgb
+    shorter = ip.size.shortest_edge
+    longer = int(vilt.MAX_LONGER_EDGE / vilt.MAX_SHORTER_EDGE * shorter)
+    height, width = vilt.get_resize_output_image_size(
+        np.empty((rgb.height, rgb.width, 0)),
+        shorter=shorter,
+        longer=longer,
+        size_divisor=ip.size_divisor,
+        input_data_format="channels_last",
+    )
+    return rgb.resize((width, height), resample=ip.resample)
 
 
 def vilt_pixels(rgb, image_processor) -> np.ndarray:
@@ -138,21 +191,9 @@ def vilt_pixels(rgb, image_processor) -> np.ndarray:
     without the processor's per-call overhead (several times its cost for one
     image; bench/loader.py)."""
     from transformers.image_transforms import normalize, rescale
-    from transformers.models.vilt import image_processing_pil_vilt as vilt
 
     ip = image_processor
-    if ip.do_resize:
-        shorter = ip.size.shortest_edge
-        longer = int(vilt.MAX_LONGER_EDGE / vilt.MAX_SHORTER_EDGE * shorter)
-        height, width = vilt.get_resize_output_image_size(
-            np.empty((rgb.height, rgb.width, 0)),
-            shorter=shorter,
-            longer=longer,
-            size_divisor=ip.size_divisor,
-            input_data_format="channels_last",
-        )
-        rgb = rgb.resize((width, height), resample=ip.resample)
-    x = np.asarray(rgb)  # (h, w, 3) uint8
+    x = np.asarray(_vilt_resize(rgb, ip))  # (h, w, 3) uint8
     if ip.do_rescale:
         x = rescale(x, ip.rescale_factor, input_data_format="channels_last")
     if ip.do_normalize:
@@ -170,7 +211,8 @@ class Collate:
     def __init__(self, dataset: SampleDataset, copies: bool):
         self.copies = copies
         self.empty_ids, self.empty_mask = dataset.empty_ids, dataset.empty_mask
-        self.dummy = dataset.dummy_image()
+        self.dummy = dataset.dummy_item_image()
+        self.norm = dataset.norm() if dataset.uint8 else None
 
     def __call__(self, items: list[dict[str, Any]]) -> Batch | str:
         """The batch, or the first item's error line (raised by `Batches`)."""
@@ -188,13 +230,8 @@ class Collate:
             + [items[i]["pixel_values"] for i in comp]
             + [self.dummy] * c
         )
-        H = max(p.shape[1] for p in images)
-        W = max(p.shape[2] for p in images)
-        pixel_values = torch.zeros(len(images), 3, H, W)
-        pixel_mask = torch.zeros(len(images), H, W, dtype=torch.int64)
-        for r, p in enumerate(images):
-            pixel_values[r, :, : p.shape[1], : p.shape[2]] = p
-            pixel_mask[r, : p.shape[1], : p.shape[2]] = 1
+        dummy = [it["dummy"] for it in items] + [False] * c + [True] * c
+        pixel_values, pixel_mask = self._pad(images)
         ids = (
             [it["input_ids"] for it in items]
             + [self.empty_ids] * c
@@ -219,7 +256,26 @@ class Collate:
             labels=torch.tensor([it["label"] for it in items]),
             complete=torch.tensor(comp, dtype=torch.int64),
             ids=[it["id"] for it in items],
+            image_sizes=torch.tensor([p.shape[1:] for p in images], dtype=torch.int64),
+            dummy=torch.tensor(dummy, dtype=torch.bool),
+            norm=self.norm,
         )
+
+    def _pad(self, images: list[torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        """Images padded to the largest height and width: (R, 3, H, W) in their
+        dtype, and for float images the (R, H, W) int64 mask (uint8 images:
+        None, the mask is built on the device from the sizes)."""
+        H = max(p.shape[1] for p in images)
+        W = max(p.shape[2] for p in images)
+        pixel_values = torch.zeros(len(images), 3, H, W, dtype=images[0].dtype)
+        for r, p in enumerate(images):
+            pixel_values[r, :, : p.shape[1], : p.shape[2]] = p
+        if self.norm is not None:
+            return pixel_values, None
+        pixel_mask = torch.zeros(len(images), H, W, dtype=torch.int64)
+        for r, p in enumerate(images):
+            pixel_mask[r, : p.shape[1], : p.shape[2]] = 1
+        return pixel_values, pixel_mask
 
 
 class WaitClock:
@@ -284,7 +340,9 @@ def make_loader(
         num_workers=num_workers,
         collate_fn=Collate(dataset, copies),
         pin_memory=cuda,
-        persistent_workers=False,
+        # workers live as long as the loader: one start per stage part, not
+        # one per epoch (the legacy path restarts them, as before)
+        persistent_workers=num_workers > 0 and not legacy_path(),
         prefetch_factor=4 if num_workers else None,
     )
     return Batches(loader)

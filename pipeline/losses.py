@@ -30,6 +30,7 @@ from palcore.codes import Missing
 from pipeline.backbone import Backbone, autocast
 from pipeline.model import PalModel, QueryCache
 from pipeline.samples import Batch
+from pipeline.vision import batch_inputs
 
 Parts = dict[str, torch.Tensor]
 
@@ -55,9 +56,9 @@ def loss(
     if model.prompts is None:
         x = q_t
     else:
-        ids, am, px, pm = batch.inputs_to(dev)
+        ids, am, px, pm = batch_inputs(batch, dev)
         T = ids.shape[1]
-        h, mask = model.backbone.embed(ids, am, px, pm)
+        h, mask = model.backbone.embed(ids, am, px, pm, batch.image_sizes)
         extra = None
         if c:
             comp = batch.complete.to(dev)
@@ -107,21 +108,24 @@ def static_inputs(
     dev = model.backbone.device
     n = batch.n
     rows = rows or n
-    ids, am, px, pm = (t[:n] for t in batch.inputs_to(dev))
+    ids, am, px, pm = (None if t is None else t[:n] for t in batch_inputs(batch, dev))
+    sizes = None if batch.image_sizes is None else batch.image_sizes[:n]
     index, missing, labels = (
-        t.to(dev) for t in (batch.index, batch.missing, batch.labels)
+        t.to(dev, non_blocking=True) for t in (batch.index, batch.missing, batch.labels)
     )
     if rows > n:  # repeat the first sample; its copies get label −1
         sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
-        sel = sel.to(dev)
+        sizes = None if sizes is None else sizes[sel]  # host rows, no transfer
+        sel = sel.to(dev, non_blocking=True)
         ids, am, px, pm, index, missing, labels = (
-            t[sel] for t in (ids, am, px, pm, index, missing, labels)
+            None if t is None else t[sel]
+            for t in (ids, am, px, pm, index, missing, labels)
         )
         labels[n:] = -1
     pad = model.backbone.max_text_len - ids.shape[1]
     ids, am = F.pad(ids, (0, pad)), F.pad(am, (0, pad))
     with torch.no_grad():
-        h, mask = model.backbone.embed(ids, am, px, pm)
+        h, mask = model.backbone.embed(ids, am, px, pm, sizes)
     if h.shape[1] < min_tokens:
         extra = min_tokens - h.shape[1]
         h, mask = F.pad(h, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)

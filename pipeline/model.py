@@ -31,6 +31,7 @@ from pipeline.backbone import Backbone
 from pipeline.params import PromptParams
 from pipeline.prompts import Prompts, check_prompt_params
 from pipeline.samples import Batch
+from pipeline.vision import batch_inputs
 
 
 class TaskHead(nn.Module):
@@ -193,8 +194,8 @@ class PalModel(nn.Module):
         dev = h.device
         text_missing = torch.cat(
             [missing[rows] == Missing.TEXT, torch.arange(n_extra) < n_extra // 2]
-        ).to(dev)
-        rows_d = rows.to(dev)
+        ).to(dev, non_blocking=True)
+        rows_d = rows.to(dev, non_blocking=True)
         parts = [(h[rows_d], mask[rows_d], q_t[rows_d], q_v[rows_d])]
         if extra is not None:
             parts.append(extra)
@@ -203,11 +204,17 @@ class PalModel(nn.Module):
         if n_rows:
             code = missing[rows]
             t_rows, v_rows = (
-                rows[code == Missing.TEXT].to(dev),
-                rows[code == Missing.IMAGE].to(dev),
+                rows[code == Missing.TEXT].to(dev, non_blocking=True),
+                rows[code == Missing.IMAGE].to(dev, non_blocking=True),
             )
-            t_src = torch.nonzero(code == Missing.TEXT).flatten().to(dev)
-            v_src = torch.nonzero(code == Missing.IMAGE).flatten().to(dev)
+            t_src = (
+                torch.nonzero(code == Missing.TEXT).flatten().to(dev, non_blocking=True)
+            )
+            v_src = (
+                torch.nonzero(code == Missing.IMAGE)
+                .flatten()
+                .to(dev, non_blocking=True)
+            )
             q_t = q_t.index_put((t_rows,), q_hat[t_src])
             q_v = q_v.index_put((v_rows,), q_hat[v_src])
         return q_t, q_v, (q_hat[n_rows:] if n_extra else None)
@@ -215,15 +222,17 @@ class PalModel(nn.Module):
     @torch.no_grad()
     def batch_queries(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Frozen queries of all R rows of a batch: (q_t, q_v), each (R, D)."""
-        ids, am, px, pm = batch.inputs_to(self.backbone.device)
-        h, mask = self.backbone.embed(ids, am, px, pm)
+        ids, am, px, pm = batch_inputs(batch, self.backbone.device)
+        h, mask = self.backbone.embed(ids, am, px, pm, batch.image_sizes)
         return self.backbone.queries(h, mask, ids.shape[1])
 
     def features(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Extraction: joint embeddings (n, D) float32 and head logits (n, C_k)."""
-        ids, am, px, pm = batch.inputs_to(self.backbone.device)
+        ids, am, px, pm = batch_inputs(batch, self.backbone.device)
         n, T = batch.n, ids.shape[1]
-        h, mask = self.backbone.embed(ids[:n], am[:n], px[:n], pm[:n])
+        sizes = None if batch.image_sizes is None else batch.image_sizes[:n]
+        pm = None if pm is None else pm[:n]
+        h, mask = self.backbone.embed(ids[:n], am[:n], px[:n], pm, sizes)
         q_t, q_v = self.backbone.queries(h, mask, T)
         if self.prompts is None:
             x = q_t
@@ -242,10 +251,10 @@ def build_cache(model: PalModel, batches, n: int, progress=None) -> QueryCache:
     for batch in batches:
         q_t, q_v = model.batch_queries(batch)
         m, c = batch.n, len(batch.complete)
-        idx = batch.index.to(dev)
+        idx = batch.index.to(dev, non_blocking=True)
         q[idx, 0], q[idx, 1] = q_t[:m], q_v[:m]
         if c:
-            comp = idx[batch.complete.to(dev)]
+            comp = idx[batch.complete.to(dev, non_blocking=True)]
             copies[comp, 1] = q_v[m : m + c]  # text-dropped copy: its image CLS
             copies[comp, 0] = q_t[m + c :]  # image-dropped copy: its text CLS
         if progress is not None:

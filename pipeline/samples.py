@@ -163,39 +163,33 @@ class Batch:
     only) are copies of the complete samples: first text-dropped, then
     image-dropped, in the order of `complete`.
 
-    input_ids, attention_mask: (R, T) int64; pixel_values: (R, 3, H, W) float32;
-    pixel_mask: (R, H, W) int64; index: (n,) int64 position in the dataset;
-    missing: (n,) int64 codes; labels: (n,) int64; complete: (c,) int64
-    positions (in [0, n)) of the complete samples that have copies;
-    ids: n sample ids.
+    input_ids, attention_mask: (R, T) int64; pixel_values: (R, 3, H, W) float32,
+    or uint8 before normalisation (then `norm` is set and `pixel_mask` is None:
+    `vision.batch_inputs` normalises on the device); pixel_mask: (R, H, W) int64;
+    image_sizes: (R, 2) int64 image heights and widths (None: unknown);
+    dummy: (R,) bool rows holding the dummy image; norm: (3, 3) float64
+    rescale factor, mean and std per channel; index: (n,) int64 position in
+    the dataset; missing: (n,) int64 codes; labels: (n,) int64; complete:
+    (c,) int64 positions (in [0, n)) of the complete samples that have
+    copies; ids: n sample ids.
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     pixel_values: torch.Tensor
-    pixel_mask: torch.Tensor
+    pixel_mask: torch.Tensor | None
     index: torch.Tensor
     missing: torch.Tensor
     labels: torch.Tensor
     complete: torch.Tensor
     ids: list[str]
+    image_sizes: torch.Tensor | None = None
+    dummy: torch.Tensor | None = None
+    norm: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
         return len(self.ids)
-
-    def inputs_to(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """(input_ids, attention_mask, pixel_values, pixel_mask) on `device`."""
-        nb = device.type == "cuda"
-        return tuple(
-            t.to(device, non_blocking=nb)
-            for t in (
-                self.input_ids,
-                self.attention_mask,
-                self.pixel_values,
-                self.pixel_mask,
-            )
-        )
 
     def pin_memory(self) -> Batch:
         """Page-locked copies of the tensors (DataLoader `pin_memory=True`)."""
@@ -204,6 +198,6 @@ class Batch:
             **{
                 f.name: getattr(self, f.name).pin_memory()
                 for f in dataclasses.fields(self)
-                if f.name != "ids"
+                if f.name != "ids" and getattr(self, f.name) is not None
             },
         )

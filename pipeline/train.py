@@ -38,6 +38,7 @@ from pipeline.losses import (
 )
 from pipeline.model import PalModel, QueryCache, build_cache
 from pipeline.samples import Batch, Sample, Tasks
+from pipeline.vision import legacy_path
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ def train_task(
         backbone.processor,
         backbone.max_text_len,
         backbone.image_side,
+        uint8=not legacy_path(),  # normalised on the device, same bits
     )
     if model.prompts is not None and 0 < tune_p.prompt_tasks < task:
         log.info("task %d: tune.prompt_tasks %d, prompts stay at their init",

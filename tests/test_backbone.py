@@ -8,6 +8,7 @@ import torch
 from helpers import make_vilt
 from PIL import Image
 
+from pipeline import vision
 from pipeline.backbone import BackboneError, LayerPrompt, load_backbone
 
 
@@ -162,7 +163,7 @@ def test_full_image_embedding_matches_hf_up_to_patch_order(backbone, side):
     # the CUDA fast path keeps patches in raster order; HF shuffles them: the
     # text and CLS outputs (what the model reads) must agree
     ids, am, px, pm = _inputs(backbone, ["a red cat", ""], [(side, side)] * 2)
-    assert backbone._full_images(pm)
+    assert vision.full_images(backbone.vilt, pm)
     torch.manual_seed(0)
     h, mask = backbone.embed(ids, am, px, pm)
     ref = backbone.encode(h, mask)
@@ -177,6 +178,7 @@ def test_full_image_embedding_matches_hf_up_to_patch_order(backbone, side):
     assert (a - b).abs().max().item() < 1e-5
 
 
-def test_padded_images_take_the_hf_embedding(backbone):
+def test_padded_images_are_not_full_images(backbone):
+    # the legacy path's rule: a padded batch is not one of full images
     _, _, _, pm = _inputs(backbone, ["a", "b"], [(32, 32), (32, 48)])
-    assert not backbone._full_images(pm)
+    assert not vision.full_images(backbone.vilt, pm)

@@ -31,6 +31,7 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu_tests.log",
+        "rehearsal-legacy.log",
         "rehearsal.log",
         "report.json",
         "report.md",
@@ -40,7 +41,7 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     assert report["scale"] == "smallest" and report["versions"]["card"] is None
     # without a GPU every test marked gpu is skipped, all others deselected
     # (and test_dvc_deps.py as a whole where dvc is not installed)
-    skipped = 8 + (importlib.util.find_spec("dvc") is None)
+    skipped = 9 + (importlib.util.find_spec("dvc") is None)
     assert report["tests"]["exit"] == 0
     assert report["tests"]["summary"].startswith(f"{skipped} skipped, ")
     solver = report["solver"]
@@ -52,9 +53,26 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     assert rehearsal["setup"]["photos"] == 11 * 3 - 1 + 11 * 2
     assert rehearsal["train_samples"] == 10 * 3  # the smallest class dropped
     assert set(rehearsal["projections"]) == {"UPMC-Food101", "N24News"}
+    # before and after: the image path in one process, a rehearsal per path
+    paths = report["paths"]
+    assert paths["exit"] == 0 and list(paths["paths"]) == ["legacy", "new"]
+    legacy, new = paths["paths"]["legacy"], paths["paths"]["new"]
+    # uint8 against float32 + int64 mask: 3 bytes a canvas position against 20
+    assert legacy["extract"]["bytes_per_batch"] > 6 * new["extract"]["bytes_per_batch"]
+    assert new["extract"]["syncs_per_batch"] < legacy["extract"]["syncs_per_batch"]
+    assert paths["feature_cosine_min"] >= 0.9999
+    assert report["rehearsal_legacy"]["exit"] == 0
+    # plan all's tunings and extractions, priced at each path's projection
+    tunings, extractions = report["plan"]["counts"]
+    assert tunings > 0 and extractions > 0
+    assert set(report["plan"]["paths"]) == {"legacy", "new"}
+    for p in report["plan"]["paths"].values():
+        minutes = tunings * p["tune_min"] + extractions * p["extract_min"]
+        assert p["plan_all_h"] == round(minutes / 60, 1)
     md = (out / "report.md").read_text().splitlines()
     assert md[0] == "# GPU check on no GPU (CPU only)"
     assert "## Rehearsal: one run of PAL on a Food101-shaped tree" in md
+    assert "## The image path, before (legacy) and after" in md
 
 
 def test_missing_packages_are_named_in_one_line():

@@ -1,0 +1,135 @@
+"""Counted on the CPU: how often the pipeline decodes each image and runs the
+frozen backbone over each sample, and how many bytes an extract batch ships.
+
+    .venv/bin/python bench/counts.py            # tiny ViLT, the tests' data, ~1 min
+
+Decodes and frozen forwards are counted, not derived: `pal tune` and `pal
+extract` run in this process (no loader workers) on a tiny prepare folder (3
+tasks × 2 classes, 6 training and 3 test samples a class, 50 % missing) with
+`SampleDataset._image` (one decode) and `Backbone.queries` (the frozen,
+prompt-free pass; its rows counted per call) wrapped by counters. Per image
+and per sample they are then multiplied out for a 3-run protocol (each run:
+PAL tunes and extracts; `init` and `frozen` extract, their tune stages only
+start up: `tune.epochs: 0` decodes nothing) and for a grid of two cells
+(each cell one more PAL tuning and extraction per run).
+
+Bytes per extract batch: 256 photos of the photo mix's Food101 shapes at
+ViLT-B/32's processor size (shorter side 384, longer ≤ 640, multiples of 32),
+as the loader shipped them (float32 pixels + int64 mask) and as it ships them
+now (uint8 pixels + (R, 2) int64 sizes + (R,) bool dummy flags).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers import make_prepare, make_vilt, write_params  # noqa: E402
+
+from pipeline import fakes  # noqa: E402
+from pipeline import params as pparams  # noqa: E402
+
+RUNS, CELLS = 3, 2
+
+
+def counted(work: Path, prompt: bool, epochs: int) -> tuple[Counter, Counter, int]:
+    """Decodes per image path and frozen rows per call, over one tune and one
+    extract of a variant; and the number of samples."""
+    from pipeline.backbone import Backbone
+    from pipeline.extract import extract
+    from pipeline.loader import SampleDataset
+    from pipeline.samples import read_prepare
+    from pipeline.tune import tune
+
+    decodes: Counter = Counter()
+    frozen: Counter = Counter()
+    image, queries = SampleDataset._image, Backbone.queries
+
+    def count_image(self, path):
+        decodes[str(path)] += 1
+        return image(self, path)
+
+    def count_queries(self, h, mask, text_len):
+        frozen["rows"] += h.shape[0]
+        return queries(self, h, mask, text_len)
+
+    vilt = work / "vilt"
+    if not vilt.exists():
+        make_vilt(vilt)
+    prepare = work / "data" / "prepare"
+    if not prepare.exists():
+        prepare = make_prepare(work / "data")
+    name = f"{'pal' if prompt else 'frozen'}-{epochs}"
+    params = write_params(work / f"{name}.yaml", vilt, tune={"epochs": epochs},
+                          prompt={"enabled": prompt})  # fmt: skip
+    load = pparams.load
+    SampleDataset._image, Backbone.queries = count_image, count_queries
+    try:
+        tune(prepare, work / f"tune-{name}", load(params, "model"),
+             load(params, "prompt"), load(params, "tune"))  # fmt: skip
+        extract(prepare, work / f"tune-{name}", work / f"extract-{name}",
+                load(params, "extract"))  # fmt: skip
+    finally:
+        SampleDataset._image, Backbone.queries = image, queries
+    samples, _ = read_prepare(prepare)
+    return decodes, frozen, len(samples)
+
+
+def batch_bytes(batch: int = 256) -> tuple[int, int]:
+    """(before, after) bytes of an extract batch of `batch` Food101-shaped
+    photos at ViLT-B/32's processor size."""
+    from transformers.models.vilt import image_processing_pil_vilt as vilt
+
+    longer = int(vilt.MAX_LONGER_EDGE / vilt.MAX_SHORTER_EDGE * 384)
+    sizes = []
+    for w, h in fakes.SIZES[:4]:
+        sizes.append(vilt.get_resize_output_image_size(
+            __import__("numpy").empty((h, w, 0)), shorter=384, longer=longer,
+            size_divisor=32, input_data_format="channels_last"))  # fmt: skip
+    H, W = max(s[0] for s in sizes), max(s[1] for s in sizes)
+    before = batch * H * W * (3 * 4 + 8)
+    after = batch * H * W * 3 + batch * (2 * 8 + 1)
+    return before, after
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="pal-counts-") as tmp:
+        work = Path(tmp)
+        pal_d, pal_f, n = counted(work, prompt=True, epochs=1)
+        epochs = 1
+        init_d, init_f, _ = counted(work, prompt=True, epochs=0)
+        frozen_d, frozen_f, _ = counted(work, prompt=False, epochs=1)
+    images = len(pal_d)
+    per = {k: sum(v.values()) / images for k, v in
+           (("pal", pal_d), ("init", init_d), ("frozen", frozen_d))}  # fmt: skip
+    rows = {k: v["rows"] / n for k, v in
+            (("pal", pal_f), ("init", init_f), ("frozen", frozen_f))}  # fmt: skip
+    protocol = RUNS * (per["pal"] + per["init"] + per["frozen"])
+    grid = RUNS * CELLS * per["pal"]
+    print(f"{n} samples, {images} images decoded at least once; tune.epochs "
+          f"{epochs} for PAL and frozen (each further epoch adds one decode per "
+          "training image)")  # fmt: skip
+    print(f"CPU decodes per image: PAL run {per['pal']:.2f} (tune + extract), init "
+          f"{per['init']:.2f}, frozen {per['frozen']:.2f}; a {RUNS}-run protocol "
+          f"{protocol:.1f}; a grid of {CELLS} cells {grid:.1f} more (target 1, "
+          "or 0 where the GPU decodes)")  # fmt: skip
+    print(f"frozen forward rows per sample: PAL run {rows['pal']:.2f}, init "
+          f"{rows['init']:.2f}, frozen {rows['frozen']:.2f}; a {RUNS}-run protocol "
+          f"{RUNS * sum(rows.values()):.1f}; a grid of {CELLS} cells "
+          f"{RUNS * CELLS * rows['pal']:.1f} more (target ≤ 3 per dataset: "
+          "complete, text missing, image missing)")  # fmt: skip
+    before, after = batch_bytes()
+    print(f"bytes per extract batch of 256 Food101-shaped photos: "
+          f"before {before / 2**30:.2f} GiB (float32 + int64 mask), after "
+          f"{after / 2**20:.0f} MiB (uint8 + sizes): {before / after:.1f}× "
+          "fewer")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
