@@ -93,9 +93,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a damaged file
-        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
         raise CheckpointError(
-            f"{path}: not a readable tune checkpoint ({reason or type(exc).__name__})"
+            f"{path}: not a readable tune checkpoint ({load_reason(exc)})"
         ) from None
     keys = {"format_version", "step", "params", "tasks", "state", "hash"}
     if not isinstance(ckpt, dict) or not keys <= set(ckpt):
@@ -109,6 +108,17 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if state_hash(meta, ckpt["state"]) != ckpt["hash"]:
         raise CheckpointError(f"{path}: content does not match its hash (damaged)")
     return ckpt
+
+
+def load_reason(exc: BaseException) -> str:
+    """The line of a `torch.load` error that says why: for a refused pickle
+    the unpickler's line (its first lines only say that loading failed),
+    else the first line, whole; the exception's type when it says nothing."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("WeightsUnpickler error:"):
+            return line
+    return lines[0] if lines else type(exc).__name__
 
 
 def params_diff(
