@@ -35,17 +35,20 @@ def solved(tuned, tmp_path_factory):
     return prepare, tune_dir, weights, metrics
 
 
-def _test_rows(prepare: Path) -> tuple[list[dict], list[str]]:
-    """The test samples as predict input rows (absolute image paths, a missing
-    modality left out) and their class names."""
+def _test_rows(prepare: Path, folder: Path) -> tuple[list[dict], list[str]]:
+    """The test samples as predict input rows for an input file in `folder`
+    (image paths relative to it, through a link to the dataset's images; a
+    missing modality left out) and their class names."""
     samples, tasks = read_prepare(prepare)
+    if not (folder / "images").exists():
+        (folder / "images").symlink_to(tasks.root / "images")
     rows, names = [], []
     for s in samples:
         if s.split != "test":
             continue
         row = {"id": s.id}
         if s.missing != 2:
-            row["image"] = str(tasks.root / s.image)
+            row["image"] = s.image
         if s.missing != 1:
             row["text"] = s.text
         rows.append(row)
@@ -60,7 +63,7 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
 
 def test_predictions_reproduce_evaluate_accuracy(solved, tmp_path):
     prepare, tune_dir, weights, metrics = solved
-    rows, names = _test_rows(prepare)
+    rows, names = _test_rows(prepare, tmp_path)
     preds, summary = predict(_jsonl(tmp_path / "in.jsonl", rows), tune_dir, weights)
     assert [p["row"] for p in preds] == list(range(1, len(rows) + 1))
     assert [p["id"] for p in preds] == [r["id"] for r in rows]
@@ -75,7 +78,7 @@ def test_predictions_reproduce_evaluate_accuracy(solved, tmp_path):
 
 def test_csv_input_gives_the_jsonl_predictions(solved, tmp_path):
     prepare, tune_dir, weights, _ = solved
-    rows, _ = _test_rows(prepare)
+    rows, _ = _test_rows(prepare, tmp_path)
     path = tmp_path / "in.csv"
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["id", "image", "text"])
@@ -98,12 +101,12 @@ def test_rows_that_cannot_be_predicted_are_reported_per_row(solved, tmp_path):
     exist is a missing image, as in prepare. --strict stops at the first bad
     row, naming the file and the row."""
     prepare, tune_dir, weights, _ = solved
-    rows, _ = _test_rows(prepare)
+    rows, _ = _test_rows(prepare, tmp_path)
     rows = [r for r in rows if "image" in r and "text" in r][:4]
     bad = tmp_path / "broken.png"
     bad.write_bytes(b"not an image")
-    rows[1]["image"] = str(bad)
-    rows[2]["image"] = str(tmp_path / "gone.jpg")
+    rows[1]["image"] = bad.name
+    rows[2]["image"] = "gone.jpg"
     rows.append({"id": "empty"})
     base = ["--tune", tune_dir, "--weights", weights, "--params", tmp_path / "none"]
     path = _jsonl(tmp_path / "a.jsonl", rows)
@@ -131,7 +134,7 @@ def test_rows_that_cannot_be_predicted_are_reported_per_row(solved, tmp_path):
 
 def test_errors_are_one_line(solved, tmp_path):
     prepare, tune_dir, weights, _ = solved
-    rows, _ = _test_rows(prepare)
+    rows, _ = _test_rows(prepare, tmp_path)
     base = ["--tune", tune_dir, "--weights", weights, "--params", tmp_path / "none"]
     code, out = _cli(_jsonl(tmp_path / "b.jsonl", rows[:1]), *base, "--step", 7)
     assert (code, out) == (1, [f"Error: --step 7: {tune_dir} has the checkpoints "
