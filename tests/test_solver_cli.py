@@ -103,7 +103,10 @@ def test_solve_and_evaluate_write_their_files(run):
         "acc_by_task",
         "acc_by_missing",
         "bp",
+        "width",
+        "eta",
     }
+    assert (m["width"], m["eta"]) == (48, 1.0)  # what solve used
     assert [len(r) for r in m["matrix"]] == [1, 2, 3]
     final = m["matrix"][-1]
     assert m["acc_by_task"]["first"] == final[0]
