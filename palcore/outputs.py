@@ -9,12 +9,15 @@ next write of the same file removes the leftovers of dead processes.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from palcore.errors import PalError
+
+log = logging.getLogger(__name__)
 
 TEMP_GLOB = ".*.tmp.*"  # also in .dvcignore: DVC never sees a temporary file
 
@@ -35,6 +38,7 @@ def remove_stale_temps(path: Path) -> list[Path]:
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
+            log.info("removed %s, left by a writer that was killed", tmp)
     return removed
 
 

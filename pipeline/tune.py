@@ -166,7 +166,7 @@ def _resume(model: PalModel, folder: Path, tasks: Tasks, kept: int) -> int:
             if ckpt["step"] != k:
                 raise CheckpointError(f"{path}: holds step {ckpt['step']}, not {k}")
         except CheckpointError as exc:  # verified by its hash: never reused damaged
-            log.warning("%s; tuning steps %d-%d again", exc, k, kept)
+            log.warning("%s; tuning again from step %d on", exc, k)
             for later in range(k, kept + 1):
                 checkpoint_path(folder, later).unlink(missing_ok=True)
             break

@@ -180,3 +180,45 @@ def test_input_that_is_not_utf8_is_one_line(tmp_path):
     path.write_bytes(b'{"text": "caf\xe9"}\n')
     with pytest.raises(Exception, match=rf"^{path}: not UTF-8 text \(byte 13\)$"):
         read_rows(path)
+
+
+def test_hostile_rows_are_refused_per_row_and_the_others_predicted(
+    solved, tmp_path, caplog
+):
+    """Text that is not valid Unicode and image paths outside the input's
+    folder are row errors (the latter read with --allow-outside-paths); an
+    image file that does not exist is a warning naming the row."""
+    prepare, tune_dir, weights, _ = solved
+    rows, _ = _test_rows(prepare, tmp_path)
+    rows = [r for r in rows if "image" in r and "text" in r][:5]
+    inside = _jsonl(tmp_path / "inside.jsonl", rows[1:3])  # the same rows, in place
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "images").symlink_to((tmp_path / "images").resolve())
+    rows[0]["text"] = "caf\udcff"  # json.dumps writes the escape "\udcff"
+    rows[1]["image"] = str((tmp_path / rows[1]["image"]).resolve())
+    rows[2]["image"] = "../" + rows[2]["image"]
+    rows[3]["image"] = "gone.png"
+    path = _jsonl(outside / "in.jsonl", rows)
+    with caplog.at_level("WARNING", logger="pipeline.predict"):
+        preds, summary = predict(path, tune_dir, weights)
+    assert summary["errors"] == 3 and [p["row"] for p in preds] == [1, 2, 3, 4, 5]
+    assert preds[0]["error"] == "text holds \\udcff at character 4, not valid Unicode"
+    assert preds[1]["error"] == (
+        f"image {rows[1]['image']} lies outside the input's folder "
+        "(--allow-outside-paths reads it)"
+    )
+    assert preds[2]["error"].startswith(f"image {rows[2]['image']} lies outside")
+    assert preds[3]["missing"] == "image_missing" and len(preds[3]["top"]) == 5
+    assert preds[4]["missing"] == "complete" and len(preds[4]["top"]) == 5
+    assert caplog.messages == [
+        f"{path}: row 4: image {outside / 'gone.png'} not found: predicted without it",
+        *(
+            f"{path}: row {n}: {preds[n - 1]['error']} (not predicted)"
+            for n in (1, 2, 3)
+        ),
+    ]
+    allowed, summary = predict(path, tune_dir, weights, allow_outside=True)
+    assert summary["errors"] == 1
+    reference, _ = predict(inside, tune_dir, weights)
+    assert [p["top"] for p in allowed[1:3]] == [p["top"] for p in reference]
