@@ -1,4 +1,4 @@
-"""Fault injection: the faults a long run meets, in one table (DESIGN §8).
+"""Fault injection: the faults a long run meets, in one table (DESIGN §2, Faults).
 
 Each row injects one fault into a scratch copy of a stage's inputs or of its
 unfinished work (`<out>.partial/`), then runs the command a user runs next,
