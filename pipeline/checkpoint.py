@@ -117,7 +117,7 @@ def load_reason(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     for line in lines:
         if line.startswith("WeightsUnpickler error:"):
-            return line
+            return line.split(". ")[0]  # the refusal, not how to allow the global
     return lines[0] if lines else type(exc).__name__
 
 
