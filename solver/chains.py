@@ -23,6 +23,7 @@ from palcore.params import (
     section_value,
     shown,
 )
+from solver.shards import open_features
 
 
 def pipeline_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -51,6 +52,16 @@ def chains(params_file: Source, pipeline: str) -> list[tuple[Source, str]]:
         for name in names
         for run in protocol.runs
     ]
+
+
+def check_chain_steps(params_file: Source, pipeline: str, features: str | Path) -> None:
+    """`check_steps` over every chain's folder below `features` (opened and
+    validated by `open_features`)."""
+    found = []
+    for src, chain in chains(params_file, pipeline):
+        where = Path(features) / chain
+        found.append((src, chain, where, len(open_features(where))))
+    check_steps(found)
 
 
 def check_steps(found: list[tuple[Source, str, Path, int]]) -> None:

@@ -45,7 +45,7 @@ from palcore.errors import PalError, ShardError
 from palcore.outputs import write_bytes_atomic
 from palcore.params import Source, load_section
 from solver.backend import Backend, get_backend
-from solver.chains import chains, check_steps, pipeline_option
+from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar
 from solver.params import EvaluateParams, SolveParams
@@ -355,7 +355,8 @@ def cli(
     acc_by_missing, and bp for the BP head when the shards hold bp_logits),
     accuracy_matrix.csv, step_accuracy.csv and step_accuracy.png. For
     weights-eta<η>.h5 the names carry the same -eta<η> suffix. Reads the
-    `evaluate:` section of the params file (device, batch_rows).
+    `evaluate:` section of the params file (device, batch_rows), and `solve:`
+    to check the weights read from --solve (width, seed, method, dtype, η).
 
     With --pipeline NAME, every (variant, run) chain in one process: FEATURES/
     <variant>/<run> and SOLVE/<variant>/<run> into OUT/<variant>/<run>
@@ -368,8 +369,11 @@ def cli(
     if pipeline is None:
         if report is not None:
             raise PalError("--report needs --pipeline")
+        # what --solve holds must be what solve.* makes; --weights scores any file
+        solved = None if weights else load_section(params_file, "solve", SolveParams)
         score = list(weights) or [solve]
-        evaluate(features, score, out, get_backend(params.device), params.batch_rows)
+        evaluate(features, score, out, get_backend(params.device), params.batch_rows,
+                 solve_params=solved)  # fmt: skip
         return
     if weights:
         raise PalError("--pipeline reads each chain's weights from --solve")
@@ -377,13 +381,8 @@ def cli(
         (chain, load_section(src, "solve", SolveParams))
         for src, chain in chains(params_file, pipeline)
     ]
-    check_steps(
-        [
-            (src, chain, Path(features) / chain,
-             len(open_features(Path(features) / chain)))
-            for src, chain in chains(params_file, pipeline)
-        ]
-    )  # fmt: skip  # every chain's inputs checked before the first is scored
+    # every chain's inputs checked before the first is scored
+    check_chain_steps(params_file, pipeline, features)
     for chain, solved in todo:
         for path in resolve_weights([Path(solve) / chain]):
             check_solved_by(path, WeightsFile(path).info, solved)
