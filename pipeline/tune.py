@@ -162,7 +162,7 @@ def _resume(model: PalModel, folder: Path, tasks: Tasks, kept: int) -> int:
         if not path.exists():
             break
         try:
-            ckpt = load_checkpoint(path)
+            ckpt = load_checkpoint(path, remedy="")
             if ckpt["step"] != k:
                 raise CheckpointError(f"{path}: holds step {ckpt['step']}, not {k}")
         except CheckpointError as exc:  # verified by its hash: never reused damaged

@@ -366,7 +366,8 @@ FAULTS = [
     Fault("tune checkpoint holding a pickled global", "hostile input",
           unsafe_pickle,
           r"^Error: .*/step_02\.pt: not a readable tune checkpoint \(WeightsUnpickler"
-          r" error: Unsupported global: GLOBAL print was not an allowed .*\)$", 1),
+          r" error: Unsupported global: GLOBAL print was not an allowed global by "
+          r"default\); rerun `pal tune`$", 1),
     Fault("samples.jsonl line not UTF-8", "hostile text",
           samples_line(lambda b: b.replace(b"photo", b"ph\xffto")),
           r"^Error: .*/samples\.jsonl:2: not UTF-8 text \(byte \d+ of the line\)$", 1),
