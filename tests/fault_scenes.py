@@ -73,7 +73,7 @@ class Case:
     recovered: tuple[Path, Path] | None = None  # (output, clean reference)
 
 
-# ------------------------------------------------------------ helpers
+# ------------------------------------------------------------ building blocks
 
 
 def flip_byte(path: Path, offset: int | None = None) -> None:
