@@ -1,11 +1,15 @@
 """Atomic outputs: write to a temporary name in the target folder, then rename.
 
 A reader (or DVC) never sees a half-written file, and a run that fails leaves
-the earlier output exactly as it was.
+the earlier output exactly as it was. A process killed mid-write (kill -9)
+cannot delete its temporary file: the name `.<name>.tmp.<pid>` matches a
+pattern in `.dvcignore`, so DVC never counts it as part of an output, and the
+next write of the same file removes the leftovers of dead processes.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,10 +17,39 @@ from pathlib import Path
 
 from palcore.errors import PalError
 
+log = logging.getLogger(__name__)
+
+TEMP_GLOB = ".*.tmp.*"  # also in .dvcignore: DVC never sees a temporary file
+
 
 def temp_path(path: Path) -> Path:
-    """A hidden temporary name next to `path` (same filesystem, so rename is atomic)."""
+    """A hidden temporary name next to `path` (same filesystem, so rename is
+    atomic); the temporary files of `path` left by dead processes are removed."""
+    remove_stale_temps(path)
     return path.with_name(f".{path.name}.tmp.{os.getpid()}")
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Delete `.<name>.tmp.<pid>` next to `path` whose process is gone (a
+    writer killed before its rename); returns the files removed."""
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.tmp.*"):
+        pid = tmp.name.rpartition(".")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+            log.info("removed %s, left by a writer that was killed", tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @contextmanager

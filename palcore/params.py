@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -28,13 +29,31 @@ T = TypeVar("T")
 DEFAULT_PARAMS = Path("params.yaml")
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases: `*name` can make a few lines expand to 10⁸ values
+    (an "anchor bomb"), and params never need one."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ParamsError(
+                f"line {mark.line + 1}: YAML aliases (*name) are not allowed in "
+                "params; write the value out"
+            )
+        return super().compose_node(parent, index)
+
+
 def read_params_file(path: str | Path) -> dict[str, Any]:
-    """Parse a params YAML file into a dict of sections."""
+    """Parse a params YAML file into a dict of sections (aliases refused)."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"{path}: params file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader)
+    except ParamsError as exc:
+        raise ParamsError(f"{path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ParamsError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -120,7 +139,7 @@ def variant_row(raw: dict[str, Any], name: str) -> tuple[str, dict[str, Any]]:
         )
     label, changes = row["label"], row["changes"] or {}
     if not isinstance(label, str) or not label.strip():
-        raise ParamsError(f"ablation.{name}.label must be a text, got {label!r}")
+        raise ParamsError(f"ablation.{name}.label must be a text, got {shown(label)}")
     if not isinstance(changes, Mapping):
         raise ParamsError(
             f"ablation.{name}.changes must map sections to the keys it changes"
@@ -165,6 +184,17 @@ def variant_label(path: str | Path, name: str) -> str:
         return variant_row(read_params_file(path), name)[0]
     except ParamsError as exc:
         raise ParamsError(f"{path}: {exc}") from None
+
+
+def section_value(source: Source, section: str, key: str) -> Any:
+    """The raw value of `section.key` as `source`'s run and variant see it
+    (None when absent), for a stage that needs one key of another's section."""
+    raw = read_params_file(source.path)
+    try:
+        values = _as_run(raw, source).get(section)
+    except ParamsError as exc:
+        raise ParamsError(f"{source.path}: {exc}") from None
+    return values.get(key) if isinstance(values, Mapping) else None
 
 
 def load_section(path: str | Path | Source, section: str, cls: type[T]) -> T:
@@ -233,6 +263,16 @@ def check(ok: bool, key: str, message: str) -> None:
         raise ParamsError(f"{key} {message}")
 
 
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring = 3, 6, 6, 60
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` bounded in length and depth, for messages: a params value
+    may be large, and a message must stay one short line."""
+    return _SHOW.repr(value)
+
+
 def _coerce(value: Any, hint: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -250,35 +290,37 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     if origin is Literal:
         if value not in args:
             choices = ", ".join(repr(a) for a in args)
-            raise ParamsError(f"{key} must be one of {choices}, got {value!r}")
+            raise ParamsError(f"{key} must be one of {choices}, got {shown(value)}")
         return value
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ParamsError(f"{key} must be a list, got {value!r}")
+            raise ParamsError(f"{key} must be a list, got {shown(value)}")
         item = args[0] if args else Any
         return tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
     if hint is bool:
         if not isinstance(value, bool):
-            raise ParamsError(f"{key} must be true or false, got {value!r}")
+            raise ParamsError(f"{key} must be true or false, got {shown(value)}")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ParamsError(f"{key} must be an integer, got {value!r}")
+            raise ParamsError(f"{key} must be an integer, got {shown(value)}")
         return value
     if hint is float:
         if isinstance(value, bool):
-            raise ParamsError(f"{key} must be a number, got {value!r}")
+            raise ParamsError(f"{key} must be a number, got {shown(value)}")
         if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
             try:
                 value = float(value)
             except ValueError:
-                raise ParamsError(f"{key} must be a number, got {value!r}") from None
+                raise ParamsError(
+                    f"{key} must be a number, got {shown(value)}"
+                ) from None
         if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ParamsError(f"{key} must be a finite number, got {value!r}")
+            raise ParamsError(f"{key} must be a finite number, got {shown(value)}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
-            raise ParamsError(f"{key} must be a string, got {value!r}")
+            raise ParamsError(f"{key} must be a string, got {shown(value)}")
         return value
     if hint is Any:
         return value

@@ -86,29 +86,42 @@ def save_checkpoint(
     return digest
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read and verify a checkpoint (format, step, content hash)."""
+def load_checkpoint(path: Path, remedy: str = "; rerun `pal tune`") -> dict[str, Any]:
+    """Read and verify a checkpoint (format, step, content hash); a damaged
+    one's message ends with `remedy`, the command that makes it again."""
     if not path.is_file():
         raise CheckpointError(f"{path}: tune checkpoint missing (run `pal tune`)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a damaged file
-        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
         raise CheckpointError(
-            f"{path}: not a readable tune checkpoint ({reason or type(exc).__name__})"
+            f"{path}: not a readable tune checkpoint ({load_reason(exc)}){remedy}"
         ) from None
     keys = {"format_version", "step", "params", "tasks", "state", "hash"}
     if not isinstance(ckpt, dict) or not keys <= set(ckpt):
-        raise CheckpointError(f"{path}: not a tune checkpoint (keys missing)")
+        raise CheckpointError(f"{path}: not a tune checkpoint (keys missing){remedy}")
     if ckpt["format_version"] != CHECKPOINT_FORMAT:
         raise CheckpointError(
             f"{path}: checkpoint format {ckpt['format_version']}, "
-            f"expected {CHECKPOINT_FORMAT}"
+            f"expected {CHECKPOINT_FORMAT}{remedy}"
         )
     meta = {k: ckpt[k] for k in ("format_version", "step", "params", "tasks")}
     if state_hash(meta, ckpt["state"]) != ckpt["hash"]:
-        raise CheckpointError(f"{path}: content does not match its hash (damaged)")
+        raise CheckpointError(
+            f"{path}: content does not match its hash (damaged){remedy}"
+        )
     return ckpt
+
+
+def load_reason(exc: BaseException) -> str:
+    """The line of a `torch.load` error that says why: for a refused pickle
+    the unpickler's line (its first lines only say that loading failed),
+    else the first line, whole; the exception's type when it says nothing."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("WeightsUnpickler error:"):
+            return line.split(". ")[0]  # the refusal, not how to allow the global
+    return lines[0] if lines else type(exc).__name__
 
 
 def params_diff(

@@ -137,9 +137,7 @@ def extract(
         suffix="" if world == 1 else f".rank{rank:05d}",
     )
     names = _shard_names(world, rank)
-    for step in steps[partial.kept :]:  # their inputs changed: embed them again
-        for n in names:
-            (partial.path / step_dir_name(step) / n).unlink(missing_ok=True)
+    ready = partial.reusable([step_dir_name(s) for s in steps], names)  # verified
     backbone: Backbone | None = None
     done: list[int] = []
     moved: list[str] = []
@@ -147,7 +145,7 @@ def extract(
         ckpt = ckpts[step]
         folder = step_dir_name(step)
         moved += [f"{folder}/{n}" for n in names]
-        if all((partial.path / folder / n).is_file() for n in names):
+        if folder in ready:
             done.append(step)
             continue
         if backbone is None:
@@ -168,10 +166,11 @@ def extract(
             world,
             _reusable(ckpt, params, partial.path, step, names, world),
         )
+        partial.seal(folder, names)
     if done:
         log.info(
             "reused steps %s of an interrupted run with the same code, params and "
-            "inputs (%s)",
+            "inputs (%s; `pal extract --fresh` discards them)",
             ",".join(map(str, done)),
             partial.path,
         )

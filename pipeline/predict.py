@@ -8,10 +8,14 @@ own up-sampling (`solver.rls`), logits = H W_k. So predicting the samples of a
 test shard gives the accuracy `pal-solver evaluate` reports for them.
 
 Input: JSONL (one object per line) or CSV (a header row), each row with
-`image` (a path, relative to the input file's folder, or absolute) and/or
-`text`, and optionally `id`. An absent or empty field is a missing modality,
-and so is a listed image file that does not exist (as `pal prepare` keeps
-it); a row needs one of the two. Rows are numbered from 1 in the order they
+`image` (a path relative to the input file's folder) and/or `text`, and
+optionally `id`. An absent or empty field is a missing modality, and so is a
+listed image file that does not exist (as `pal prepare` keeps it, with a
+warning naming the row); a row needs one of the two. An image path outside
+the input's folder (absolute, or climbing with `..`) is a row error unless
+`--allow-outside-paths`: an input file must not make predict read any file
+of the machine. Text that is not valid Unicode (a lone surrogate) is a row
+error. Rows are numbered from 1 in the order they
 come (a CSV's header and blank JSONL lines are no rows), in the output and in
 every message, which names the input file.
 
@@ -48,7 +52,7 @@ from pipeline.backbone import load_backbone, resolve_device
 from pipeline.checkpoint import checkpoint_path, load_checkpoint, model_from_checkpoint
 from pipeline.embed import embed_samples
 from pipeline.prepare import unreadable_images
-from pipeline.samples import Sample
+from pipeline.samples import Sample, text_problem
 from solver.backend import get_backend
 from solver.params import SolveParams
 from solver.rls import Expander, upsampling_matrix
@@ -97,7 +101,9 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
     return list(enumerate(rows, start=1))
 
 
-def to_sample(row: dict[str, Any], n: int, folder: Path) -> Sample | str:
+def to_sample(
+    row: dict[str, Any], n: int, folder: Path, allow_outside: bool = False
+) -> Sample | str:
     """Row `n` as a sample (id `row n`, label unknown: 0), or what is wrong
     with it. An image file that does not exist is a missing image."""
     image = row.get("image") or None
@@ -106,6 +112,15 @@ def to_sample(row: dict[str, Any], n: int, folder: Path) -> Sample | str:
         return "image must be a path"
     if not isinstance(text, str):
         return "text must be a string"
+    for key in ("image", "text", "id"):
+        problem = text_problem(row.get(key))
+        if problem:
+            return f"{key} {problem}"
+    if image is not None and not allow_outside and _outside(image):
+        return (
+            f"image {image} lies outside the input's folder "
+            "(--allow-outside-paths reads it)"
+        )
     if image is not None and not (folder / image).is_file():
         image = None  # absent: a missing modality, as in `pal prepare`
     if image is None and not text.strip():
@@ -114,6 +129,12 @@ def to_sample(row: dict[str, Any], n: int, folder: Path) -> Sample | str:
         Missing.IMAGE if image is None else Missing.TEXT if not text.strip() else 0
     )
     return Sample(f"row {n}", "test", 1, 0, "", image, text, int(missing))
+
+
+def _outside(image: str) -> bool:
+    """An absolute path, or one that climbs out with `..`."""
+    path = Path(image)
+    return path.is_absolute() or bool(path.drive) or ".." in path.parts
 
 
 def _row_id(row: dict[str, Any] | str) -> str | None:
@@ -132,16 +153,18 @@ def predict(
     device: str = "auto",
     solve_params: SolveParams | None = None,
     strict: bool = False,
+    allow_outside: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Predictions of every row of `input_path` (in order) and a summary; a
     row that cannot be predicted gets its error (with `strict`, the first one
-    is raised)."""
+    is raised). Image paths outside the input's folder only `allow_outside`."""
     t0 = time.perf_counter()
     input_path, tune_dir = Path(input_path), Path(tune_dir)
     raw = read_rows(input_path)
     folder = input_path.parent
     made = {
-        n: to_sample(row, n, folder) if isinstance(row, dict) else row for n, row in raw
+        n: to_sample(row, n, folder, allow_outside) if isinstance(row, dict) else row
+        for n, row in raw
     }
     images = sorted(
         {s.image for s in made.values() if isinstance(s, Sample) and s.image}
@@ -150,6 +173,14 @@ def predict(
     for n, s in made.items():
         if isinstance(s, Sample) and s.image in bad:
             made[n] = f"cannot read image {folder / s.image}"
+    for n, row in raw:  # said per row: an unseen image changes the prediction
+        s = made[n]
+        if isinstance(s, Sample) and s.image is None and isinstance(row, dict):
+            if row.get("image"):
+                log.warning(
+                    "%s: row %d: image %s not found: predicted without it",
+                    input_path, n, folder / row["image"],
+                )  # fmt: skip
     errors = {n: e for n, e in made.items() if isinstance(e, str)}
     if errors and strict:
         n = min(errors)
@@ -285,6 +316,13 @@ def _weights_for(
     "it in its output line.",
 )
 @click.option(
+    "--allow-outside-paths",
+    "allow_outside",
+    is_flag=True,
+    help="Read image paths outside INPUT's folder too (absolute, or with ..); "
+    "without it such a row gets an error.",
+)
+@click.option(
     "--out",
     default="-",
     show_default=True,
@@ -302,6 +340,7 @@ def cli(
     batch_size: int,
     device: str,
     strict: bool,
+    allow_outside: bool,
     out: str,
 ) -> None:
     """Classify image–text rows with the tuned model and analytic weights.
@@ -321,8 +360,9 @@ def cli(
         else None
     )
     rows, summary = predict(
-        input_file, tune_dir, weights, step, top_k, batch_size, device, solve_p, strict
-    )
+        input_file, tune_dir, weights, step, top_k, batch_size, device, solve_p,
+        strict, allow_outside,
+    )  # fmt: skip
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     if out == "-":
         sys.stdout.write(text)

@@ -50,7 +50,13 @@ from palcore.outputs import write_bytes_atomic
 from pipeline import protocol
 from pipeline.datasets import DatasetError, FileIndex, Listing, read_dataset
 from pipeline.params import DataParams, load
-from pipeline.samples import SAMPLE_KEYS, SAMPLES_FILE, SPLITS, TASKS_FILE
+from pipeline.samples import (
+    SAMPLE_KEYS,
+    SAMPLES_FILE,
+    SPLITS,
+    TASKS_FILE,
+    text_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +217,16 @@ def per_class(listing: Listing, n: int) -> Listing:
 
 
 def _check_unique_ids(listing: Listing) -> None:
+    """Ids listed once, and every text field valid Unicode (one line naming
+    the file and the row, not a traceback when samples.jsonl is written)."""
     seen: set[str] = set()
-    for s in listing.samples:
+    for row, s in enumerate(listing.samples, 1):
+        for key in ("id", "class_name", "image", "text"):
+            problem = text_problem(getattr(s, key))
+            if problem:
+                raise DatasetError(
+                    f"{listing.source}: sample {row} ({ascii(s.id)}): {key} {problem}"
+                )
         if s.id in seen:
             raise DatasetError(f"{listing.source}: sample id {s.id!r} is listed twice")
         seen.add(s.id)

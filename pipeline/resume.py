@@ -12,6 +12,12 @@ whose step k depends only on the inputs of steps 1..k (tune) signs each step:
 a rerun keeps the steps whose own inputs did not change. When the run
 completes, its files move into the output folder and the partial folder goes.
 
+A finished step is *sealed*: `SHA256SUMS` in its folder lists the sha256 of
+each of its files. A rerun reuses a step only when every file matches; a
+truncated or altered file, or a step without its seal (killed between its
+writes), is discarded with one line and the step computed again, so nothing
+unverified moves into the output folder (and DVC's cache).
+
 `code_closure(module)` is the stage's code: its module and every project
 module it imports, followed transitively (imports inside functions too) with
 the package `__init__` files Python runs on the way. The same closure is what
@@ -37,6 +43,7 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]  # the folder holding the packages
 PACKAGES = ("palcore", "pipeline", "solver")
 SIGNATURE_FILE = "SIGNATURE"
+SEAL_FILE = "SHA256SUMS"  # in a finished step's folder: {file name: sha256}
 
 
 def module_file(name: str, root: Path = ROOT) -> Path | None:
@@ -155,7 +162,8 @@ class PartialRun:
                 log.info("%s: discarding unfinished work (--fresh)", self.path)
             elif self.kept:
                 log.info(
-                    "%s: keeping steps 1-%d; the inputs of step %d on changed",
+                    "%s: keeping steps 1-%d; the inputs of step %d on changed "
+                    "(--fresh discards all)",
                     self.path,
                     self.kept,
                     self.kept + 1,
@@ -170,6 +178,36 @@ class PartialRun:
         self.path.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(marker, text.encode())
 
+    def seal(self, folder: str, names: Iterable[str]) -> None:
+        """Mark step folder `folder` finished: the sha256 of each of its files
+        `names`, written after them."""
+        where = self.path / folder
+        sums = {name: file_digest(where / name) for name in names}
+        write_bytes_atomic(where / SEAL_FILE, json.dumps(sums, sort_keys=True).encode())
+
+    def reusable(self, folders: Sequence[str], names: Sequence[str]) -> set[str]:
+        """The step folders among `folders` (in step order) whose files `names`
+        are there and match their seal; the first `kept` may be; the files of
+        the others, and of any damaged step, are deleted (one line each)."""
+        ready = set()
+        for i, folder in enumerate(folders):
+            where = self.path / folder
+            if i < self.kept:
+                problem = _seal_problem(where, names)
+                if problem is None:
+                    ready.add(folder)
+                    continue
+                if problem:
+                    log.warning(
+                        "%s: %s; discarding the step and computing it again "
+                        "(a damaged resume never reaches the output)",
+                        where,
+                        problem,
+                    )
+            for name in [*names, SEAL_FILE]:
+                (where / name).unlink(missing_ok=True)
+        return ready
+
     def finish(self, names: Iterable[str]) -> None:
         """Move the files `names` (relative paths) into the output folder,
         replacing what is there, then remove the partial folder."""
@@ -178,6 +216,26 @@ class PartialRun:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.path / name, target)
         shutil.rmtree(self.path)
+
+
+def _seal_problem(folder: Path, names: Sequence[str]) -> str | None:
+    """None when the files `names` in `folder` match its seal; else why not
+    ("" when the step has no file at all: nothing was started)."""
+    seal = folder / SEAL_FILE
+    if not seal.is_file():
+        there = [n for n in names if (folder / n).is_file()]
+        return f"{there[0]} without the seal of a finished step" if there else ""
+    try:
+        sums = json.loads(seal.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return f"{SEAL_FILE} is damaged"
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if not isinstance(sums, dict) or sums.get(name) != file_digest(path):
+            return f"{name} does not match the sha256 written with it (damaged)"
+    return None
 
 
 def _matching_steps(held: str, signatures: list[str]) -> int:

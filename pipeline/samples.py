@@ -80,16 +80,22 @@ def read_prepare(prepare_dir: str | Path) -> tuple[list[Sample], Tasks]:
         bounds.append((lo, lo + n))
         lo += n
     samples = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    with path.open("rb") as f:  # decoded per line: a bad byte names its line
+        for line_no, data in enumerate(f, 1):
+            where = f"{path}:{line_no}"
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PrepareError(
+                    f"{where}: not UTF-8 text (byte {exc.start + 1} of the line)"
+                ) from None
             if not line.strip():
                 continue
-            where = f"{path}:{line_no}"
             try:
                 raw = json.loads(line)
             except json.JSONDecodeError:
                 raise PrepareError(f"{where}: not valid JSON") from None
-            samples.append(_sample(raw, where, bounds))
+            samples.append(_sample(raw, where, bounds, tasks.class_order))
     if not samples:
         raise PrepareError(f"{path}: no samples")
     return samples, tasks
@@ -124,12 +130,32 @@ def _read_tasks(path: Path) -> Tasks:
     return Tasks(order, expected, root, data)
 
 
-def _sample(raw: Any, where: str, bounds: list[tuple[int, int]]) -> Sample:
+def text_problem(value: Any) -> str | None:
+    """None when `value` is text that encodes as UTF-8 (or not text at all:
+    its type is checked elsewhere); else what is wrong with it, in words.
+    JSON's escapes and Python's `surrogateescape` can make lone surrogates
+    (e.g. "\\udcff"), which no UTF-8 writer or tokenizer accepts."""
+    if not isinstance(value, str):
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ascii(value[exc.start])[1:-1]
+        return f"holds {char} at character {exc.start + 1}, not valid Unicode"
+    return None
+
+
+def _sample(
+    raw: Any, where: str, bounds: list[tuple[int, int]], order: list[str]
+) -> Sample:
     if not isinstance(raw, dict):
         raise PrepareError(f"{where}: expected a JSON object")
     for key in SAMPLE_KEYS:
         if key not in raw:
             raise PrepareError(f"{where}: missing key '{key}'")
+        problem = text_problem(raw[key])
+        if problem:
+            raise PrepareError(f"{where}: {key} {problem}")
     s = Sample(**{k: raw[k] for k in SAMPLE_KEYS})
     if s.split not in SPLITS:
         raise PrepareError(f"{where}: split must be one of {SPLITS}, got {s.split!r}")
@@ -139,6 +165,11 @@ def _sample(raw: Any, where: str, bounds: list[tuple[int, int]]) -> Sample:
     if not isinstance(s.label, int) or not lo <= s.label < hi:
         raise PrepareError(
             f"{where}: label {s.label!r} is outside task {s.task}'s range [{lo}, {hi})"
+        )
+    if s.class_name != order[s.label]:
+        raise PrepareError(
+            f"{where}: class_name {s.class_name!r} is not class_order[{s.label}] "
+            f"{order[s.label]!r} (tasks.json)"
         )
     if s.missing not in tuple(Missing):
         raise PrepareError(f"{where}: missing must be 0, 1 or 2, got {s.missing!r}")

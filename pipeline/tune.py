@@ -93,7 +93,7 @@ def tune(
     if done:
         log.info(
             "reusing steps 1-%d of an interrupted run with the same code, params "
-            "and inputs (%s)",
+            "and inputs (%s; `pal tune --fresh` discards them)",
             done,
             partial.path,
         )
@@ -161,9 +161,15 @@ def _resume(model: PalModel, folder: Path, tasks: Tasks, kept: int) -> int:
         path = checkpoint_path(folder, k)
         if not path.exists():
             break
-        ckpt = load_checkpoint(path)
-        if ckpt["step"] != k:
-            raise CheckpointError(f"{path}: holds step {ckpt['step']}, expected {k}")
+        try:
+            ckpt = load_checkpoint(path, remedy="")
+            if ckpt["step"] != k:
+                raise CheckpointError(f"{path}: holds step {ckpt['step']}, not {k}")
+        except CheckpointError as exc:  # verified by its hash: never reused damaged
+            log.warning("%s; tuning again from step %d on", exc, k)
+            for later in range(k, kept + 1):
+                checkpoint_path(folder, later).unlink(missing_ok=True)
+            break
         done, state = k, ckpt["state"]
     if done:
         restore(model, state, done)

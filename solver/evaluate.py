@@ -45,13 +45,13 @@ from palcore.errors import PalError, ShardError
 from palcore.outputs import write_bytes_atomic
 from palcore.params import Source, load_section
 from solver.backend import Backend, get_backend
-from solver.chains import chains, pipeline_option
+from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar
-from solver.params import EvaluateParams
+from solver.params import EvaluateParams, SolveParams
 from solver.rls import Expander, upsampling_matrix
 from solver.shards import StepShards, open_features, task_group_name
-from solver.weights import WEIGHTS_NAME, WeightsError, WeightsFile
+from solver.weights import WEIGHTS_NAME, WeightsError, WeightsFile, check_solved_by
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +96,21 @@ def evaluate(
     backend: Backend | None = None,
     batch_rows: int = 4096,
     plot: bool = True,
+    solve_params: SolveParams | None = None,
 ) -> list[Path]:
     """Score every weights file on the test shards; write its outputs (the
     per-run plot only with `plot`).
 
     Returns the metrics files written, one per weights file. All inputs are
-    validated and all scores computed before the first output is written.
+    validated (against `solve_params` too, when given) and all scores
+    computed before the first output is written.
     """
     steps = open_features(features_dir)
     files = [WeightsFile(p) for p in resolve_weights(weights_paths)]
     for wf in files:
         _check_compatible(wf, steps)
+        if solve_params is not None:
+            check_solved_by(wf.path, wf.info, solve_params)
     evals = [Evaluation(wf, Counts(), None) for wf in files]
     suffixes = [e.suffix for e in evals]
     dupes = sorted({s for s in suffixes if suffixes.count(s) > 1})
@@ -222,6 +226,8 @@ def _count_missing(counts: Counts, hit: np.ndarray, missing: np.ndarray) -> None
 def metrics_dict(e: Evaluation) -> dict[str, Any]:
     """metrics.json content: the AL metrics, plus `bp` when scored."""
     out = summarize(e.al)
+    out["width"] = e.weights.info.width  # what the weights were solved with
+    out["eta"] = "auto" if e.weights.eta_by_step is not None else e.weights.info.eta
     if e.bp is not None:
         out["bp"] = summarize(e.bp)
     if e.weights.eta_by_step is not None:
@@ -349,7 +355,8 @@ def cli(
     acc_by_missing, and bp for the BP head when the shards hold bp_logits),
     accuracy_matrix.csv, step_accuracy.csv and step_accuracy.png. For
     weights-eta<η>.h5 the names carry the same -eta<η> suffix. Reads the
-    `evaluate:` section of the params file (device, batch_rows).
+    `evaluate:` section of the params file (device, batch_rows), and `solve:`
+    to check the weights read from --solve (width, seed, method, dtype, η).
 
     With --pipeline NAME, every (variant, run) chain in one process: FEATURES/
     <variant>/<run> and SOLVE/<variant>/<run> into OUT/<variant>/<run>
@@ -362,23 +369,32 @@ def cli(
     if pipeline is None:
         if report is not None:
             raise PalError("--report needs --pipeline")
+        # what --solve holds must be what solve.* makes; --weights scores any file
+        solved = None if weights else load_section(params_file, "solve", SolveParams)
         score = list(weights) or [solve]
-        evaluate(features, score, out, get_backend(params.device), params.batch_rows)
+        evaluate(features, score, out, get_backend(params.device), params.batch_rows,
+                 solve_params=solved)  # fmt: skip
         return
     if weights:
         raise PalError("--pipeline reads each chain's weights from --solve")
-    todo = [chain for _, chain in chains(params_file, pipeline)]
-    for chain in todo:  # every chain's weights found before the first is scored
-        resolve_weights([Path(solve) / chain])
+    todo = [
+        (chain, load_section(src, "solve", SolveParams))
+        for src, chain in chains(params_file, pipeline)
+    ]
+    # every chain's inputs checked before the first is scored
+    check_chain_steps(params_file, pipeline, features)
+    for chain, solved in todo:
+        for path in resolve_weights([Path(solve) / chain]):
+            check_solved_by(path, WeightsFile(path).info, solved)
     backend = get_backend(params.device)
-    for chain in todo:
+    for chain, solved in todo:
         log.info("evaluate: chain %s", chain)
         evaluate(
             Path(features) / chain, [Path(solve) / chain], Path(out) / chain,
-            backend, params.batch_rows, plot=False,
+            backend, params.batch_rows, plot=False, solve_params=solved,
         )  # fmt: skip
     if report is not None:
         from solver.report import protocol_report
 
-        names = list(dict.fromkeys(chain.split("/")[0] for chain in todo))
+        names = list(dict.fromkeys(chain.split("/")[0] for chain, _ in todo))
         protocol_report([Path(out)], names, Path(report), params_file.path)

@@ -140,6 +140,16 @@ def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "std": _round(std),
                     "runs": values,
                 }
+    for key in ("width", "eta"):  # what solve used: one value per row
+        values = [m.get(key) for m in per_run]
+        if any(v != values[0] for v in values):
+            other = next(v for v in values if v != values[0])
+            raise ReportError(
+                f"the runs of one row were solved with different {key}: "
+                f"{values[0]} and {other}"
+            )
+        if values[0] is not None:
+            row[key] = values[0]
     steps = [m["step_accuracy"] for m in per_run]
     if len({len(s) for s in steps}) != 1:
         raise ReportError(
@@ -172,6 +182,13 @@ def build(
     for variant in variants:
         per_run = read_runs(evaluations, variant, protocol.runs)
         rows[variant] = aggregate(per_run)
+        n_steps = len(rows[variant]["step_accuracy"])
+        first = next(iter(rows.values()))
+        if n_steps != len(first["step_accuracy"]):
+            raise ReportError(
+                f"variant {variant} has {n_steps} steps, but "
+                f"{next(iter(rows))} has {len(first['step_accuracy'])}"
+            )
         if variant == "pal" and all(m.get("bp") for m in per_run):
             rows["bp"] = aggregate([m["bp"] for m in per_run])
     labels = {**{name: name for name in rows}, **(labels or {}), "bp": BP_LABEL}

@@ -25,7 +25,7 @@ from palcore.cliutil import (
 from palcore.errors import PalError
 from palcore.params import Source, load_section
 from solver.backend import Backend, get_backend
-from solver.chains import chains, pipeline_option
+from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.options import apply_overrides, metavar
 from solver.params import SolveParams
 from solver.rls import Expander, RidgeRLS, make_rls, upsampling_matrix
@@ -297,8 +297,8 @@ def cli(
         (chain, apply_overrides(load_section(src, "solve", SolveParams), **overrides))
         for src, chain in chains(params_file, pipeline)
     ]  # every chain's params checked before the first is fitted
-    for chain, _ in todo:  # and every chain's shards
-        open_features(Path(features) / chain)
+    # and every chain's shards, with all its steps
+    check_chain_steps(params_file, pipeline, features)
     backend = get_backend(todo[0][1].device)
     for chain, params in todo:
         log.info("solve: chain %s", chain)

@@ -11,7 +11,8 @@ equals a solve over every step's shards.
 Layout of the HDF5 file (written under a temporary name, then renamed):
 
     attrs   format_version, method, width, seed, dtype, feature_dim,
-            etas (JSON list), step (k), classes_seen (C_k), n_rows
+            etas (JSON list), step (k), classes_seen (C_k), n_rows,
+            sha256 (over the other attrs and every array: `content_digest`)
     gram:   G (d, d) lower triangle valid; Q (d, C_k)
     woodbury: R_<i> (d, d) lower triangle valid, W_<i> (d, C_k) per η i
     weights/<i>/step_XX: W_step (d, C_step) per η i and step 1..k
@@ -22,8 +23,9 @@ d = 15000 (gram: one; woodbury: one per η), plus 8·d·C_k per Q or W.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,7 @@ def save_state(path: str | Path, state: SolverState) -> Path:
                 group = f.create_group(f"weights/{i}")
                 for k, W in sorted(per_step.items()):
                     group.create_dataset(step_dir_name(k), data=W)
+            a["sha256"] = content_digest(state)
     except OSError as exc:
         raise StateError(f"{path}: cannot write the solver state ({exc})") from None
     return path
@@ -116,9 +119,34 @@ def load_state(path: str | Path) -> SolverState:
                 {int(name[5:]): W[()] for name, W in f[f"weights/{i}"].items()}
                 for i in range(len(info.etas))
             ]
+            held = _text(a.get("sha256", ""))
     except (OSError, KeyError, ValueError) as exc:
         raise StateError(f"{path}: damaged solver state ({exc})") from None
-    return SolverState(info, arrays, weights)
+    state = SolverState(info, arrays, weights)
+    if held != content_digest(state):
+        raise StateError(
+            f"{path}: solver state does not match the sha256 written with it "
+            "(damaged); solve without --state to start from step 1"
+        )
+    return state
+
+
+def content_digest(state: SolverState) -> str:
+    """sha256 over the info (JSON) and every array (name, dtype, shape, bytes)
+    as `load_state` reads them back: a damaged state is never resumed from."""
+    info = {
+        k: [float(e) for e in v] if k == "etas" else v if isinstance(v, str) else int(v)
+        for k, v in asdict(state.info).items()
+    }  # as read back: numbers saved as NumPy scalars load as Python ones
+    h = hashlib.sha256(json.dumps(info, sort_keys=True).encode())
+    named = [(k, v) for k, v in sorted(state.arrays.items())]
+    for i, per_step in enumerate(state.weights):
+        named += [(f"weights/{i}/{k}", W) for k, W in sorted(per_step.items())]
+    for name, array in named:
+        array = np.ascontiguousarray(array)
+        h.update(f"{name}|{array.dtype.str}|{array.shape}".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()
 
 
 def check_state(path: str | Path, info: StateInfo, expected: dict[str, Any]) -> None:

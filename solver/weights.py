@@ -29,6 +29,7 @@ import numpy as np
 
 from palcore.errors import PalError
 from palcore.outputs import temp_path
+from solver.params import SolveParams
 from solver.shards import hdf5_reason, step_dir_name
 
 FORMAT_VERSION = 1
@@ -202,3 +203,23 @@ class WeightsFile:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def check_solved_by(where: str | Path, info: WeightsInfo, params: SolveParams) -> None:
+    """Refuse weights that `params` (a `solve:` section) did not produce: the
+    width, seed, method, dtype or η differs (a stale or foreign file)."""
+    for key in ("width", "seed", "method", "dtype"):
+        have, want = getattr(info, key), getattr(params, key)
+        if have != want:
+            raise WeightsError(
+                f"{where}: weights of {key} {have}, but solve.{key} is {want} "
+                "(rerun `pal-solver solve`)"
+            )
+    auto = info.eta == 0
+    if auto != params.is_auto or (not auto and info.eta not in params.etas):
+        have = "auto" if auto else eta_label(info.eta)
+        want = "auto" if params.is_auto else ",".join(map(eta_label, params.etas))
+        raise WeightsError(
+            f"{where}: weights of eta {have}, but solve.eta is {want} "
+            "(rerun `pal-solver solve`)"
+        )

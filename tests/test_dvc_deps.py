@@ -97,6 +97,22 @@ def loaded_sections(files: list[Path]) -> set[str]:
     return sections
 
 
+def single_keys(files: list[Path]) -> set[str]:
+    """Keys named by string constants in a call of `section_value(source,
+    SECTION, KEY)`: one key of another stage's section."""
+    keys = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", "") == "section_value"
+                and len(node.args) == 3
+                and all(isinstance(a, ast.Constant) for a in node.args[1:])
+            ):
+                keys.add(f"{node.args[1].value}.{node.args[2].value}")
+    return keys
+
+
 def expected_params(sections: set[str]) -> set[str]:
     keys = set()
     for section in sections:
@@ -129,6 +145,7 @@ def mismatches(spec: dict[str, Any], root: Path = ROOT) -> list[str]:
     code = {p.relative_to(root).as_posix() for p in files}
     problems = code_problems(code, spec.get("deps", []), root)
     params = expected_params(loaded_sections(files)) | run_params(spec["cmd"])
+    params |= single_keys(files)
     declared = set(spec.get("params", []))
     problems += [f"undeclared params {p}" for p in sorted(params - declared)]
     problems += [f"declared params not read {p}" for p in sorted(declared - params)]

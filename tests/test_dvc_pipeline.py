@@ -126,8 +126,8 @@ def test_eta_change_reruns_only_the_analytic_stages(
         and not line[:1].isspace()
         and not line.startswith("ablation/")
     }
-    # evaluate reads no solve.* key: it follows once solve's weights change
-    assert changed == {"solve"}, status
+    # evaluate checks the weights against solve.* (width, seed, method, dtype, η)
+    assert changed == {"solve", "evaluate"}, status
 
     before = (path / "data/extract/pal/1/step_01/train.h5").read_bytes()
     out = _run([str(BIN / "dvc"), "repro"], path, env)

@@ -113,7 +113,7 @@ def test_interrupted_run_resumes_to_the_same_bytes(
         extract(prepare, tune_dir, out, pparams.load(params, "extract"))
     assert (
         "reused steps 1,2 of an interrupted run with the same code, params and "
-        f"inputs ({partial})" in caplog.messages
+        f"inputs ({partial}; `pal extract --fresh` discards them)" in caplog.messages
     )
     assert _digests(out) == _digests(extracted)
     assert not partial.exists()
@@ -141,12 +141,12 @@ def test_a_rerun_keeps_the_steps_whose_own_samples_did_not_change(
         extract(edited, tune_dir, out, pparams.load(params, "extract"))
     partial = tmp_path / "extract.partial"
     assert (
-        f"{partial}: keeping steps 1-1; the inputs of step 2 on changed"
-        in caplog.messages
+        f"{partial}: keeping steps 1-1; the inputs of step 2 on changed "
+        "(--fresh discards all)" in caplog.messages
     )
     assert (
         "reused steps 1 of an interrupted run with the same code, params and "
-        f"inputs ({partial})" in caplog.messages
+        f"inputs ({partial}; `pal extract --fresh` discards them)" in caplog.messages
     )
     fresh = tmp_path / "fresh"
     extract(edited, tune_dir, fresh, pparams.load(params, "extract"))
@@ -265,6 +265,10 @@ def test_checkpoint_errors_are_one_line(tuned, tmp_path):
     doc = json.loads((other / "tasks.json").read_text())
     doc["class_order"] = doc["class_order"][::-1]
     (other / "tasks.json").write_text(json.dumps(doc))
+    rows = [json.loads(line) for line in (other / "samples.jsonl").open()]
+    for row in rows:  # each sample names its class as the new order does
+        row["class_name"] = doc["class_order"][row["label"]]
+    (other / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     code, output = _cli(
         "--params", params, "--prepare", other, "--tune", tune_dir, "--out", out
     )

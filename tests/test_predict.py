@@ -35,17 +35,20 @@ def solved(tuned, tmp_path_factory):
     return prepare, tune_dir, weights, metrics
 
 
-def _test_rows(prepare: Path) -> tuple[list[dict], list[str]]:
-    """The test samples as predict input rows (absolute image paths, a missing
-    modality left out) and their class names."""
+def _test_rows(prepare: Path, folder: Path) -> tuple[list[dict], list[str]]:
+    """The test samples as predict input rows for an input file in `folder`
+    (image paths relative to it, through a link to the dataset's images; a
+    missing modality left out) and their class names."""
     samples, tasks = read_prepare(prepare)
+    if not (folder / "images").exists():
+        (folder / "images").symlink_to(tasks.root / "images")
     rows, names = [], []
     for s in samples:
         if s.split != "test":
             continue
         row = {"id": s.id}
         if s.missing != 2:
-            row["image"] = str(tasks.root / s.image)
+            row["image"] = s.image
         if s.missing != 1:
             row["text"] = s.text
         rows.append(row)
@@ -60,7 +63,7 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
 
 def test_predictions_reproduce_evaluate_accuracy(solved, tmp_path):
     prepare, tune_dir, weights, metrics = solved
-    rows, names = _test_rows(prepare)
+    rows, names = _test_rows(prepare, tmp_path)
     preds, summary = predict(_jsonl(tmp_path / "in.jsonl", rows), tune_dir, weights)
     assert [p["row"] for p in preds] == list(range(1, len(rows) + 1))
     assert [p["id"] for p in preds] == [r["id"] for r in rows]
@@ -75,7 +78,7 @@ def test_predictions_reproduce_evaluate_accuracy(solved, tmp_path):
 
 def test_csv_input_gives_the_jsonl_predictions(solved, tmp_path):
     prepare, tune_dir, weights, _ = solved
-    rows, _ = _test_rows(prepare)
+    rows, _ = _test_rows(prepare, tmp_path)
     path = tmp_path / "in.csv"
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["id", "image", "text"])
@@ -98,12 +101,12 @@ def test_rows_that_cannot_be_predicted_are_reported_per_row(solved, tmp_path):
     exist is a missing image, as in prepare. --strict stops at the first bad
     row, naming the file and the row."""
     prepare, tune_dir, weights, _ = solved
-    rows, _ = _test_rows(prepare)
+    rows, _ = _test_rows(prepare, tmp_path)
     rows = [r for r in rows if "image" in r and "text" in r][:4]
     bad = tmp_path / "broken.png"
     bad.write_bytes(b"not an image")
-    rows[1]["image"] = str(bad)
-    rows[2]["image"] = str(tmp_path / "gone.jpg")
+    rows[1]["image"] = bad.name
+    rows[2]["image"] = "gone.jpg"
     rows.append({"id": "empty"})
     base = ["--tune", tune_dir, "--weights", weights, "--params", tmp_path / "none"]
     path = _jsonl(tmp_path / "a.jsonl", rows)
@@ -131,7 +134,7 @@ def test_rows_that_cannot_be_predicted_are_reported_per_row(solved, tmp_path):
 
 def test_errors_are_one_line(solved, tmp_path):
     prepare, tune_dir, weights, _ = solved
-    rows, _ = _test_rows(prepare)
+    rows, _ = _test_rows(prepare, tmp_path)
     base = ["--tune", tune_dir, "--weights", weights, "--params", tmp_path / "none"]
     code, out = _cli(_jsonl(tmp_path / "b.jsonl", rows[:1]), *base, "--step", 7)
     assert (code, out) == (1, [f"Error: --step 7: {tune_dir} has the checkpoints "
@@ -177,3 +180,45 @@ def test_input_that_is_not_utf8_is_one_line(tmp_path):
     path.write_bytes(b'{"text": "caf\xe9"}\n')
     with pytest.raises(Exception, match=rf"^{path}: not UTF-8 text \(byte 13\)$"):
         read_rows(path)
+
+
+def test_hostile_rows_are_refused_per_row_and_the_others_predicted(
+    solved, tmp_path, caplog
+):
+    """Text that is not valid Unicode and image paths outside the input's
+    folder are row errors (the latter read with --allow-outside-paths); an
+    image file that does not exist is a warning naming the row."""
+    prepare, tune_dir, weights, _ = solved
+    rows, _ = _test_rows(prepare, tmp_path)
+    rows = [r for r in rows if "image" in r and "text" in r][:5]
+    inside = _jsonl(tmp_path / "inside.jsonl", rows[1:3])  # the same rows, in place
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "images").symlink_to((tmp_path / "images").resolve())
+    rows[0]["text"] = "caf\udcff"  # json.dumps writes the escape "\udcff"
+    rows[1]["image"] = str((tmp_path / rows[1]["image"]).resolve())
+    rows[2]["image"] = "../" + rows[2]["image"]
+    rows[3]["image"] = "gone.png"
+    path = _jsonl(outside / "in.jsonl", rows)
+    with caplog.at_level("WARNING", logger="pipeline.predict"):
+        preds, summary = predict(path, tune_dir, weights)
+    assert summary["errors"] == 3 and [p["row"] for p in preds] == [1, 2, 3, 4, 5]
+    assert preds[0]["error"] == "text holds \\udcff at character 4, not valid Unicode"
+    assert preds[1]["error"] == (
+        f"image {rows[1]['image']} lies outside the input's folder "
+        "(--allow-outside-paths reads it)"
+    )
+    assert preds[2]["error"].startswith(f"image {rows[2]['image']} lies outside")
+    assert preds[3]["missing"] == "image_missing" and len(preds[3]["top"]) == 5
+    assert preds[4]["missing"] == "complete" and len(preds[4]["top"]) == 5
+    assert caplog.messages == [
+        f"{path}: row 4: image {outside / 'gone.png'} not found: predicted without it",
+        *(
+            f"{path}: row {n}: {preds[n - 1]['error']} (not predicted)"
+            for n in (1, 2, 3)
+        ),
+    ]
+    allowed, summary = predict(path, tune_dir, weights, allow_outside=True)
+    assert summary["errors"] == 1
+    reference, _ = predict(inside, tune_dir, weights)
+    assert [p["top"] for p in allowed[1:3]] == [p["top"] for p in reference]

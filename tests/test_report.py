@@ -292,3 +292,34 @@ def test_a_run_that_is_not_evaluate_output_is_named(tmp_path: Path) -> None:
         with pytest.raises(ReportError) as err:
             build(tmp_path / "evaluate", ["pal"], ProtocolParams(runs=(0,)))
         assert str(err.value) == f"{folder / 'metrics.json'}: {message}"
+
+
+def test_a_row_records_width_and_eta_and_refuses_mixed_runs(tmp_path: Path) -> None:
+    """Each row carries the width and η its runs were solved with; runs of one
+    row solved otherwise, or rows with other step counts, are one error."""
+    root = tmp_path / "evaluate"
+    write_runs(root, "pal", [60.0, 62.0])
+    write_runs(root, "short", [50.0, 50.0])
+    write_runs(root, "wide", [50.0, 50.0])
+    for variant, run in [("pal", 0), ("pal", 1), ("wide", 0), ("wide", 1)]:
+        path = root / variant / str(run) / "metrics.json"
+        m = json.loads(path.read_text())
+        width = 512 if (variant, run) == ("wide", 1) else 1024
+        path.write_text(json.dumps({**m, "width": width, "eta": 0.1}))
+    protocol = ProtocolParams(runs=(0, 1))
+    row = build(root, ["pal"], protocol)["rows"]["pal"]
+    assert (row["width"], row["eta"]) == (1024, 0.1)
+    with pytest.raises(
+        ReportError,
+        match=r"^the runs of one row were solved with different width: 1024 and 512$",
+    ):
+        build(root, ["wide"], protocol)
+    for run in (0, 1):
+        path = root / "short" / str(run) / "metrics.json"
+        m = json.loads(path.read_text())
+        m["step_accuracy"] = m["step_accuracy"][:1]
+        path.write_text(json.dumps(m))
+    with pytest.raises(
+        ReportError, match=r"^variant short has 1 steps, but pal has 2$"
+    ):
+        build(root, ["pal", "short"], protocol)

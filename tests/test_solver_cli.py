@@ -103,7 +103,10 @@ def test_solve_and_evaluate_write_their_files(run):
         "acc_by_task",
         "acc_by_missing",
         "bp",
+        "width",
+        "eta",
     }
+    assert (m["width"], m["eta"]) == (48, 1.0)  # what solve used
     assert [len(r) for r in m["matrix"]] == [1, 2, 3]
     final = m["matrix"][-1]
     assert m["acc_by_task"]["first"] == final[0]
@@ -440,4 +443,25 @@ def test_a_pipeline_with_a_chain_missing_writes_nothing(tmp_path, pristine):
     assert r.exit_code == 1
     missing = tmp_path / "extract" / "wide" / "0"
     assert r.output == f"Error: {missing}: features folder not found\n"
+    assert not (tmp_path / "solve").exists()
+
+
+def test_a_chain_missing_a_step_writes_nothing(tmp_path, pristine):
+    """Without data.tasks in the params, each chain's steps are checked
+    against the other chains' before the first chain is fitted."""
+    for chain in ("pal/0", "pal/1", "wide/0", "wide/1"):
+        shutil.copytree(pristine / "extract", tmp_path / "extract" / chain)
+    shutil.rmtree(tmp_path / "extract" / "wide" / "1" / "step_03")
+    (tmp_path / "params.yaml").write_text(CHAIN_PARAMS)
+    r = CliRunner().invoke(
+        main,
+        ["solve", "--params", str(tmp_path / "params.yaml"), "--pipeline", "main",
+         "--features", str(tmp_path / "extract"), "--out", str(tmp_path / "solve")],
+    )  # fmt: skip
+    where = tmp_path / "extract" / "wide" / "1"
+    assert (r.exit_code, r.output) == (
+        1,
+        f"Error: {where}: chain wide/1 has 2 steps, but chain pal/0 has 3 (a step "
+        "is missing: rerun its `pal extract`)\n",
+    )
     assert not (tmp_path / "solve").exists()

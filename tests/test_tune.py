@@ -102,7 +102,7 @@ def test_interrupted_run_resumes_to_the_same_bytes(
         _run(params, prepare, half)
     assert (
         "reusing steps 1-2 of an interrupted run with the same code, params and "
-        f"inputs ({partial})" in caplog.messages
+        f"inputs ({partial}; `pal tune --fresh` discards them)" in caplog.messages
     )
     assert not partial.exists()
     for name in ("step_01.pt", "step_02.pt", "step_03.pt", "log.jsonl"):
@@ -144,12 +144,12 @@ def test_a_rerun_keeps_the_steps_whose_own_inputs_did_not_change(
     with caplog.at_level("INFO"):
         _run(params, edited, out)
     assert (
-        f"{out}.partial: keeping steps 1-1; the inputs of step 2 on changed"
-        in caplog.messages
+        f"{out}.partial: keeping steps 1-1; the inputs of step 2 on changed "
+        "(--fresh discards all)" in caplog.messages
     )
     assert (
         "reusing steps 1-1 of an interrupted run with the same code, params and "
-        f"inputs ({out}.partial)" in caplog.messages
+        f"inputs ({out}.partial; `pal tune --fresh` discards them)" in caplog.messages
     )
     fresh = tmp_path / "fresh"
     _run(params, edited, fresh)

@@ -1,0 +1,218 @@
+"""Fault injection: the faults a long run meets, in one table (DESIGN §2, Faults).
+
+Each row injects one fault into a scratch copy of a stage's inputs or of its
+unfinished work (`<out>.partial/`; the scenes live in fault_scenes.py), then
+runs the command a user runs next, in process. It checks the one line that
+command prints about the fault, its exit status, that the files named as
+surviving keep their bytes, that a failed command writes nothing, and, for a
+fault a rerun recovers from, that the recovered output has the bytes of an
+uninterrupted run.
+
+Classes covered: truncation, corruption, wrong shape, missing step, killed
+process, hostile params, hostile text, stale temporary files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fault_scenes import (
+    BOMB,
+    SOLVE,
+    Case,
+    D,
+    Scene,
+    captions_surrogate,
+    flip_byte,
+    hostile_params,
+    missing_step,
+    other_class_name,
+    other_width,
+    pal,
+    pal_solver,
+    partial_shard,
+    samples_line,
+    shard_truncated,
+    stale_temp,
+    state_corrupted,
+    truncate,
+    tune_partial_corrupted,
+    unsafe_pickle,
+)
+
+from pipeline import params as pparams
+from pipeline.extract import extract
+from solver.synthetic import make_features
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    kind: str
+    inject: Callable[[Scene], Case]
+    line: str  # regex of the one line the command prints about the fault
+    code: int  # exit status
+
+
+SEAL_DAMAGED = "does not match the sha256 written with it \\(damaged\\)"
+RECOMPUTED = "; discarding the step and computing it again"
+FAULTS = [
+    Fault("extract .partial shard truncated (after a kill)", "truncation",
+          partial_shard(truncate("step_01/train.h5")),
+          rf"extract\.partial/step_01: train\.h5 {SEAL_DAMAGED}{RECOMPUTED}", 0),
+    Fault("extract .partial shard, one byte changed", "corruption",
+          partial_shard(lambda p: flip_byte(p / "step_02" / "test.h5")),
+          rf"extract\.partial/step_02: test\.h5 {SEAL_DAMAGED}{RECOMPUTED}", 0),
+    Fault("extract killed between a step's writes (no seal)", "killed process",
+          partial_shard(lambda p: (p / "step_02" / "SHA256SUMS").unlink()),
+          r"extract\.partial/step_02: train\.h5 without the seal of a finished "
+          rf"step{RECOMPUTED}", 0),
+    Fault("extract .partial step deleted", "missing step",
+          partial_shard(lambda p: shutil.rmtree(p / "step_01")),
+          r"reused steps 2 of an interrupted run", 0),
+    Fault("tune .partial checkpoint, one byte changed", "corruption",
+          tune_partial_corrupted,
+          r"tune\.partial/step_01\.pt: .*; tuning again from step 1 on$", 0),
+    Fault("tune checkpoint holding a pickled global", "hostile input",
+          unsafe_pickle,
+          r"^Error: .*/step_02\.pt: not a readable tune checkpoint \(WeightsUnpickler"
+          r" error: Unsupported global: GLOBAL print was not an allowed global by "
+          r"default\); rerun `pal tune`$", 1),
+    Fault("samples.jsonl line not UTF-8", "hostile text",
+          samples_line(lambda b: b.replace(b"photo", b"ph\xffto")),
+          r"^Error: .*/samples\.jsonl:2: not UTF-8 text \(byte \d+ of the line\)$", 1),
+    Fault("samples.jsonl text with a lone surrogate", "hostile text",
+          samples_line(lambda b: b.replace(b"photo", b"ph\\udcffto"), "tune"),
+          r"^Error: .*/samples\.jsonl:2: text holds \\udcff at character 5, not "
+          r"valid Unicode$", 1),
+    Fault("samples.jsonl class_name not class_order[label]", "corruption",
+          samples_line(other_class_name),
+          r"^Error: .*/samples\.jsonl:2: class_name 'green dog' is not "
+          r"class_order\[0\] 'red cat' \(tasks\.json\)$", 1),
+    Fault("captions.json caption with a lone surrogate", "hostile text",
+          captions_surrogate,
+          r"^Error: .*/captions\.json: sample 1 \('s0'\): text holds \\udcff at "
+          r"character 11, not valid Unicode$", 1),
+    Fault("solver state, one byte of G changed", "corruption", state_corrupted,
+          r"^Error: .*/state\.h5: solver state does not match the sha256 written "
+          r"with it \(damaged\); solve without --state to start from step 1$", 1),
+    Fault("shard truncated", "truncation", shard_truncated,
+          r"^Error: .*/step_02/train\.h5: truncated or not an HDF5 file", 1),
+    Fault("a chain's last step folder deleted", "missing step", missing_step,
+          r"^Error: .*/extract/pal/1: chain pal/1 has 2 steps, but data\.tasks is 3 "
+          r"\(a step is missing: rerun its `pal extract`, or `dvc repro`\)$", 1),
+    Fault("a chain's weights solved at another width", "wrong shape", other_width,
+          r"^Error: .*/solve/pal/1/weights\.h5: weights of width 64, but "
+          r"solve\.width is 48 \(rerun `pal-solver solve`\)$", 1),
+    Fault("temporary weights file of a killed solve", "stale temp file",
+          stale_temp,
+          r"removed .*/solve/\.weights\.h5\.tmp\.\d+, left by a writer that was "
+          r"killed$", 0),
+    Fault("YAML anchor bomb in params (solve)", "hostile params",
+          hostile_params(BOMB),
+          r"^Error: .*/params\.yaml: line 2: YAML aliases \(\*name\) are not "
+          r"allowed in params; write the value out$", 1),
+    Fault("YAML anchor bomb in params (check)", "hostile params",
+          hostile_params(BOMB, pal),
+          r"params\.yaml: line 2: YAML aliases \(\*name\) are not allowed in "
+          r"params; write the value out$", 1),
+    Fault("a 10000-item list for an integer", "hostile params",
+          hostile_params(SOLVE.replace("width: 48", f"width: {[0] * 10_000}")),
+          r"^Error: .*/params\.yaml: solve\.width must be an integer, got "
+          r"\[0, 0, 0, 0, 0, 0, \.\.\.\]$", 1),
+]  # fmt: skip
+
+
+# ------------------------------------------------------------ the test
+
+
+@pytest.fixture(scope="module")
+def references(tuned, tmp_path_factory):
+    """The clean outputs the faults are compared with, made once."""
+    params, prepare, tune_dir = tuned
+    root = tmp_path_factory.mktemp("references")
+    extract(prepare, tune_dir, root / "extract", pparams.load(params, "extract"))
+    features = make_features(
+        root / "features", [80, 60, 70], [2, 2, 2], feature_dim=D, test_rows=15, seed=4
+    )
+    (root / "params.yaml").write_text(SOLVE)
+    args = ["solve", "--features", features, "--params", root / "params.yaml",
+            "--out", root / "solve"]  # fmt: skip
+    assert CliRunner().invoke(pal_solver, [str(a) for a in args]).exit_code == 0
+    return tuned, root / "extract", features, root / "solve"
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
+def test_fault(fault: Fault, references, tmp_path):
+    tuned, extracted, features, solved = references
+    scene = Scene(tmp_path, tuned, extracted, features, solved)
+    case = fault.inject(scene)
+    kept = {p: p.read_bytes() for p in case.survive}
+    result = CliRunner().invoke(case.tool, [str(a) for a in case.args])
+    lines = result.output.splitlines()
+    assert result.exit_code == fault.code, result.output
+    assert "Traceback" not in result.output
+    if fault.code:
+        assert isinstance(result.exception, SystemExit | None)
+        errors = [line for line in lines if line.startswith("Error")]
+        if case.tool is pal and case.args[0] == "check":
+            errors = [line for line in lines if "params.yaml" in line]
+        assert len(errors) == 1, result.output
+        assert re.search(fault.line, errors[0]), errors[0]
+    else:
+        assert len([line for line in lines if re.search(fault.line, line)]) == 1, (
+            result.output
+        )
+    for path, data in kept.items():
+        assert path.read_bytes() == data, path
+    for path in case.absent:
+        assert not path.exists(), path
+    if case.recovered is not None:
+        out, clean = case.recovered
+        assert _digests(out) == _digests(clean)
+        assert not out.with_name(out.name + ".partial").exists()
+
+
+def test_the_table_covers_every_class():
+    kinds = {f.kind for f in FAULTS}
+    assert kinds >= {"truncation", "corruption", "wrong shape", "missing step",
+                     "killed process", "hostile params", "hostile text",
+                     "stale temp file"}  # fmt: skip
+
+
+def test_dvc_ignores_the_temporary_names():
+    """A temporary file left by a killed writer is never part of an output:
+    the committed .dvcignore matches the name `palcore.outputs` gives it."""
+    import pathspec
+
+    from palcore.outputs import temp_path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (
+        subprocess.run(
+            ["git", "show", "HEAD:.dvcignore"], cwd=root, capture_output=True, text=True
+        ).stdout
+        or (root / ".dvcignore").read_text()
+    )
+    spec = pathspec.PathSpec.from_lines("gitignore", text.splitlines())
+    tmp = temp_path(Path("data/solve/pal/0/weights.h5"))
+    assert tmp.name == f".weights.h5.tmp.{os.getpid()}"
+    assert spec.match_file(tmp.as_posix())
+    assert not spec.match_file("data/solve/pal/0/weights.h5")
