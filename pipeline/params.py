@@ -265,3 +265,16 @@ SECTIONS = {
 def load(path: str | Path, section: str):
     """Load one pipeline section of the params file at `path`."""
     return load_section(path, section, SECTIONS[section])
+
+
+def data_root(path: str | Path) -> str | None:
+    """`data.root` of the params file at `path` (a `Source` too), None when it
+    has no `data` section (tune and extract then take the root that an older
+    prepare folder recorded)."""
+    import os
+
+    from palcore.params import read_params_file
+
+    if "data" not in read_params_file(os.fspath(path)):
+        return None
+    return load(path, "data").root
