@@ -361,3 +361,88 @@ def test_plan_follows_the_params_and_the_device(tmp_path: Path) -> None:
         "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
         "per solve (solve.device auto)",
     ]
+
+
+# --- before queuing, and after a killed worker ---------------------------------
+
+
+def test_run_checks_every_cell_before_queuing_anything(
+    project: tuple[Path, str],
+) -> None:
+    """A committed typo stops `pal-paper run` at once in one line; so does a
+    cell whose params the backbone cannot take, each line naming its cell."""
+    from pipeline.fakes import make_hub_vilt
+
+    repo, _ = project
+    text = (repo / "params.yaml").read_text()
+    (repo / "params.yaml").write_text(text.replace("  epochs: 3", "  epoch: 3"))
+    git(repo, "commit", "-qam", "typo")
+    out = paper(repo, "run", "upsampling")
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "Error: params.yaml: unknown key 'tune.epoch' (did you mean 'tune.epochs'?)"
+    )
+    make_hub_vilt(repo / "models/vilt")  # 2 layers of hidden size 32, not in git
+    text = text.replace("  backbone: data/demo/vilt", "  backbone: models/vilt")
+    (repo / "params.yaml").write_text(text)
+    git(repo, "commit", "-qam", "a backbone of 2 layers")
+    out = paper(repo, "run", "prompt")
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        "Error: cell 'main=pal+layers=3' (pipelines.main=[pal] prompt.layers=[3]): "
+        "params.yaml: prompt.layers [3]: layer 3 is beyond the backbone's 2 layers "
+        "(0..1) (model.backbone 'models/vilt')",
+        "Error: cell 'main=pal+layers=2-3' (pipelines.main=[pal] prompt.layers="
+        "[2,3]): params.yaml: prompt.layers [2, 3]: layer 2 is beyond the "
+        "backbone's 2 layers (0..1) (model.backbone 'models/vilt')",
+        "Error: cell 'main=pal+layers=0-1-2-3' (pipelines.main=[pal] prompt.layers="
+        "[0,1,2,3]): params.yaml: prompt.layers [0, 1, 2, 3]: layer 2 is beyond the "
+        "backbone's 2 layers (0..1) (model.backbone 'models/vilt')",
+        "Error: cell 'main=pal+pool_size=40' (pipelines.main=[pal] prompt.pool_size"
+        "=40): params.yaml: prompt.pool_size 40 exceeds the hidden size 32: "
+        "orthogonal keys need pool_size ≤ 32 (model.backbone 'models/vilt')",
+    ]
+    assert not (repo / ".dvc/tmp/exps/celery").exists()  # nothing was queued
+
+
+def test_ctrl_c_says_the_workers_go_on_and_how_to_stop_them(monkeypatch) -> None:
+    from palpaper import cli
+    from palpaper.experiments import ExperimentError
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "wait", interrupted)
+    with pytest.raises(ExperimentError) as caught:
+        cli._wait(None, [], 1, [])  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        "interrupted: DVC's queue workers go on with the grid in the background "
+        "(`dvc queue status`); `dvc queue stop --kill` stops them, and the same "
+        "pal-paper command resumes the grid"
+    )
+
+
+def test_a_killed_tasks_temporary_copy_is_removed(project: tuple[Path, str]) -> None:
+    """DVC's info file of a task names its temporary copy; a worker killed
+    mid-cell leaves that folder, which the next run removes (only it)."""
+    from palpaper.experiments import Repo
+
+    repo, _ = project
+    exps = repo / ".dvc/tmp/exps"
+    for task, name in (("aaa", "abc1234-eta=0.1"), ("bbb", "abc1234-eta=0.5")):
+        (exps / f"tmp{task}" / "data").mkdir(parents=True)
+        (exps / f"tmp{task}" / "data" / "blob").write_bytes(b"x" * 100)
+        info = exps / "run" / task / f"{task}.run"
+        info.parent.mkdir(parents=True)
+        info.write_text(
+            json.dumps({"name": name, "root_dir": str(exps / f"tmp{task}")})
+        )
+    outside = repo / "elsewhere"
+    outside.mkdir()
+    info = exps / "run" / "ccc" / "ccc.run"
+    info.parent.mkdir(parents=True)
+    info.write_text(json.dumps({"name": "abc1234-eta=0.1", "root_dir": str(outside)}))
+    removed = Repo(repo).remove_copies("abc1234-eta=0.1")
+    assert removed == [(exps / "tmpaaa").resolve()]
+    assert sorted(p.name for p in exps.glob("tmp*")) == ["tmpbbb"]
+    assert outside.is_dir()  # never a folder outside .dvc/tmp/exps
