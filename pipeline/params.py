@@ -269,12 +269,20 @@ def load(path: str | Path, section: str):
 
 def data_root(path: str | Path) -> str | None:
     """`data.root` of the params file at `path` (a `Source` too), None when it
-    has no `data` section (tune and extract then take the root that an older
-    prepare folder recorded)."""
+    has no `data` section (tune and extract then take the root an older
+    prepare folder recorded). Tune and extract read this one key to find the
+    images, and on purpose declare no dependency on it: where the data is
+    kept changes no result, what it holds reaches them through tasks.json's
+    digest of the images (DESIGN §2)."""
     import os
 
+    from palcore.errors import ParamsError
     from palcore.params import read_params_file
 
-    if "data" not in read_params_file(os.fspath(path)):
+    section = read_params_file(os.fspath(path)).get("data")
+    if section is None:
         return None
-    return load(path, "data").root
+    root = section.get("root", DataParams.root) if isinstance(section, dict) else None
+    if not isinstance(root, str) or not root:
+        raise ParamsError(f"{os.fspath(path)}: data.root must be a folder path")
+    return root
