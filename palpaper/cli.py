@@ -193,6 +193,23 @@ def run_cmd(
     Ctrl-C stops the waiting; DVC's workers go on (`dvc queue stop --kill`).
     """
     repo = Repo(Path.cwd())
+    try:
+        _run_grid(repo, names, runs, jobs, cells, shard, no_wait, out)
+    except KeyboardInterrupt:
+        raise ExperimentError(_interrupted(repo)) from None
+
+
+def _run_grid(
+    repo: Repo,
+    names: tuple[str, ...],
+    runs: str | None,
+    jobs: int,
+    cells: str | None,
+    shard: str | None,
+    no_wait: bool,
+    out: Path,
+) -> None:
+    """`pal-paper run`'s work: check, queue, start workers, wait, render."""
     dirty = repo.dirty()
     if dirty:
         raise ExperimentError(
@@ -304,11 +321,28 @@ def _wait(
         with tqdm(total=len(pending), desc="cells", unit="cell") as bar:
             return wait(repo, pending, jobs, progress=bar.update, copy_paths=copies)
     except KeyboardInterrupt:
-        raise ExperimentError(
-            "interrupted: DVC's queue workers go on with the grid in the "
-            "background (`dvc queue status`); `dvc queue stop --kill` stops them, "
-            "and the same pal-paper command resumes the grid"
-        ) from None
+        raise ExperimentError(_interrupted(None)) from None
+
+
+def _interrupted(repo: Repo | None) -> str:
+    """The line for Ctrl-C: whether DVC's detached workers go on (`repo`
+    None: they were started), and how to stop them."""
+    live = 1
+    if repo is not None:
+        try:
+            live = sum(s in ("Queued", "Running") for s in repo.queue_status().values())
+        except (ExperimentError, KeyboardInterrupt):
+            pass
+    if not live:
+        return (
+            "interrupted: no cell is queued or running; the same pal-paper "
+            "command resumes the grid"
+        )
+    return (
+        "interrupted: DVC's queue workers go on with the grid in the background "
+        "(`dvc queue status`); `dvc queue stop --kill` stops them, and the same "
+        "pal-paper command resumes the grid"
+    )
 
 
 @main.command("collect")
