@@ -47,21 +47,25 @@ def departures(
     varied = {k for c in columns for k, _ in c.cell.overrides}
     out = []
 
-    def differs(key: str, mine: Any, theirs: Any, words: str) -> None:
+    def differs(key: str, mine: Any, theirs: Any, one: str, many: str) -> None:
         if key not in varied and mine is not None and mine != theirs:
-            out.append(f"{words.format(mine)} (the paper: {theirs})")
+            words = (one if mine == 1 else many).format(mine)
+            out.append(f"{words} (the paper: {theirs})")
 
-    differs("data.tasks", _value(params, "data.tasks"), paper["tasks"], "{} tasks")
-    differs("classes", classes, paper["classes"], "{} classes")
+    tasks = _value(params, "data.tasks")
+    differs("data.tasks", tasks, paper["tasks"], "{} task", "{} tasks")
+    differs("classes", classes, paper["classes"], "{} class", "{} classes")
     per_class = _value(params, "data.per_class")
     if per_class is not None and "data.per_class" not in varied:
-        out.append(
-            f"at most {per_class} sample(s) per class and split (the paper: all)"
-        )
+        sample = "sample" if per_class == 1 else "samples"
+        out.append(f"at most {per_class} {sample} per class and split (the paper: all)")
     epochs = _value(params, "tune.epochs")
-    differs("tune.epochs", epochs, paper["epochs"], "{} epoch(s) per task")
-    differs("solve.width", _value(params, "solve.width"), paper["width"], "width {}")
-    differs("protocol.runs", len(runs), paper["runs"], "{} run(s)")
+    differs(
+        "tune.epochs", epochs, paper["epochs"], "{} epoch a task", "{} epochs a task"
+    )
+    width = _value(params, "solve.width")
+    differs("solve.width", width, paper["width"], "width {}", "width {}")
+    differs("protocol.runs", len(runs), paper["runs"], "{} run", "{} runs")
     devices = {
         DEVICES.get(str(_value(params, f"{s}.device"))) for s in ("tune", "extract")
     }
