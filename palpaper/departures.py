@@ -44,7 +44,13 @@ def departures(
     paper = paper_protocol(str(get(params, "data.dataset")))
     if paper is None:
         return []
-    varied = {k for c in columns for k, _ in c.cell.overrides}
+    # what the result varies: the keys whose value differs between its cells
+    # (not the runs or variants that every cell of it sets alike)
+    values: dict[str, set[str]] = {}
+    for c in columns:
+        for key in {k for col in columns for k, _ in col.cell.overrides}:
+            values.setdefault(key, set()).add(repr(c.cell.value(params, key)))
+    varied = {k for k, v in values.items() if len(v) > 1}
     out = []
 
     def differs(key: str, mine: Any, theirs: Any, one: str, many: str) -> None:

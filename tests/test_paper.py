@@ -446,3 +446,75 @@ def test_a_killed_tasks_temporary_copy_is_removed(project: tuple[Path, str]) -> 
     assert removed == [(exps / "tmpaaa").resolve()]
     assert sorted(p.name for p in exps.glob("tmp*")) == ["tmpbbb"]
     assert outside.is_dir()  # never a folder outside .dvc/tmp/exps
+
+
+def test_a_caption_says_how_the_run_departs_from_the_papers_protocol() -> None:
+    """Beside the paper's numbers, the caption and the CSV name each way the
+    run differs from the paper's protocol; what the result varies (Table 4's
+    width) is no departure, and the paper's own settings say nothing."""
+    from palpaper.departures import departures
+
+    smoke = yaml.safe_load(yaml.safe_dump(FOOD))
+    smoke["data"].update(tasks=5, per_class=1)
+    smoke["tune"].update(device="cpu", epochs=1)
+    smoke["solve"]["width"] = 1024
+    r = RESULTS["upsampling"]
+    cols = r.columns(smoke, [0])
+    data = {c.key: metrics(5.0, [0]) for c in cols}
+    departs = departures(smoke, cols, [0], classes=10)
+    assert departs == [
+        "5 tasks (the paper: 10)",
+        "10 classes (the paper: 100)",
+        "at most 1 sample per class and split (the paper: all)",
+        "1 epoch a task (the paper: 10)",
+        "1 run (the paper: 3)",
+        "tune and extract on CPU (the paper: GPU)",
+    ]
+    table = build(r, cols, data, "food101", "pal-paper run upsampling", departs)
+    assert table.markdown().splitlines()[0] == (
+        "Table 4 of the paper: Up-sampling width and regularisation η; "
+        "UPMC-Food101, one run per cell (run 0), no spread. In parentheses: the "
+        "paper's UPMC-Food101 numbers. This run departs from the paper's "
+        "protocol: " + "; ".join(departs) + ". Made by `pal-paper run upsampling`."
+    )
+    csv = table.csv().splitlines()
+    assert csv[0].endswith(",departs from the paper's protocol")
+    assert csv[1] == (
+        '"546 (8k), η 1",5.0000,,71.8500,0.5000,,6.5000,' + "; ".join(departs)
+    )
+    # the paper's protocol itself: nothing to say; a width off the paper's in
+    # a result that does not vary it is a departure
+    assert departures(FOOD, cols, [0, 1, 2], classes=100) == []
+    tasks = RESULTS["tasks"].columns(smoke, [0])
+    assert "width 1024 (the paper: 15000)" in departures(smoke, tasks, [0], 10)
+    assert "5 tasks (the paper: 10)" not in departures(smoke, tasks, [0], 10)
+
+
+def test_collect_names_the_rev_the_cells_ran_on(project: tuple[Path, str]) -> None:
+    """Cells finished on a commit that HEAD has moved past: the hint names
+    `--rev` with that commit, and `collect --rev` renders them."""
+    repo, base = project
+    for i, c in enumerate(RESULTS["upsampling"].columns(PARAMS, None)):
+        if i != 4:
+            fake_experiment(repo, base, c.cell.name, metrics(50.0, [0, 1, 2]))
+    (repo / "notes.txt").write_text("a later commit\n")
+    git(repo, "add", "notes.txt")
+    git(repo, "commit", "-qm", "later")
+    head = git(repo, "rev-parse", "HEAD")
+    out = paper(repo, "collect", "upsampling")
+    assert out.returncode == 1
+    lacking = ",".join(c.cell.name for c in RESULTS["upsampling"].columns(PARAMS, None))
+    assert out.stderr.splitlines()[:2] == [
+        f"WARNING palpaper.collect: upsampling: 5 of 5 cells marked – (no finished "
+        f"experiment on {head[:7]}: {lacking.replace(',', ', ')}); run them: "
+        f"pal-paper run upsampling --cells {lacking} (4 of them finished on "
+        f"{base[:7]}, not {head[:7]}: `pal-paper collect upsampling --rev "
+        f"{base[:7]}` renders those)",
+        f"Error: upsampling: none of its 5 cells finished on {head[:7]}; nothing "
+        "written (run: pal-paper run upsampling)",
+    ]
+    out = paper(repo, "collect", "upsampling", "--rev", base[:7])
+    assert out.returncode == 0, out.stderr
+    md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
+    assert "Partial: 1 cell not run yet (marked –)." in md[0]
+    assert md[8] == "| 1365 (20k), η 1 | – | – |"
