@@ -293,11 +293,13 @@ def test_a_cell_the_data_cannot_take_is_stopped_before_queuing(
     bare = dict(env, PATH="/usr/bin:/bin")
     out = pal_paper(path, bare, "run", "tasks", "--cells", "tasks=5+main=pal")
     assert out.returncode == 1
-    assert out.stderr.splitlines()[-1] == (
-        "Error: cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]): "
-        "params.yaml: data.tasks: 5 tasks for 4 classes; every task needs at "
-        "least one class"
-    )
+    cell = "Error: cell 'tasks=5+main=pal' (data.tasks=5 pipelines.main=[pal]): "
+    assert out.stderr.splitlines()[-2:] == [
+        f"{cell}params.yaml: data.tasks: 5 tasks for 4 classes; every task needs "
+        "at least one class",
+        f"{cell}params.yaml: prompt.pool_size 4 is smaller than the number of "
+        "tasks (5): each task needs ≥ 1 component (model.backbone 'data/demo/vilt')",
+    ]
     assert f"{head}-tasks=5+main=pal" not in _run(
         [str(BIN / "dvc"), "queue", "status"], path, env
     )
