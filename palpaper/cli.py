@@ -25,11 +25,15 @@ import yaml
 
 from palcore.cliutil import clean_errors, setup_logging
 from palcore.errors import ParamsError
-from palcore.outputs import write_bytes_atomic
 from palcore.params import read_params_file
-from palpaper import render, workers
+from palpaper import workers
+from palpaper.cells import announce_copies, check_cells, untracked_inputs
+from palpaper.collect import collect, command, grid
 from palpaper.experiments import ExperimentError, Repo, wait
-from palpaper.grids import RESULTS, Cell, Column, GridError, get, result
+from palpaper.grids import RESULTS, Cell, GridError, get, result
+from palpaper.plan import plan_lines, tunings
+
+__all__ = ["main", "tunings"]
 
 log = logging.getLogger(__name__)
 
@@ -102,23 +106,6 @@ def _shard(text: str) -> slice:
     return slice(k - 1, None, n)
 
 
-def _command(names: Sequence[str], runs: list[int] | None) -> str:
-    cmd = "pal-paper run " + " ".join(names)
-    return cmd + (f" --runs {','.join(map(str, runs))}" if runs is not None else "")
-
-
-def _grid(
-    names: list[str], params: dict[str, Any], runs: list[int] | None
-) -> tuple[dict[str, list[Column]], list[Cell]]:
-    """Each result's columns, and the distinct cells of them all in order."""
-    columns = {n: RESULTS[n].columns(params, runs) for n in names}
-    cells: dict[str, Cell] = {}
-    for cols in columns.values():
-        for c in cols:
-            cells.setdefault(c.cell.name, c.cell)
-    return columns, list(cells.values())
-
-
 runs_option = click.option(
     "--runs",
     default=None,
@@ -188,7 +175,7 @@ def list_cmd(params_file: Path, runs: str | None) -> None:
     default=None,
     metavar="K/N",
     help="Run every N-th cell from the K-th (1-based): one share of the grid, "
-    "for one of N clones, each pinned to its own GPU (README).",
+    "for one of N machines or clones (docs/USAGE.md).",
 )
 @click.option("--gpus", default=None, metavar="ID[,ID…]", help=GPUS_HELP)
 @click.option("--no-wait", is_flag=True, help="Queue and start workers, then return.")
@@ -208,78 +195,31 @@ def run_cmd(
     with DVC's queue, and render each result into OUT/<dataset>/.
 
     Cells that vary solve.* only rerun the analytic stages from the cached
-    features. The workspace must be committed: cells are experiments on HEAD.
+    features. The workspace must be committed: cells are experiments on HEAD
+    (the tables under OUT that pal-paper renders itself may differ).
+    Before anything is queued, `pal check` runs on each cell's params (one
+    line per problem). A dataset or backbone folder that neither git nor DVC
+    tracks is copied into each running cell's temporary copy of the project
+    (`dvc exp run --copy-paths`; `dvc add` it to link it from the cache).
+    Ctrl-C stops DVC's queue workers and the cells they run; the same command
+    resumes the grid.
     """
     ids = _results(names)
     run_ids = _runs(runs)
-    shard_slice = None if shard is None else _shard(shard)
+    if shard is not None:
+        _shard(shard)  # checked before the workspace
     cards = workers.parse_gpus(
         gpus if gpus is not None else os.environ.get(workers.ENV)
     )
+    wanted = None if cells is None else [c.strip() for c in cells.split(",")]
+    wanted = None if wanted is None else [c for c in wanted if c]
+    rerun = command(ids, run_ids, wanted, shard, jobs)
     repo = Repo(Path.cwd())
     _refuse_uncommitted(repo, out)
-    params = _params(Path("params.yaml"))
-    columns, todo = _grid(ids, params, run_ids)
-    if cells is not None:
-        wanted = [c.strip() for c in cells.split(",") if c.strip()]
-        unknown = [w for w in wanted if w not in {c.name for c in todo}]
-        if unknown:
-            raise GridError(
-                f"--cells: no cell '{unknown[0]}' in {', '.join(ids)} "
-                "(`pal-paper list` names them)"
-            )
-        todo = [c for c in todo if c.name in wanted]
-    if shard_slice is not None:
-        todo = todo[shard_slice]
-    finished = repo.finished()
-    status = repo.queue_status()
-    queued = []
-    for c in todo:
-        state = status.get(repo.exp_name(c))
-        if state == "Running" and repo.interrupted(repo.exp_name(c)):
-            log.info(
-                "cell %s was interrupted (its process is gone): queued again", c.name
-            )
-            repo.kill(repo.exp_name(c))
-            state = "Failed"
-        if repo.exp_name(c) in finished or state in ("Queued", "Running"):
-            continue
-        if state is not None:  # failed before: drop it so the name is free
-            repo.forget(repo.exp_name(c))
-        repo.queue(c)
-        queued.append(c.name)
-    kept = [c.name for c in todo if repo.exp_name(c) in finished]
-    log.info(
-        "%d cells on %s: %d finished before (kept), %d queued now, %d already queued",
-        len(todo),
-        repo.short,
-        len(kept),
-        len(queued),
-        len(todo) - len(kept) - len(queued),
-    )
-    for name in queued:
-        log.info("queued cell %s", name)
-    pending = [c for c in todo if repo.exp_name(c) not in finished]
-    if pending:
-        if cards or "Running" not in repo.queue_status().values():
-            repo.start(jobs, cards)  # pinned: only the workers that are gone
-        if no_wait:
-            log.info("workers started; `dvc queue status` shows them")
-            return
-        outcome = _wait(repo, pending, jobs, cards, _command(ids, run_ids))
-        failed = [c for c in pending if outcome[repo.exp_name(c)] == "failed"]
-        if failed:
-            raise ExperimentError(
-                "\nError: ".join(
-                    f"cell '{c.name}' ({c.describe()}) failed: `dvc queue logs "
-                    f"{repo.exp_name(c)}` shows why; rerun: {_command(ids, run_ids)}"
-                    for c in failed
-                )
-            )
-    if cells is not None or shard is not None:
-        log.info("ran the cells asked for; `pal-paper collect` renders the tables")
-        return
-    _collect(repo, ids, params, run_ids, out)
+    try:
+        _run_grid(repo, ids, run_ids, wanted, shard, jobs, cards, no_wait, out, rerun)
+    except KeyboardInterrupt:
+        raise ExperimentError(_interrupted(repo, rerun)) from None
 
 
 def _refuse_uncommitted(repo: Repo, out: Path) -> None:
@@ -298,26 +238,136 @@ def _refuse_uncommitted(repo: Repo, out: Path) -> None:
         )
 
 
+def _run_grid(
+    repo: Repo,
+    ids: list[str],
+    run_ids: list[int] | None,
+    wanted: list[str] | None,
+    shard: str | None,
+    jobs: int,
+    cards: list[str] | None,
+    no_wait: bool,
+    out: Path,
+    rerun: str,
+) -> None:
+    """`pal-paper run`'s work: check, queue, start workers, wait, render."""
+    params = _params(Path("params.yaml"))
+    todo = _todo(ids, params, run_ids, wanted, shard)
+    finished = repo.finished()
+    check_cells(
+        repo.root, params, [c for c in todo if repo.exp_name(c) not in finished]
+    )
+    copies = untracked_inputs(repo.root, params)
+    queued = _queue(repo, todo, finished, copies)
+    kept = [c.name for c in todo if repo.exp_name(c) in finished]
+    log.info(
+        "%d cells on %s: %d finished before (kept), %d queued now, %d already queued",
+        len(todo),
+        repo.short,
+        len(kept),
+        len(queued),
+        len(todo) - len(kept) - len(queued),
+    )
+    for name in queued:
+        log.info("queued cell %s", name)
+    pending = [c for c in todo if repo.exp_name(c) not in finished]
+    if pending:
+        announce_copies(repo.root, copies)
+        if cards or "Running" not in repo.queue_status().values():
+            repo.start(jobs, cards)  # pinned: only the workers that are gone
+        if no_wait:
+            log.info("workers started; `dvc queue status` shows them")
+            return
+        outcome = _wait(repo, pending, jobs, cards, copies)
+        failed = [c for c in pending if outcome[repo.exp_name(c)] == "failed"]
+        if failed:
+            raise ExperimentError(
+                "\nError: ".join(
+                    f"cell '{c.name}' ({c.describe()}) failed: `dvc queue logs "
+                    f"{repo.exp_name(c)}` shows why; rerun: {rerun}"
+                    for c in failed
+                )
+            )
+    collect(repo, ids, params, run_ids, out)
+
+
+def _todo(
+    ids: list[str],
+    params: dict[str, Any],
+    runs: list[int] | None,
+    wanted: list[str] | None,
+    shard: str | None,
+) -> list[Cell]:
+    """The cells of the results, narrowed to `--cells` and `--shard`."""
+    _, todo = grid(ids, params, runs)
+    if wanted is not None:
+        unknown = [w for w in wanted if w not in {c.name for c in todo}]
+        if unknown:
+            raise GridError(
+                f"--cells: no cell '{unknown[0]}' in {', '.join(ids)} "
+                "(`pal-paper list` names them)"
+            )
+        todo = [c for c in todo if c.name in wanted]
+    if shard is not None:
+        todo = todo[_shard(shard)]
+    return todo
+
+
+def _queue(
+    repo: Repo, todo: list[Cell], finished: dict[str, str], copies: list[str]
+) -> list[str]:
+    """Queue the cells neither finished nor queued nor running; returns their
+    names. A task whose process is gone is killed (its copy removed) first."""
+    status = repo.queue_status()
+    queued = []
+    for c in todo:
+        name = repo.exp_name(c)
+        state = status.get(name)
+        if state == "Running" and repo.interrupted(name):
+            log.info(
+                "cell %s was interrupted (its process is gone): queued again", c.name
+            )
+            repo.kill(name)
+            state = "Failed"
+        if name in finished or state in ("Queued", "Running"):
+            continue
+        if state is not None:  # failed before: drop it so the name is free
+            repo.remove_copies(name)
+            repo.forget(name)
+        repo.queue(c, copies)
+        queued.append(c.name)
+    return queued
+
+
 def _wait(
     repo: Repo,
     pending: list[Cell],
     jobs: int,
     cards: list[str] | None,
-    rerun: str,
+    copies: list[str],
 ) -> dict[str, str]:
-    """Wait for the cells with a progress bar; Ctrl-C ends the workers and the
-    cells they run, which the next run queues again."""
+    """Wait for the cells with a progress bar."""
     from tqdm import tqdm
 
+    with tqdm(total=len(pending), desc="cells", unit="cell") as bar:
+        return wait(repo, pending, jobs, cards, progress=bar.update, copy_paths=copies)
+
+
+def _interrupted(repo: Repo, rerun: str) -> str:
+    """Ctrl-C: stop DVC's queue workers, the pinned ones and the cells they
+    run (a killed cell is queued again by the next run); the line that says so."""
     try:
-        with tqdm(total=len(pending), desc="cells", unit="cell") as bar:
-            return wait(repo, pending, jobs, cards, progress=bar.update)
-    except KeyboardInterrupt:
         repo.stop()
-        raise ExperimentError(
-            f"interrupted: the grid's workers and their cells were stopped; "
-            f"finished cells are kept, `{rerun}` runs the rest"
-        ) from None
+    except (ExperimentError, KeyboardInterrupt):
+        return (
+            "interrupted; DVC's queue workers may go on with the grid "
+            "(`dvc queue status`): `dvc queue stop --kill` stops them, and "
+            f"`{rerun}` resumes the grid"
+        )
+    return (
+        "interrupted: the grid's workers and their cells were stopped; "
+        f"finished cells are kept, `{rerun}` runs the rest"
+    )
 
 
 @main.command("collect")
@@ -336,107 +386,17 @@ def collect_cmd(
 ) -> None:
     """Render RESULT… from the cells' finished experiments into OUT/<dataset>/.
 
-    A cell without a finished experiment is one line naming it and the
-    command that runs it (an `Error:` line per cell); nothing is written then.
+    A cell without a finished experiment is marked – in the table (a partial
+    grid, no figure) and named in one line with the command that runs it,
+    and --rev when it finished on another commit. A result none of whose
+    cells finished is an error line; nothing of it is written.
     """
     repo = Repo(Path.cwd(), rev)
     params_text = repo.show(repo.baseline, "params.yaml")
     if params_text is None:
         raise ParamsError(f"params.yaml: not in commit {repo.short}")
     params = _params(Path(f"params.yaml at {repo.short}"), params_text)
-    _collect(repo, _results(names), params, _runs(runs), out)
-
-
-def _collect(
-    repo: Repo,
-    ids: list[str],
-    params: dict[str, Any],
-    runs: list[int] | None,
-    out: Path,
-) -> None:
-    columns, cells = _grid(ids, params, runs)
-    dataset = str(get(params, "data.dataset"))
-    finished = repo.finished()
-    lacking = [c for c in cells if repo.exp_name(c) not in finished]
-    if lacking:
-        status = repo.queue_status()
-        lines = []
-        for c in lacking:
-            why = {
-                "Failed": f"failed (`dvc queue logs {repo.exp_name(c)}`)",
-                "Queued": "still queued",
-                "Running": "still running",
-            }.get(
-                status.get(repo.exp_name(c), ""),
-                f"has no finished experiment on {repo.short}",
-            )
-            owners = [i for i in ids if any(x.cell.name == c.name for x in columns[i])]
-            lines.append(
-                f"cell '{c.name}' ({c.describe()}) {why}; rerun: "
-                f"{_command(owners, runs)}"
-            )
-        raise ExperimentError("\nError: ".join(lines))
-    metrics: dict[str, dict[str, Any]] = {}
-    for c in cells:
-        m = repo.metrics(finished[repo.exp_name(c)], dataset)
-        if m is None:
-            raise ExperimentError(
-                f"cell '{c.name}': its experiment has no readable "
-                f"results/{dataset}/metrics.json; rerun: {_command(ids, runs)}"
-            )
-        metrics[c.name] = m
-    folder = out / dataset
-    for rid in ids:
-        r = RESULTS[rid]
-        data = {col.key: metrics[col.cell.name] for col in columns[rid]}
-        table = render.build(r, columns[rid], data, dataset, _command([rid], runs))
-        files = {
-            f"{rid}.md": table.markdown().encode(),
-            f"{rid}.csv": table.csv().encode(),
-        }
-        png = render.figure(r, columns[rid], data, table.caption.split(";")[0])
-        if png is not None:
-            files[f"{rid}.png"] = png
-        for name, blob in files.items():
-            write_bytes_atomic(folder / name, blob)
-        n = len(columns[rid])
-        log.info("%s: %s (%d cell%s)", rid, folder / f"{rid}.md", n, "s" * (n != 1))
-
-
-def costs() -> dict[str, Any]:
-    return render.package_yaml("costs.yaml")
-
-
-FREE_KEYS = {"pipelines.main", "protocol.runs"}
-
-
-def tunings(r: Any, cell: Cell, params: dict[str, Any]) -> tuple[int, int]:
-    """(trained tunings, extractions) a cell adds to what `dvc repro` made."""
-    if r.keeps_features:
-        return 0, 0
-    variants = cell.value(params, "pipelines.main")
-    run_ids = cell.value(params, "protocol.runs")
-    changed = {k for k, _ in cell.overrides} - FREE_KEYS
-    if not changed:  # the committed scenario: new variants or runs only
-        old_v = set(get(params, "pipelines.main"))
-        old_r = set(get(params, "protocol.runs"))
-        pairs = [
-            (v, x)
-            for v in variants
-            for x in run_ids
-            if v not in old_v or x not in old_r
-        ]
-    else:
-        pairs = [(v, x) for v in variants for x in run_ids]
-    trained = sum(
-        1
-        for v, _ in pairs
-        if (get(params, "ablation").get(v, {}).get("changes") or {})
-        .get("tune", {})
-        .get("epochs")
-        != 0
-    )
-    return trained, len(pairs)
+    collect(repo, _results(names), params, _runs(runs), out)
 
 
 @main.command("plan")
@@ -456,49 +416,13 @@ def tunings(r: Any, cell: Cell, params: dict[str, Any]) -> tuple[int, int]:
 def plan_cmd(
     names: tuple[str, ...], params_file: Path, runs: str | None, cards: int
 ) -> None:
-    """Projected GPU time of RESULT… for a preset (e.g. -p configs/food101.yaml):
-    the tunings and extractions its cells add to a finished `dvc repro`, times
-    the per-tuning time measured on a GPU (bench/README.md), and the wall time
-    on N cards (--gpus N: a card runs one cell at a time)."""
+    """Projected time of RESULT… from the params (e.g. -p configs/food101.yaml)
+    on the device tune.device names: the tunings and extractions its cells add
+    to a finished `dvc repro`, each at its own epochs, tasks and data.per_class,
+    times ViLT-B/32's measured rates (palpaper/costs.yaml, bench/README.md);
+    the memory of its largest solve, and the wall time on N cards (--gpus N: a
+    card runs one cell at a time)."""
     params = _params(params_file)
-    dataset = str(get(params, "data.dataset"))
-    table = costs()
-    if dataset not in table["datasets"]:
-        raise GridError(
-            f"{params_file}: no measured GPU time for data.dataset '{dataset}' "
-            f"(measured: {', '.join(table['datasets'])})"
-        )
-    per = table["datasets"][dataset]
-    ids = _results(names)
-    _, cells = _grid(ids, params, _runs(runs))
-    click.echo(
-        f"{dataset}, one {table['card']}: tune {per['tune_min']} min and extract "
-        f"{per['extract_min']} min per (variant, run) ({table['source']})"
-    )
-    total = 0.0
-    seen: set[str] = set()
-    cell_hours: list[float] = []
-    for rid in ids:
-        cols = RESULTS[rid].columns(params, _runs(runs))
-        t = e = 0
-        for c in cols:
-            if c.cell.name in seen:
-                continue
-            seen.add(c.cell.name)
-            dt, de = tunings(RESULTS[rid], c.cell, params)
-            t, e = t + dt, e + de
-            cell_hours.append((dt * per["tune_min"] + de * per["extract_min"]) / 60)
-        hours = (t * per["tune_min"] + e * per["extract_min"]) / 60
-        total += hours
-        click.echo(
-            f"  {rid}: {len(cols)} cell{'s' * (len(cols) != 1)}, {t} tunings, "
-            f"{e} extractions: {hours:.1f} h"
-        )
-    click.echo(
-        f"  all of them: {total:.1f} h (cells shared between results counted once)"
-    )
-    wall = workers.wall_hours(cell_hours, cards)
-    click.echo(
-        f"  on {cards} card{'s' * (cards != 1)}: {wall:.1f} h wall "
-        f"({len(cell_hours)} cells, longest {max(cell_hours, default=0.0):.1f} h)"
-    )
+    lines = plan_lines(_results(names), params, _runs(runs), str(params_file), cards)
+    for line in lines:
+        click.echo(line)

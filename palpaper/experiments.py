@@ -31,6 +31,10 @@ from palpaper.workers import alive
 
 log = logging.getLogger(__name__)
 
+# the stage each cell runs with its ancestors: every result reads evaluate's
+# report; a preset's chain starts at its data, so the demo's stages never run
+TARGET = "evaluate"
+
 
 class ExperimentError(PalError):
     """git or DVC refused, or a cell has no usable result."""
@@ -141,6 +145,25 @@ class Repo:
             done[ref.rsplit("/", 1)[-1]] = sha
         return done
 
+    def other_baselines(self, cell_names: Sequence[str]) -> dict[str, int]:
+        """Commit -> how many of `cell_names` finished on it, for the commits
+        other than the baseline (a grid run before HEAD moved)."""
+        out = _run(
+            [self.git, "for-each-ref", "--format=%(refname)", "refs/exps/"], self.root
+        )
+        wanted = set(cell_names)
+        counts: dict[str, int] = {}
+        for ref in out.splitlines():
+            parts = ref.split("/")
+            if len(parts) != 5:
+                continue
+            base, name = parts[2] + parts[3], parts[4]
+            if base == self.baseline or name[:8] != f"{base[:7]}-":
+                continue
+            if name[8:] in wanted:
+                counts[base] = counts.get(base, 0) + 1
+        return counts
+
     def show(self, commit: str, path: str) -> str | None:
         """The text of `path` at `commit`, or None when it has no such file."""
         proc = subprocess.run(
@@ -190,15 +213,41 @@ class Repo:
         return self.queue_status().get(name) == "Running" and self.stale(name)
 
     def kill(self, name: str) -> None:
-        """Mark a task whose process is gone as failed (`dvc queue kill`); a
-        task that is no longer running needs nothing."""
+        """Mark a task whose process is gone as failed (`dvc queue kill`) and
+        remove its temporary copy of the project; a task that is no longer
+        running needs nothing."""
         try:
             _run([_tool("dvc"), "queue", "kill", name], self.root)
         except ExperimentError as exc:
             if "not a valid running experiment" not in str(exc):
                 raise
+        self.remove_copies(name)
 
-    def queue(self, cell: Cell) -> None:
+    def remove_copies(self, name: str) -> list[Path]:
+        """Remove the temporary copies (`.dvc/tmp/exps/tmp…`) that the tries
+        of task `name` left behind: a killed worker never cleans up its own.
+        Returns the folders removed."""
+        exps = (self.root / ".dvc/tmp/exps").resolve()
+        removed = []
+        for info in exps.glob("run/*/*.run"):
+            try:
+                doc = json.loads(info.read_text())
+                if doc.get("name") != name:
+                    continue
+                folder = Path(doc["root_dir"]).resolve()
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if folder.parent == exps and folder.name.startswith("tmp"):
+                if folder.is_dir():
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed.append(folder)
+        return removed
+
+    def queue(self, cell: Cell, copy_paths: Sequence[str] = ()) -> None:
+        """Queue the cell as an experiment of the stages `evaluate` needs
+        (never the demo's unless the data is the demo's); `copy_paths` go
+        into its temporary copy (`cells.untracked_inputs`)."""
+        copies = [a for p in copy_paths for a in ("--copy-paths", p)]
         _run(
             [
                 _tool("dvc"),
@@ -207,16 +256,18 @@ class Repo:
                 "--queue",
                 "-n",
                 self.exp_name(cell),
+                *copies,
                 *cell.set_args,
+                TARGET,
             ],
             self.root,
         )
 
-    def requeue(self, cell: Cell) -> None:
+    def requeue(self, cell: Cell, copy_paths: Sequence[str] = ()) -> None:
         """Queue a cell again whose task was interrupted."""
         self.kill(self.exp_name(cell))
         self.forget(self.exp_name(cell))
-        self.queue(cell)
+        self.queue(cell, copy_paths)
 
     def forget(self, name: str) -> None:
         """Drop a failed task of this name from DVC's queue."""
@@ -255,6 +306,7 @@ def wait(
     gpus: Sequence[str] | None = None,
     poll: float = 5.0,
     progress: Callable[[int], None] | None = None,
+    copy_paths: Sequence[str] = (),
 ) -> dict[str, str]:
     """Wait until every cell finished or failed; name -> 'done' or 'failed'.
 
@@ -281,7 +333,7 @@ def wait(
                 and repo.interrupted(repo.exp_name(c))
             ):
                 log.info("cell %s lost its process: queued again", c.name)
-                repo.requeue(c)
+                repo.requeue(c, copy_paths)
                 status[repo.exp_name(c)] = "Queued"
         lost = {n for n in pending if n not in status}
         if lost:

@@ -54,6 +54,7 @@ class Table:
     labels: list[str]  # the label columns' headers
     values: list[str]  # the value columns' headers
     lines: list[tuple[list[str], list[Value]]]
+    protocol: str = ""  # how the run departs from the paper's, for the CSV
 
     def markdown(self) -> str:
         header = [*self.labels, *self.values]
@@ -78,6 +79,8 @@ class Table:
             for h in self.values
             for part in ("mean", "std", "paper")
         ]
+        if self.protocol:
+            cols.append("departs from the paper's protocol")
         out = [",".join(_quote(c) for c in cols)]
         for labels, values in self.lines:
             row = [_quote(x) for x in labels]
@@ -85,6 +88,8 @@ class Table:
                 mean = None if stat is None else stat["mean"]
                 std = None if stat is None else stat["std"]
                 row += [_num(mean), _num(std), _num(paper)]
+            if self.protocol:
+                row.append(_quote(self.protocol))
             out.append(",".join(row))
         return "\n".join(out) + "\n"
 
@@ -116,13 +121,25 @@ def _runs_words(runs: Sequence[int]) -> str:
 
 
 def caption(
-    result: Result, dataset: str, runs: Sequence[int], compared: bool, rerun: str
+    result: Result,
+    dataset: str,
+    runs: Sequence[int],
+    compared: bool,
+    rerun: str,
+    departs: str = "",
+    missing: int = 0,
 ) -> str:
-    """What the table is, where its numbers come from, what it cannot show."""
+    """What the table is, where its numbers come from, what it cannot show;
+    `departs`: the sentence on how the run departs from the paper's
+    protocol; `missing`: cells without a finished experiment (marked –)."""
     where = DATASETS.get(dataset, f"the {dataset} dataset")
     text = f"{result.paper} of the paper: {result.title}; {where}, {_runs_words(runs)}."
+    if missing:
+        text += (
+            f" Partial: {missing} cell{'s' * (missing != 1)} not run yet (marked –)."
+        )
     if compared:
-        text += f" In parentheses: the paper's {DATASETS[dataset]} numbers."
+        text += f" In parentheses: the paper's {DATASETS[dataset]} numbers.{departs}"
     elif dataset not in DATASETS:
         text += (
             f" The paper reports no numbers for {dataset}: there is nothing to "
@@ -148,12 +165,23 @@ def build(
     data: Mapping[str, Mapping[str, Any]],
     dataset: str,
     rerun: str,
+    departs: Sequence[str] = (),
 ) -> Table:
-    """The result's table from each column's metrics (`data[column.key]`)."""
+    """The result's table from each column's metrics (`data[column.key]`; {}
+    for a cell not run yet, marked –); `departs`: how the run departs from
+    the paper's protocol (`departures.departures`), said where the paper's
+    numbers stand beside it."""
+    from palpaper.departures import sentence
+
     pub = published().get(result.id, {}).get(dataset)
-    runs = next(iter(data.values())).get("runs", [])
+    runs = next((d["runs"] for d in data.values() if d), [])
     table = _BUILDERS[result.id](result, columns, data, pub)
-    table.caption = caption(result, dataset, runs, pub is not None, rerun)
+    missing = sum(1 for c in columns if not data[c.key])
+    table.caption = caption(
+        result, dataset, runs, pub is not None, rerun, sentence(departs), missing
+    )
+    if pub is not None and departs:
+        table.protocol = "; ".join(departs)
     return table
 
 
@@ -178,7 +206,9 @@ def _steps(
     result: Result, columns: Sequence[Column], data: Mapping[str, Any], pub: Any
 ) -> Table:
     """The step figures' numbers: a line per (rate, method), a column per step."""
-    n = max(len(data[c.key]["pal"]["step_accuracy"]) for c in columns)
+    n = max(
+        len((data[c.key].get("pal") or {}).get("step_accuracy", [])) for c in columns
+    )
     lines = []
     for c in columns:
         for row in result.rows:

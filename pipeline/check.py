@@ -10,9 +10,15 @@ status is 1 when there is any. Checked:
   file would stop `dvc repro` with DVC's own message);
 - `data.root` and `model.backbone` exist (a folder, or a hub id in the local
   HF cache), unless the demo stage makes them;
+- the backbone fits the prompt settings of every variant the main pipeline
+  runs (its config.json: layers, hidden size against the pool size, text
+  positions against `model.max_text_len`);
 - `tune.device` and `extract.device` can run here;
 - the dataset lists (its reader runs, no image is opened): classes and
-  samples per split.
+  samples per split, and its classes split into `data.tasks` tasks.
+
+`pal-paper run` runs the same checks (`check_all`) on each cell's params
+before it queues anything.
 
 Not a stage: nothing is written.
 """
@@ -20,7 +26,9 @@ Not a stage: nothing is written.
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -33,7 +41,7 @@ from palcore.params import (
     pipeline_variants,
     read_params_file,
 )
-from pipeline.params import SECTIONS, DataParams, ModelParams
+from pipeline.params import SECTIONS, DataParams, ModelParams, PromptParams
 
 # every section a params file may hold
 KNOWN = [*SECTIONS, "solve", "evaluate", "protocol", "ablation", "pipelines"]
@@ -140,22 +148,90 @@ def check_devices(path: Path) -> list[str]:
     return [f"{path}: {p}" for p in problems]
 
 
-def check_data(path: Path) -> tuple[list[str], str]:
-    """The dataset's listing: problems, and a summary line."""
+def check_data(
+    path: Path, listings: dict[Any, Any] | None = None
+) -> tuple[list[str], str]:
+    """The dataset's listing: problems (its reader's, and its classes against
+    `data.tasks`), and a summary line. `listings` keeps each folder's listing
+    for the next call (the cells of a grid share their dataset)."""
     from pipeline.datasets import read_dataset
+    from pipeline.protocol import task_sizes
 
     data = load_section(path, "data", DataParams)
     if not Path(data.root).is_dir():  # check_paths names it, or the demo makes it
         return [], f"data: {data.dataset}, made by the demo stage"
+    key = (data.dataset, str(data.root), data.text_field)
+    listings = {} if listings is None else listings
     try:
-        listing = read_dataset(data)
+        if key not in listings:
+            listings[key] = read_dataset(data)
+        listing = listings[key]
+        task_sizes(len(listing.classes), data.tasks, data.allow_uneven)
     except PalError as exc:
         return [f"{path}: {exc}"], ""
     counts: dict[str, int] = {}
     for s in listing.samples:
         counts[s.split] = counts.get(s.split, 0) + 1
     splits = ", ".join(f"{n} {split}" for split, n in sorted(counts.items()))
-    return [], f"data: {data.dataset}, {len(listing.classes)} classes; {splits}"
+    return [], (
+        f"data: {data.dataset}, {len(listing.classes)} classes in {data.tasks} "
+        f"tasks; {splits}"
+    )
+
+
+def check_backbone(path: Path) -> tuple[list[str], str]:
+    """The backbone's config.json against the prompt settings of each variant
+    the main pipeline runs: problems, and a summary line ('' when the demo
+    makes the backbone or check_paths reports it missing)."""
+    from pipeline.backbone import backbone_folder
+    from pipeline.prompts import check_prompt_params
+
+    model = load_section(path, "model", ModelParams)
+    data = load_section(path, "data", DataParams)
+    try:
+        config = json.loads(
+            (backbone_folder(model.backbone) / "config.json").read_text()
+        )
+        depth, dim = int(config["num_hidden_layers"]), int(config["hidden_size"])
+        positions = int(config.get("max_position_embeddings", 40))
+    except (PalError, OSError, ValueError, KeyError, TypeError):
+        return [], ""  # missing (check_paths says so) or not a ViLT (tune says why)
+    found: dict[str, str] = {}  # problem -> the first variant that has it
+    for variant in pipeline_variants(path, "main"):
+        prompt = load_section(Source(path, 0, variant), "prompt", PromptParams)
+        if prompt.enabled:
+            for p in _load(check_prompt_params, prompt, data.tasks, dim, depth):
+                found.setdefault(p, variant)
+    problems = [
+        f"{path}: {'' if v == 'pal' else f'variant {v!r}: '}{p} "
+        f"(model.backbone '{model.backbone}')"
+        for p, v in found.items()
+    ]
+    text = f"text positions {positions}"
+    if model.max_text_len > positions:  # the backbone stretches its table
+        text += f", stretched to model.max_text_len {model.max_text_len}"
+    summary = f"backbone: {model.backbone}, {depth} layers, hidden {dim}, {text}"
+    return problems, summary
+
+
+def check_all(
+    path: Path, listings: dict[Any, Any] | None = None
+) -> tuple[list[str], list[str]]:
+    """Every check of `pal check` on the params file at `path`, from the
+    current folder (a project's root): (problems, summary lines)."""
+    problems = check_params(path)
+    summary: list[str] = []
+    seen: set[str] = set()
+    for pipeline_file in (Path("dvc.yaml"), Path("ablation/dvc.yaml")):
+        if pipeline_file.is_file():
+            problems += check_declared_keys(path, pipeline_file, seen)
+    if not problems:  # the sections load: paths, devices and data can be read
+        problems += check_paths(path) + check_devices(path)
+        data_problems, line = check_data(path, listings)
+        backbone_problems, backbone_line = check_backbone(path)
+        problems += data_problems + backbone_problems
+        summary += [x for x in (line, backbone_line) if x]
+    return problems, summary
 
 
 @click.command("check")
@@ -168,18 +244,9 @@ def cli(params_file: str) -> None:
     """
     path = Path(params_file)
     try:
-        problems = check_params(path)
+        problems, summary = check_all(path)
     except PalError as exc:  # the file itself is unreadable
         raise click.ClickException(str(exc)) from None
-    summary, seen = [], set()
-    for pipeline_file in (Path("dvc.yaml"), Path("ablation/dvc.yaml")):
-        if pipeline_file.is_file():
-            problems += check_declared_keys(path, pipeline_file, seen)
-    if not problems:  # the sections load: paths, devices and data can be read
-        problems += check_paths(path) + check_devices(path)
-        data_problems, line = check_data(path)
-        problems += data_problems
-        summary.append(line)
     for problem in problems:
         click.echo(f"Error: {problem}", err=True)
     if problems:

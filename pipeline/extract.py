@@ -107,15 +107,16 @@ def extract(
     params: pparams.ExtractParams,
     steps: Sequence[int] | str | None = None,
     fresh: bool = False,
+    data_root: str | Path | None = None,
 ) -> list[Path]:
     """Write the shards of `steps` (default: all; a string as for `--steps`);
-    returns the step folders.
+    returns the step folders. `data_root`: where the images are (`data.root`).
 
     Finished steps wait in `<out>.partial/` (`-rankNNNNN` under torchrun) until
     every step is done, then move into `out`; a rerun with the same code,
     params and inputs reuses them (`pipeline.resume`), `fresh` discards them.
     """
-    samples, tasks = read_prepare(prepare_dir)
+    samples, tasks = read_prepare(prepare_dir, data_root)
     if steps is None or isinstance(steps, str):
         steps = parse_steps(steps, tasks.n_tasks)
     rank, world = rank_and_world()
@@ -472,7 +473,8 @@ def cli(
         args = [*params_file.args(), "--prepare", prepare_dir, "--tune", tune_dir]
         args += ["--out", out_dir, *(["--steps", steps] if steps else [])]
         sys.exit(launch(params.processes, [*args, *(["--fresh"] if fresh else [])]))
-    extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh)
+    root = pparams.data_root(params_file)
+    extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh, data_root=root)
 
 
 def launch(processes: int, args: list[str]) -> int:

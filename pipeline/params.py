@@ -265,3 +265,24 @@ SECTIONS = {
 def load(path: str | Path, section: str):
     """Load one pipeline section of the params file at `path`."""
     return load_section(path, section, SECTIONS[section])
+
+
+def data_root(path: str | Path) -> str | None:
+    """`data.root` of the params file at `path` (a `Source` too), None when it
+    has no `data` section (tune and extract then take the root an older
+    prepare folder recorded). Tune and extract read this one key to find the
+    images, and on purpose declare no dependency on it: where the data is
+    kept changes no result, what it holds reaches them through tasks.json's
+    digest of the images (DESIGN §2)."""
+    import os
+
+    from palcore.errors import ParamsError
+    from palcore.params import read_params_file
+
+    section = read_params_file(os.fspath(path)).get("data")
+    if section is None:
+        return None
+    root = section.get("root", DataParams.root) if isinstance(section, dict) else None
+    if not isinstance(root, str) or not root:
+        raise ParamsError(f"{os.fspath(path)}: data.root must be a folder path")
+    return root

@@ -24,7 +24,11 @@ image) whatever the row holds. Only a naturally absent modality is null / "".
     dropped_classes  classes the reader dropped (Food101's smallest)
     absent           samples the dataset lacks a modality of, per `data.absent`:
                      {"image"|"text"|"both"|"unreadable": {"count", "first_ids"}}
-    data             the `data` params used (`root` resolves `image` paths)
+    data             the `data` params used, but `root` (where the data is kept
+                     does not change the outputs; the readers resolve `image`
+                     paths under their own params' `data.root`)
+    images           sha256 of the image files' bytes (path and content): later
+                     stages depend on the images' content through this file
 
 Naturally absent modalities (an image listed but not on disk or not decoding,
 an empty text) follow `data.absent`: `missing` keeps the sample with its code
@@ -35,6 +39,8 @@ error. How the protocol counts them is described in `pipeline.protocol`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
 import logging
 import os
@@ -75,32 +81,45 @@ def unreadable_images(
     root: Path, rels: list[str], workers: int | None = None
 ) -> list[str]:
     """The files of `rels` (paths under `root`) that do not decode as images,
-    in the order given. JPEGs decode at 1/8 scale (a truncated or foreign file
-    still fails), in `workers` threads (default: one per core), with a
-    progress bar."""
+    in the order given (`scan_images`' first half)."""
+    return scan_images(root, rels, workers)[0]
+
+
+def scan_images(
+    root: Path, rels: list[str], workers: int | None = None
+) -> tuple[list[str], str]:
+    """(the files of `rels` that do not decode, in the order given; the
+    sha256 of every file's bytes, by path). JPEGs decode at 1/8 scale (a
+    truncated or foreign file still fails), in `workers` threads (default:
+    one per core), with a progress bar. The digest is what tune and extract
+    depend on through tasks.json: the images' content, not their folder."""
     if not rels:
-        return []
+        return [], hashlib.sha256().hexdigest()
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
 
-    def bad(rel: str) -> bool:
+    def scan(rel: str) -> tuple[bool, str]:
         from PIL import Image
 
         try:
-            with Image.open(root / rel) as im:
+            blob = (root / rel).read_bytes()
+        except OSError:
+            return True, ""
+        try:
+            with Image.open(io.BytesIO(blob)) as im:
                 if im.format == "JPEG":
                     im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
                 im.load()
         except Exception:  # OSError, SyntaxError, DecompressionBombError…
-            return True
-        return False
+            return True, hashlib.sha256(blob).hexdigest()
+        return False, hashlib.sha256(blob).hexdigest()
 
     workers = workers or min(16, os.cpu_count() or 1)
     with ThreadPoolExecutor(workers) as pool:
-        flags = list(
+        results = list(
             tqdm(
-                pool.map(bad, rels),
+                pool.map(scan, rels),
                 total=len(rels),
                 desc="prepare: images",
                 unit="image",
@@ -108,7 +127,11 @@ def unreadable_images(
                 leave=False,
             )
         )
-    return [rel for rel, flag in zip(rels, flags, strict=True) if flag]
+    digest = hashlib.sha256()
+    for rel, (_, file_hash) in zip(rels, results, strict=True):
+        digest.update(f"{rel}\0{file_hash}\n".encode())
+    bad = [rel for rel, (flag, _) in zip(rels, results, strict=True) if flag]
+    return bad, digest.hexdigest()
 
 
 def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
@@ -116,8 +139,9 @@ def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
     does not decode counts as absent too (`unreadable`).
 
     Returns:
-        (kept, report): kept is a list of (RawSample, natural code, image or
-        None, text) and report the `absent` entry of tasks.json.
+        (kept, report, images): kept is a list of (RawSample, natural code,
+        image or None, text), report the `absent` entry of tasks.json and
+        images the sha256 of the image files' bytes (`scan_images`).
     """
     index = FileIndex(listing.root)
     absent = {
@@ -127,7 +151,8 @@ def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
         "unreadable": _Absent(),
     }
     on_disk = [s.image for s in listing.samples if s.image and index.exists(s.image)]
-    bad = set(unreadable_images(listing.root, on_disk))
+    unreadable, content = scan_images(listing.root, on_disk)
+    bad = set(unreadable)
     kept = []
     for s in listing.samples:
         on_file = s.image is not None and index.exists(s.image)
@@ -187,7 +212,7 @@ def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
                 what,
                 first,
             )
-    return kept, report
+    return kept, report, content
 
 
 def split_protocol(params: DataParams, split: str) -> tuple[str, float]:
@@ -243,7 +268,7 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
     _check_unique_ids(listing)
     if params.per_class is not None:
         listing = per_class(listing, params.per_class)
-    kept, absent = natural_codes(listing, params)
+    kept, absent, images = natural_codes(listing, params)
 
     order = protocol.class_order(listing.classes, params.class_order_seed)
     sizes = protocol.task_sizes(len(order), params.tasks, params.allow_uneven)
@@ -315,7 +340,11 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
         "tasks": tasks,
         "dropped_classes": listing.dropped_classes,
         "absent": absent,
-        "data": dataclasses.asdict(params),
+        # where the dataset is kept is no part of the output (tune and extract
+        # take it from their params file): a byte-identical copy elsewhere
+        # leaves tasks.json, and so every later stage, as it was
+        "data": {k: v for k, v in dataclasses.asdict(params).items() if k != "root"},
+        "images": images,
     }
     return rows, doc
 

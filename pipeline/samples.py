@@ -68,10 +68,14 @@ class Tasks:
         }
 
 
-def read_prepare(prepare_dir: str | Path) -> tuple[list[Sample], Tasks]:
-    """Read and validate `samples.jsonl` and `tasks.json` of a prepare folder."""
+def read_prepare(
+    prepare_dir: str | Path, root: str | Path | None = None
+) -> tuple[list[Sample], Tasks]:
+    """Read and validate `samples.jsonl` and `tasks.json` of a prepare folder;
+    `root` is the dataset's folder (the reader's `data.root`): tasks.json does
+    not record it, so that moving the data reruns nothing after prepare."""
     folder = Path(prepare_dir)
-    tasks = _read_tasks(folder / TASKS_FILE)
+    tasks = _read_tasks(folder / TASKS_FILE, root)
     path = folder / SAMPLES_FILE
     if not path.is_file():
         raise PrepareError(f"{path}: not found (run `pal prepare`)")
@@ -101,7 +105,7 @@ def read_prepare(prepare_dir: str | Path) -> tuple[list[Sample], Tasks]:
     return samples, tasks
 
 
-def _read_tasks(path: Path) -> Tasks:
+def _read_tasks(path: Path, root: str | Path | None) -> Tasks:
     if not path.is_file():
         raise PrepareError(f"{path}: not found (run `pal prepare`)")
     try:
@@ -110,11 +114,17 @@ def _read_tasks(path: Path) -> Tasks:
         task_list = sorted(raw["tasks"], key=lambda t: int(t["task"]))
         labels = [list(map(int, t["labels"])) for t in task_list]
         data = dict(raw["data"])
-        root = Path(data["root"])
+        # an older prepare folder recorded its root; a newer one needs `root`
+        root = root if root is not None else data.get("root")
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise PrepareError(
             f"{path}: malformed tasks.json ({type(exc).__name__}: {exc})"
         ) from None
+    if root is None:
+        raise PrepareError(
+            f"{path}: names no dataset folder; give the params file whose "
+            "data.root holds the images"
+        )
     expected, lo = [], 0
     for k, ls in enumerate(labels, 1):
         if int(task_list[k - 1]["task"]) != k or ls != list(range(lo, lo + len(ls))):
@@ -127,7 +137,7 @@ def _read_tasks(path: Path) -> Tasks:
         raise PrepareError(
             f"{path}: tasks cover {lo} labels but class_order has {len(order)} classes"
         )
-    return Tasks(order, expected, root, data)
+    return Tasks(order, expected, Path(root), data)
 
 
 def text_problem(value: Any) -> str | None:

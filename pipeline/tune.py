@@ -70,14 +70,16 @@ def tune(
     tune_p: pparams.TuneParams,
     fresh: bool = False,
     timings: str | Path | None = None,
+    data_root: str | Path | None = None,
 ) -> list[Path]:
     """Run prompt tuning for all tasks; returns the checkpoint paths.
+    `data_root`: where the images are (`data.root`; tasks.json does not say).
 
     Finished steps wait in `<out>.partial/` until every task is done, then
     move into `out` (see `pipeline.resume`); `fresh` discards them. Per-epoch
     seconds are appended to `timings` (a JSON-lines file), never to `out`.
     """
-    samples, tasks = read_prepare(prepare_dir)
+    samples, tasks = read_prepare(prepare_dir, data_root)
     out = Path(out_dir)
     record = params_record(model_p, prompt_p, tune_p, tasks.n_tasks)
     device = resolve_device(tune_p.device, "tune.device")
@@ -139,7 +141,7 @@ def _signatures(
     common = {
         "code": code_digest(__name__),
         "params": record,
-        "split": [tasks.record(), str(tasks.root)],
+        "split": [tasks.record(), tasks.data.get("images")],  # content, not place
         "backbone": folder_digest(backbone_folder(backbone.name)),
         "device": device.type,
         "versions": [torch.__version__, transformers.__version__],
@@ -238,4 +240,14 @@ def cli(
     model_p = pparams.load(params_file, "model")
     prompt_p = pparams.load(params_file, "prompt")
     tune_p = pparams.load(params_file, "tune")
-    tune(prepare_dir, out_dir, model_p, prompt_p, tune_p, fresh=fresh, timings=timings)
+    root = pparams.data_root(params_file)
+    tune(
+        prepare_dir,
+        out_dir,
+        model_p,
+        prompt_p,
+        tune_p,
+        fresh=fresh,
+        timings=timings,
+        data_root=root,
+    )

@@ -94,12 +94,54 @@ def test_a_preset_names_its_missing_data_backbone_and_gpu(project):
 def test_a_preset_with_its_data_in_place_is_ready(project):
     params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
     params["tune"]["device"] = params["extract"]["device"] = "cpu"
+    params["prompt"].update(layers=[0, 1], pool_size=32)  # the tiny ViLT's sizes
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     make_food101_tree(project / "data/raw/food101", classes=11, train=2, test=1)
     make_hub_vilt(project / "models/vilt-b32-mlm")
     r = check()
     assert r.exit_code == 0, r.output
     assert r.stdout == (
-        "data: food101, 10 classes; 10 test, 20 train\n"
+        "data: food101, 10 classes in 10 tasks; 10 test, 20 train\n"
+        "backbone: models/vilt-b32-mlm, 2 layers, hidden 32, text positions 40\n"
         "params.yaml: ready for dvc repro\n"
+    )
+
+
+def test_the_backbone_and_the_data_are_checked_against_the_prompts_and_tasks(
+    project,
+):
+    """The preset's prompts (layers 0-7, pools of 128) on a 2-layer ViLT of
+    hidden size 32, and 10 tasks of 7 classes: every problem in one line
+    each, before tune would meet them one at a time."""
+    params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
+    params["tune"]["device"] = params["extract"]["device"] = "cpu"
+    params["model"]["max_text_len"] = 80
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    make_food101_tree(project / "data/raw/food101", classes=8, train=2, test=1)
+    make_hub_vilt(project / "models/vilt-b32-mlm")
+    r = check()
+    assert r.exit_code == 1
+    assert r.stderr.splitlines()[-2:] == [
+        "Error: params.yaml: data.tasks: 10 tasks for 7 classes; every task needs "
+        "at least one class",
+        "Error: params.yaml: prompt.layers [0, 1, 2, 3, 4, 5, 6, 7]: layer 2 is "
+        "beyond the backbone's 2 layers (0..1) (model.backbone "
+        "'models/vilt-b32-mlm')",
+    ]
+    params["data"]["tasks"] = 7
+    params["prompt"]["layers"] = [0, 1]
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    r = check()
+    assert r.exit_code == 1
+    assert r.stderr.splitlines()[1:] == [  # after the reader's INFO line
+        "Error: params.yaml: prompt.pool_size 128 exceeds the hidden size 32: "
+        "orthogonal keys need pool_size ≤ 32 (model.backbone 'models/vilt-b32-mlm')"
+    ]
+    params["prompt"]["pool_size"] = 32
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    r = check()
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[1] == (
+        "backbone: models/vilt-b32-mlm, 2 layers, hidden 32, text positions 40, "
+        "stretched to model.max_text_len 80"
     )

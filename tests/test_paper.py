@@ -177,13 +177,21 @@ def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
         env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
     )
     assert out.returncode == 0, out.stderr
-    hours = (42 * 77 + 126 * 5.3) / 60
-    assert out.stdout.splitlines()[1:] == [
+    # bench/README.md's H100 rates: 77.2 min of tune and 5.29 of extract
+    tune = (15.3 + 10 * 61127 / 163.9 + 61127 / 69.6 + 10 * 1.0) / 60
+    extract = (22.5 + 10 * 6.1 + (61127 + 22716 * 5.5) / 795.2) / 60
+    hours = (42 * tune + 126 * extract) / 60
+    assert out.stdout.splitlines() == [
+        "food101, one NVIDIA H100 80GB HBM3 (tune.device cuda): tune 77.2 min and "
+        "extract 5.3 min per (variant, run) at the committed params (bench/README.md, "
+        "bench/rehearsal.py at 30 photos a class)",
         f"  missing: 15 cells, 42 tunings, 126 extractions: {hours:.1f} h",
         "  upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
         f"  all of them: {hours:.1f} h (cells shared between results counted once)",
+        "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
+        "per solve (solve.device auto)",
         # 14 cells of equal cost on 4 cards: 4, 4, 3 and 3 cells
-        f"  on 4 cards: {4 * hours / 14:.1f} h wall (19 cells, longest "
+        f"  on 4 cards: {4 * hours / 14:.1f} h wall (19 cells, the longest "
         f"{hours / 14:.1f} h)",
     ]
 
@@ -251,12 +259,15 @@ def test_a_missing_cell_is_one_line_naming_it_and_the_rerun(
         if c.cell.name != "eta=0.1":
             fake_experiment(repo, base, c.cell.name, metrics(50.0 + i, [0, 1, 2]))
     out = paper(repo, "collect", "upsampling")
-    assert out.returncode == 1
-    assert out.stderr.splitlines() == [
-        f"Error: cell 'eta=0.1' (solve.eta=0.1) has no finished experiment on "
-        f"{base[:7]}; rerun: pal-paper run upsampling"
-    ]
-    assert not (repo / "results").exists()  # nothing written
+    assert out.returncode == 0, out.stderr  # a partial grid, its missing cell marked
+    assert out.stderr.splitlines()[0] == (
+        "WARNING palpaper.collect: upsampling: 1 of 5 cells marked – (no finished "
+        f"experiment on {base[:7]}: eta=0.1); run them: pal-paper run upsampling "
+        "--cells eta=0.1"
+    )
+    md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
+    assert "Partial: 1 cell not run yet (marked –)." in md[0]
+    assert md[7] == "| 1024 (15k), η 0.1 | – | – |"
     fake_experiment(repo, base, "eta=0.1", metrics(60.0, [0, 1, 2]))
     out = paper(repo, "collect", "upsampling")
     assert out.returncode == 0, out.stderr
@@ -335,3 +346,213 @@ def test_a_params_file_without_a_key_the_grids_read_is_one_line(tmp_path: Path) 
     assert out.stderr.strip() == "Error: p.yaml: no key 'pipelines.main'"
     out = paper(tmp_path, "plan", "all", "-p", "nope.yaml")
     assert out.stderr.strip() == "Error: nope.yaml: params file not found"
+
+
+def test_plan_follows_the_params_and_the_device(tmp_path: Path) -> None:
+    """A CPU rehearsal of the preset (one photo of each class and split, one
+    epoch, one run, PAL alone) is priced at this machine's CPU rates, not at
+    the preset's full-size H100 run."""
+    from palpaper.plan import costs
+
+    params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
+    params["data"].update(per_class=1, tasks=5)
+    params["tune"].update(device="cpu", epochs=1)
+    params["extract"]["device"] = "cpu"
+    params["protocol"]["runs"] = [0]
+    params["pipelines"]["main"] = ["pal"]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = paper(tmp_path, "plan", "upsampling", "tasks", "-p", "p.yaml")
+    assert out.returncode == 0, out.stderr
+    cpu = costs()["devices"]["CPU"]
+    # 100 classes: 100 training and 100 test samples; K tasks
+    tune = (12.3 + 100 / 0.4 + 100 / 1.1) / 60  # 1 epoch of 100 samples
+
+    def extract(k: int) -> float:  # step j embeds the test samples of tasks 1..j
+        return (21.7 + (100 + 100 * (k + 1) / 2) / 0.9) / 60
+
+    assert cpu["tune_per_s"] == 0.4 and cpu["extract_per_s"] == 0.9
+    # tasks: K = 10, 20, 50 are new cells (5 is the committed one), PAL only
+    hours = sum(tune + extract(k) for k in (10, 20, 50)) / 60
+    assert out.stdout.splitlines() == [
+        "food101, this project's 2-core CPU (AMD EPYC Zen 4) (tune.device cpu): "
+        f"tune {tune:.1f} min and extract {extract(5):.1f} min per (variant, "
+        "run) at the committed params (bench/README.md, the CPU rehearsal at "
+        "ViLT-B/32's sizes)",
+        "  upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
+        f"  tasks: 4 cells, 3 tunings, 3 extractions: {hours:.1f} h",
+        f"  all of them: {hours:.1f} h (cells shared between results counted once)",
+        "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
+        "per solve (solve.device auto)",
+    ]
+
+
+# --- before queuing, and after a killed worker ---------------------------------
+
+
+def test_run_checks_every_cell_before_queuing_anything(
+    project: tuple[Path, str],
+) -> None:
+    """A committed typo stops `pal-paper run` at once in one line; so does a
+    cell whose params the backbone cannot take, each line naming its cell."""
+    from pipeline.fakes import make_hub_vilt
+
+    repo, _ = project
+    text = (repo / "params.yaml").read_text()
+    (repo / "params.yaml").write_text(text.replace("  epochs: 3", "  epoch: 3"))
+    git(repo, "commit", "-qam", "typo")
+    out = paper(repo, "run", "upsampling")
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "Error: params.yaml: unknown key 'tune.epoch' (did you mean 'tune.epochs'?)"
+    )
+    make_hub_vilt(repo / "models/vilt")  # 2 layers of hidden size 32, not in git
+    text = text.replace("  backbone: data/demo/vilt", "  backbone: models/vilt")
+    (repo / "params.yaml").write_text(text)
+    git(repo, "commit", "-qam", "a backbone of 2 layers")
+    out = paper(repo, "run", "prompt")
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        "Error: cell 'main=pal+layers=3' (pipelines.main=[pal] prompt.layers=[3]): "
+        "params.yaml: prompt.layers [3]: layer 3 is beyond the backbone's 2 layers "
+        "(0..1) (model.backbone 'models/vilt')",
+        "Error: cell 'main=pal+layers=2-3' (pipelines.main=[pal] prompt.layers="
+        "[2,3]): params.yaml: prompt.layers [2, 3]: layer 2 is beyond the "
+        "backbone's 2 layers (0..1) (model.backbone 'models/vilt')",
+        "Error: cell 'main=pal+layers=0-1-2-3' (pipelines.main=[pal] prompt.layers="
+        "[0,1,2,3]): params.yaml: prompt.layers [0, 1, 2, 3]: layer 2 is beyond the "
+        "backbone's 2 layers (0..1) (model.backbone 'models/vilt')",
+        "Error: cell 'main=pal+pool_size=40' (pipelines.main=[pal] prompt.pool_size"
+        "=40): params.yaml: prompt.pool_size 40 exceeds the hidden size 32: "
+        "orthogonal keys need pool_size ≤ 32 (model.backbone 'models/vilt')",
+    ]
+    assert not (repo / ".dvc/tmp/exps/celery").exists()  # nothing was queued
+
+
+def test_ctrl_c_stops_the_workers_or_says_how_to() -> None:
+    """Ctrl-C stops DVC's queue and the pinned workers (`Repo.stop`); where
+    that fails, the line says the workers may go on and how to stop them.
+    tests/test_paper_gpus.py interrupts a real grid."""
+    from palpaper import cli
+    from palpaper.experiments import ExperimentError
+
+    class Stops:
+        stopped = 0
+
+        def stop(self) -> None:
+            self.stopped += 1
+
+    class Refuses:
+        def stop(self) -> None:
+            raise ExperimentError("dvc queue stop --kill: no queue")
+
+    repo = Stops()
+    line = cli._interrupted(repo, "pal-paper run upsampling --runs 0")  # type: ignore[arg-type]
+    assert repo.stopped == 1
+    assert line == (
+        "interrupted: the grid's workers and their cells were stopped; finished "
+        "cells are kept, `pal-paper run upsampling --runs 0` runs the rest"
+    )
+    line = cli._interrupted(Refuses(), "pal-paper run tasks")  # type: ignore[arg-type]
+    assert line == (
+        "interrupted; DVC's queue workers may go on with the grid (`dvc queue "
+        "status`): `dvc queue stop --kill` stops them, and `pal-paper run tasks` "
+        "resumes the grid"
+    )
+
+
+def test_a_killed_tasks_temporary_copy_is_removed(project: tuple[Path, str]) -> None:
+    """DVC's info file of a task names its temporary copy; a worker killed
+    mid-cell leaves that folder, which the next run removes (only it)."""
+    from palpaper.experiments import Repo
+
+    repo, _ = project
+    exps = repo / ".dvc/tmp/exps"
+    for task, name in (("aaa", "abc1234-eta=0.1"), ("bbb", "abc1234-eta=0.5")):
+        (exps / f"tmp{task}" / "data").mkdir(parents=True)
+        (exps / f"tmp{task}" / "data" / "blob").write_bytes(b"x" * 100)
+        info = exps / "run" / task / f"{task}.run"
+        info.parent.mkdir(parents=True)
+        info.write_text(
+            json.dumps({"name": name, "root_dir": str(exps / f"tmp{task}")})
+        )
+    outside = repo / "elsewhere"
+    outside.mkdir()
+    info = exps / "run" / "ccc" / "ccc.run"
+    info.parent.mkdir(parents=True)
+    info.write_text(json.dumps({"name": "abc1234-eta=0.1", "root_dir": str(outside)}))
+    removed = Repo(repo).remove_copies("abc1234-eta=0.1")
+    assert removed == [(exps / "tmpaaa").resolve()]
+    assert sorted(p.name for p in exps.glob("tmp*")) == ["tmpbbb"]
+    assert outside.is_dir()  # never a folder outside .dvc/tmp/exps
+
+
+def test_a_caption_says_how_the_run_departs_from_the_papers_protocol() -> None:
+    """Beside the paper's numbers, the caption and the CSV name each way the
+    run differs from the paper's protocol; what the result varies (Table 4's
+    width) is no departure, and the paper's own settings say nothing."""
+    from palpaper.departures import departures
+
+    smoke = yaml.safe_load(yaml.safe_dump(FOOD))
+    smoke["data"].update(tasks=5, per_class=1)
+    smoke["tune"].update(device="cpu", epochs=1)
+    smoke["solve"]["width"] = 1024
+    r = RESULTS["upsampling"]
+    cols = r.columns(smoke, [0])
+    data = {c.key: metrics(5.0, [0]) for c in cols}
+    departs = departures(smoke, cols, [0], classes=10)
+    assert departs == [
+        "5 tasks (the paper: 10)",
+        "10 classes (the paper: 100)",
+        "at most 1 sample per class and split (the paper: all)",
+        "1 epoch a task (the paper: 10)",
+        "1 run (the paper: 3)",
+        "tune and extract on CPU (the paper: GPU)",
+    ]
+    table = build(r, cols, data, "food101", "pal-paper run upsampling", departs)
+    assert table.markdown().splitlines()[0] == (
+        "Table 4 of the paper: Up-sampling width and regularisation η; "
+        "UPMC-Food101, one run per cell (run 0), no spread. In parentheses: the "
+        "paper's UPMC-Food101 numbers. This run departs from the paper's "
+        "protocol: " + "; ".join(departs) + ". Made by `pal-paper run upsampling`."
+    )
+    csv = table.csv().splitlines()
+    assert csv[0].endswith(",departs from the paper's protocol")
+    assert csv[1] == (
+        '"546 (8k), η 1",5.0000,,71.8500,0.5000,,6.5000,' + "; ".join(departs)
+    )
+    # the paper's protocol itself: nothing to say; a width off the paper's in
+    # a result that does not vary it is a departure
+    assert departures(FOOD, cols, [0, 1, 2], classes=100) == []
+    tasks = RESULTS["tasks"].columns(smoke, [0])
+    assert "width 1024 (the paper: 15000)" in departures(smoke, tasks, [0], 10)
+    assert "5 tasks (the paper: 10)" not in departures(smoke, tasks, [0], 10)
+
+
+def test_collect_names_the_rev_the_cells_ran_on(project: tuple[Path, str]) -> None:
+    """Cells finished on a commit that HEAD has moved past: the hint names
+    `--rev` with that commit, and `collect --rev` renders them."""
+    repo, base = project
+    for i, c in enumerate(RESULTS["upsampling"].columns(PARAMS, None)):
+        if i != 4:
+            fake_experiment(repo, base, c.cell.name, metrics(50.0, [0, 1, 2]))
+    (repo / "notes.txt").write_text("a later commit\n")
+    git(repo, "add", "notes.txt")
+    git(repo, "commit", "-qm", "later")
+    head = git(repo, "rev-parse", "HEAD")
+    out = paper(repo, "collect", "upsampling")
+    assert out.returncode == 1
+    lacking = ",".join(c.cell.name for c in RESULTS["upsampling"].columns(PARAMS, None))
+    assert out.stderr.splitlines()[:2] == [
+        f"WARNING palpaper.collect: upsampling: 5 of 5 cells marked – (no finished "
+        f"experiment on {head[:7]}: {lacking.replace(',', ', ')}); run them: "
+        f"pal-paper run upsampling --cells {lacking} (4 of them finished on "
+        f"{base[:7]}, not {head[:7]}: `pal-paper collect upsampling --rev "
+        f"{base[:7]}` renders those)",
+        f"Error: upsampling: none of its 5 cells finished on {head[:7]}; nothing "
+        "written (run: pal-paper run upsampling)",
+    ]
+    out = paper(repo, "collect", "upsampling", "--rev", base[:7])
+    assert out.returncode == 0, out.stderr
+    md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
+    assert "Partial: 1 cell not run yet (marked –)." in md[0]
+    assert md[8] == "| 1365 (20k), η 1 | – | – |"

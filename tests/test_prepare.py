@@ -92,7 +92,8 @@ def test_food101_outputs(tmp_path, food_a):
     assert len({row["id"] for row in rows}) == len(rows)
     assert len(doc["class_order"]) == 100 and SMALLEST not in doc["class_order"]
     assert doc["dropped_classes"] == [SMALLEST]
-    assert doc["data"]["root"] == str(food_a) and doc["data"]["tasks"] == 10
+    assert "root" not in doc["data"] and doc["data"]["tasks"] == 10
+    assert len(doc["images"]) == 64  # sha256 hex of the images' bytes
     # contiguous label ranges per task, labels follow the class order
     for t in doc["tasks"]:
         k = t["task"]
@@ -439,3 +440,35 @@ def test_prepare_and_the_samples_contract_never_import_torch():
     """The data layer's contract (samples.jsonl, tasks.json, Batch) and the
     prepare stage load without torch: `pal prepare` runs on a machine without it."""
     assert heavy_modules_after("import pipeline.samples, pipeline.prepare") == []
+
+
+def test_a_copy_of_the_data_elsewhere_gives_the_same_bytes(tmp_path, food_a):
+    """Where the dataset is kept is no part of prepare's outputs (so moving
+    data.root reruns nothing after prepare); what its images hold is."""
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "food101"
+    shutil.copytree(food_a, copy)
+    common = dict(dataset="food101", tasks=10, missing_type="none")
+    outs = {}
+    for name, root in (("a", food_a), ("copy", copy)):
+        r = run_prepare(tmp_path, tmp_path / name, root=str(root), **common)
+        assert r.exit_code == 0, r.output
+        outs[name] = {
+            f: (tmp_path / name / f).read_bytes()
+            for f in ("samples.jsonl", "tasks.json")
+        }
+    assert outs["copy"] == outs["a"]
+    first = sorted(copy.rglob("*.jpg"))[0]
+    first.write_bytes(first.read_bytes() + b"\0")  # the same photo, other bytes
+    r = run_prepare(tmp_path, tmp_path / "changed", root=str(copy), **common)
+    assert r.exit_code == 0, r.output
+    _, doc = read_out(tmp_path / "changed")
+    assert (tmp_path / "changed/samples.jsonl").read_bytes() == outs["a"][
+        "samples.jsonl"
+    ]
+    before = json.loads(outs["a"]["tasks.json"])
+    assert {k: v for k, v in doc.items() if k != "images"} == {
+        k: v for k, v in before.items() if k != "images"
+    }
+    assert doc["images"] != before["images"]

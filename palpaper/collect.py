@@ -1,0 +1,174 @@
+"""Render results from the cells' finished experiments, a partial grid too.
+
+A cell without a finished experiment on the baseline commit is marked – in
+its table and named in one line with the command that runs it (the
+researcher's options kept, `--cells` naming the missing ones), and, when
+those cells finished on another commit (HEAD moved since the grid ran), the
+`--rev` that renders them. A result none of whose cells finished is not
+written; the others are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from palcore.outputs import write_bytes_atomic
+from palpaper import render
+from palpaper.departures import departures, prepared_classes
+from palpaper.experiments import ExperimentError, Repo
+from palpaper.grids import RESULTS, Cell, Column, get
+
+log = logging.getLogger(__name__)
+
+
+def command(
+    names: Sequence[str],
+    runs: Sequence[int] | None,
+    cells: Sequence[str] | None = None,
+    shard: str | None = None,
+    jobs: int = 1,
+    verb: str = "run",
+) -> str:
+    """The `pal-paper` command line with these options (what to type again)."""
+    cmd = f"pal-paper {verb} " + " ".join(names)
+    if runs is not None:
+        cmd += f" --runs {','.join(map(str, runs))}"
+    if cells:
+        cmd += f" --cells {','.join(cells)}"
+    if shard:
+        cmd += f" --shard {shard}"
+    if jobs != 1:
+        cmd += f" -j {jobs}"
+    return cmd
+
+
+def grid(
+    names: Sequence[str], params: dict[str, Any], runs: Sequence[int] | None
+) -> tuple[dict[str, list[Column]], list[Cell]]:
+    """Each result's columns, and the distinct cells of them all in order."""
+    columns = {n: RESULTS[n].columns(params, runs) for n in names}
+    cells: dict[str, Cell] = {}
+    for cols in columns.values():
+        for c in cols:
+            cells.setdefault(c.cell.name, c.cell)
+    return columns, list(cells.values())
+
+
+def _why(repo: Repo, cell: Cell, status: dict[str, str]) -> str:
+    name = repo.exp_name(cell)
+    return {
+        "Failed": f"failed (`dvc queue logs {name}`)",
+        "Queued": "still queued",
+        "Running": "still running",
+    }.get(status.get(name, ""), f"no finished experiment on {repo.short}")
+
+
+def _moved_hint(repo: Repo, ids: Sequence[str], lacking: list[Cell]) -> str:
+    """'; they finished on X: `pal-paper collect … --rev X`' when the lacking
+    cells finished on another commit (HEAD moved since the grid ran)."""
+    elsewhere = repo.other_baselines([c.name for c in lacking])
+    if not elsewhere:
+        return ""
+    rev, n = max(elsewhere.items(), key=lambda kv: (kv[1], kv[0]))
+    return (
+        f" ({n} of them finished on {rev[:7]}, not {repo.short}: "
+        f"`{command(ids, None, verb='collect')} --rev {rev[:7]}` renders those)"
+    )
+
+
+def collect(
+    repo: Repo,
+    ids: list[str],
+    params: dict[str, Any],
+    runs: list[int] | None,
+    out: Path,
+) -> None:
+    """Render each result of `ids` into OUT/<dataset>/, missing cells marked."""
+    columns, cells = grid(ids, params, runs)
+    dataset = str(get(params, "data.dataset"))
+    finished = repo.finished()
+    metrics: dict[str, dict[str, Any]] = {}
+    classes = None
+    for c in cells:
+        commit = finished.get(repo.exp_name(c))
+        m = None if commit is None else repo.metrics(commit, dataset)
+        if m is not None:
+            metrics[c.name] = m
+            if classes is None:
+                classes = prepared_classes(repo.root, repo.show(commit, "dvc.lock"))
+    lacking = [c for c in cells if c.name not in metrics]
+    if lacking:
+        status = repo.queue_status()
+        moved = _moved_hint(repo, ids, lacking)
+        for rid in ids:
+            mine = [c for c in lacking if any(x.cell == c for x in columns[rid])]
+            if not mine:
+                continue
+            why: dict[str, list[str]] = {}
+            for c in mine:
+                why.setdefault(_why(repo, c, status), []).append(c.name)
+            log.warning(
+                "%s: %d of %d cells marked – (%s); run them: %s%s",
+                rid,
+                len(mine),
+                len(columns[rid]),
+                "; ".join(f"{w}: {', '.join(n)}" for w, n in why.items()),
+                command([rid], runs, [c.name for c in mine]),
+                moved,
+            )
+    empty = []
+    for rid in ids:
+        data = {col.key: metrics.get(col.cell.name, {}) for col in columns[rid]}
+        if not any(data.values()):
+            empty.append(rid)
+            continue
+        _write(repo, rid, columns[rid], data, params, runs, classes, out / dataset)
+    if empty:
+        raise ExperimentError(
+            "\nError: ".join(
+                f"{rid}: none of its {len(columns[rid])} cells finished on "
+                f"{repo.short}; nothing written (run: {command([rid], runs)})"
+                for rid in empty
+            )
+        )
+
+
+def _write(
+    repo: Repo,
+    rid: str,
+    columns: list[Column],
+    data: dict[str, Any],
+    params: dict[str, Any],
+    runs: list[int] | None,
+    classes: int | None,
+    folder: Path,
+) -> None:
+    r = RESULTS[rid]
+    dataset = str(get(params, "data.dataset"))
+    run_ids = next(d["runs"] for d in data.values() if d)
+    departs = departures(params, columns, run_ids, classes)
+    table = render.build(r, columns, data, dataset, command([rid], runs), departs)
+    files = {
+        f"{rid}.md": table.markdown().encode(),
+        f"{rid}.csv": table.csv().encode(),
+    }
+    partial = not all(data.values())
+    if not partial:
+        png = render.figure(r, columns, data, table.caption.split(";")[0])
+        if png is not None:
+            files[f"{rid}.png"] = png
+    for name, blob in files.items():
+        write_bytes_atomic(folder / name, blob)
+    n, done = len(columns), sum(1 for d in data.values() if d)
+    log.info(
+        "%s: %s (%d of %d cell%s%s)",
+        rid,
+        folder / f"{rid}.md",
+        done,
+        n,
+        "s" * (n != 1),
+        "; no figure for a partial grid" if partial and r.figure else "",
+    )

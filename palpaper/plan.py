@@ -1,0 +1,157 @@
+"""`pal-paper plan`: a grid's projected time from its cells' own params on
+the device they name, and the memory of its largest solve.
+
+Per (variant, run) a trained tune costs start-up + epochs × N / rate + N /
+query rate + a graph capture per task, and an extraction start-up + a loader
+start per step + E / rate, where N is the training samples (the dataset's,
+or classes × `data.per_class`) and E = N + test × (K + 1) / 2 the embeddings
+of K steps (step k embeds the test samples of tasks 1..k); the rates are
+measured (costs.yaml). A grid adds, per cell, the tunings and extractions
+`dvc repro` has not made (`tunings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from palpaper import render
+from palpaper.grids import RESULTS, Cell, GridError, Result, get
+from palpaper.workers import wall_hours
+
+FREE_KEYS = {"pipelines.main", "protocol.runs"}
+DTYPE_BYTES = {"float64": 8, "float32": 4}
+
+
+def costs() -> dict[str, Any]:
+    return render.package_yaml("costs.yaml")
+
+
+def tunings(r: Result, cell: Cell, params: Mapping[str, Any]) -> tuple[int, int]:
+    """(trained tunings, extractions) a cell adds to what `dvc repro` made."""
+    if r.keeps_features:
+        return 0, 0
+    variants = cell.value(params, "pipelines.main")
+    run_ids = cell.value(params, "protocol.runs")
+    changed = {k for k, _ in cell.overrides} - FREE_KEYS
+    if not changed:  # the committed scenario: new variants or runs only
+        old_v = set(get(params, "pipelines.main"))
+        old_r = set(get(params, "protocol.runs"))
+        pairs = [
+            (v, x)
+            for v in variants
+            for x in run_ids
+            if v not in old_v or x not in old_r
+        ]
+    else:
+        pairs = [(v, x) for v in variants for x in run_ids]
+    trained = sum(
+        1
+        for v, _ in pairs
+        if (get(params, "ablation").get(v, {}).get("changes") or {})
+        .get("tune", {})
+        .get("epochs")
+        != 0
+    )
+    return trained, len(pairs)
+
+
+def device_kind(params: Mapping[str, Any]) -> str:
+    """'GPU' or 'CPU': where tune runs (`auto`: a GPU when torch sees one)."""
+    device = str(get(params, "tune.device"))
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "GPU" if device == "cuda" else "CPU"
+
+
+def minutes(
+    cell: Cell, params: Mapping[str, Any], rates: Mapping[str, float], size: Mapping
+) -> tuple[float, float]:
+    """(tune, extract) minutes per (variant, run) of the cell's params."""
+    per_class = cell.value(params, "data.per_class") if _has(params) else None
+    k = int(cell.value(params, "data.tasks"))
+    epochs = int(cell.value(params, "tune.epochs"))
+    train, test = size["train"], size["test"]
+    if per_class is not None:  # at most per_class of each class and split
+        train = min(train, size["classes"] * per_class)
+        test = min(test, size["classes"] * per_class)
+    t = rates["tune_startup_s"] + epochs * train / rates["tune_per_s"]
+    t += train / rates["query_per_s"] + k * rates["capture_s_per_task"]
+    embeddings = train + test * (k + 1) / 2
+    e = rates["extract_startup_s"] + k * rates["extract_s_per_step"]
+    e += embeddings / rates["extract_per_s"]
+    return t / 60, e / 60
+
+
+def _has(params: Mapping[str, Any]) -> bool:
+    return "per_class" in (params.get("data") or {})
+
+
+def largest_solve(cells: Sequence[Cell], params: Mapping[str, Any]) -> str:
+    """The line on the largest up-sampling width among the cells: its Gram
+    matrix (width², solve.dtype) is held once per solve."""
+    width = max(int(c.value(params, "solve.width")) for c in cells)
+    dtype = str(get(params, "solve.dtype"))
+    gb = width * width * DTYPE_BYTES.get(dtype, 8) / 1e9
+    return (
+        f"  largest solve: width {width}, a {width} x {width} {dtype} Gram matrix "
+        f"of {gb:.1f} GB per solve (solve.device {get(params, 'solve.device')})"
+    )
+
+
+def plan_lines(
+    ids: Sequence[str],
+    params: Mapping[str, Any],
+    runs: Sequence[int] | None,
+    where: str,
+    cards: int = 1,
+) -> list[str]:
+    """The lines `pal-paper plan` prints; `where` names the params file, and
+    the last line the wall time on `cards` cards."""
+    dataset = str(get(params, "data.dataset"))
+    table = costs()
+    if dataset not in table["datasets"]:
+        raise GridError(
+            f"{where}: no measured size for data.dataset '{dataset}' "
+            f"(measured: {', '.join(table['datasets'])})"
+        )
+    kind = device_kind(params)
+    rates, size = table["devices"][kind], table["datasets"][dataset]
+    t0, e0 = minutes(Cell(()), params, rates, size)
+    lines = [
+        f"{dataset}, {rates['name']} (tune.device {get(params, 'tune.device')}): "
+        f"tune {t0:.1f} min and extract {e0:.1f} min per (variant, run) at "
+        f"the committed params ({rates['source']})"
+    ]
+    total, seen, every, cell_hours = 0.0, set(), [], []
+    for rid in ids:
+        cols = RESULTS[rid].columns(params, runs)
+        hours, t_all, e_all = 0.0, 0, 0
+        for c in cols:
+            every.append(c.cell)
+            if c.cell.name in seen:
+                continue
+            seen.add(c.cell.name)
+            t, e = tunings(RESULTS[rid], c.cell, params)
+            tm, em = minutes(c.cell, params, rates, size)
+            cell_hours.append((t * tm + e * em) / 60)
+            hours += cell_hours[-1]
+            t_all, e_all = t_all + t, e_all + e
+        total += hours
+        lines.append(
+            f"  {rid}: {len(cols)} cell{'s' * (len(cols) != 1)}, {t_all} tunings, "
+            f"{e_all} extractions: {hours:.1f} h"
+        )
+    lines.append(
+        f"  all of them: {total:.1f} h (cells shared between results counted once)"
+    )
+    lines.append(largest_solve(every, params))
+    if cards > 1:  # on one card the wall time is the total
+        lines.append(
+            f"  on {cards} cards: {wall_hours(cell_hours, cards):.1f} h wall "
+            f"({len(cell_hours)} cells, the longest "
+            f"{max(cell_hours, default=0.0):.1f} h)"
+        )
+    return lines

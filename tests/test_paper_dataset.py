@@ -1,0 +1,135 @@
+"""The paper's grids on a dataset laid out as the README says, through DVC's
+real queue: a fresh clone, a Food101 tree of photo-sized JPEGs under
+`data/raw/food101`, a hub-layout ViLT in the local HF cache linked by `pal
+backbone --link`, then the README's "CPU smoke run" and "cpu-grid" blocks
+run verbatim (both ignored folders reach every cell's temporary copy)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from scratch_project import BIN, scratch_env
+
+from palpaper.grids import RESULTS
+from pipeline.fakes import make_food101_tree, make_hub_vilt
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+LINK = "pal backbone dandelin/vilt-b32-mlm --link models/vilt-b32-mlm"
+
+
+def block(marker: str) -> str:
+    """The README's bash block after `<!-- ci: marker -->`."""
+    found = re.search(rf"<!-- ci: {marker} -->\n```bash\n(.*?)```", README, re.S)
+    assert found, f"README.md has no block marked ci: {marker}"
+    return found.group(1)
+
+
+def hub_cache(cache: Path) -> None:
+    """dandelin/vilt-b32-mlm as huggingface_hub caches it: a random ViLT of 8
+    layers of width 128, so the preset's prompts (layers 0-7, pools of 128)
+    fit it, at 32-px images."""
+    repo = cache / "models--dandelin--vilt-b32-mlm"
+    make_hub_vilt(repo / "snapshots" / "0123abcd", layers=8, hidden=128)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+
+
+def sh(project: Path, env: dict[str, str], script: str) -> str:
+    out = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, f"{script}\n{out.stdout}\n{out.stderr}"
+    return out.stderr
+
+
+@pytest.mark.slow  # the smoke run, 5 + 1 cells through DVC's queue
+def test_the_readme_route_runs_the_papers_grids_on_a_real_layout(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    project = tmp_path / "project"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
+    env = scratch_env(project)
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), PATH=f"{BIN}:/usr/bin:/bin")
+    hub_cache(tmp_path / "hub")
+    make_food101_tree(project / "data/raw/food101", classes=11, train=2, test=1)
+    assert LINK in " ".join(README.split())  # the README's words, wrapped
+    sh(project, env, LINK)
+    sh(project, env, block("cpu-smoke"))
+    log = sh(project, env, block("cpu-grid"))
+
+    folder = project / "results/paper/food101"
+    up = (folder / "upsampling.md").read_text(encoding="utf-8").splitlines()
+    # Table 4 varies the width; Tables 1-2 keep the committed 1024
+    departs = (
+        "This run departs from the paper's protocol: 10 classes (the paper: 100); "
+        "at most 1 sample per class and split (the paper: all); 1 epoch a task "
+        "(the paper: 10);{} 1 run (the paper: 3); tune and extract on CPU (the "
+        "paper: GPU)."
+    )
+    numbers = "In parentheses: the paper's UPMC-Food101 numbers. "
+    assert numbers + departs.format("") in up[0]
+    assert [line.split(" | ")[0] for line in up[4:]] == [
+        "| 546 (8k), η 1",
+        "| 1024 (15k), η 1",
+        "| 1024 (15k), η 0.5",
+        "| 1024 (15k), η 0.1",
+        "| 1365 (20k), η 1",
+    ]
+    assert all(re.search(r"\| \d+\.\d\d \(\d+\.\d\d\) \|", line) for line in up[4:])
+    # the missing grid: 2 of 15 cells ran (base reused from upsampling)
+    md = (folder / "missing.md").read_text(encoding="utf-8").splitlines()
+    assert "Partial: 13 cells not run yet (marked –)." in md[0]
+    assert numbers + departs.format(" width 1024 (the paper: 15000);") in md[0]
+    pal_acc = md[4].split(" | ")
+    assert pal_acc[:2] == ["| Acc", "PAL"]
+    # 10 % text missing is the first column, 70 % both the twelfth (base)
+    assert re.fullmatch(r"\d+\.\d\d \(82\.45\)", pal_acc[2])
+    assert re.fullmatch(r"\d+\.\d\d \(72\.59\)", pal_acc[13])
+    assert pal_acc[3] == "– (84.66)"
+    assert not (folder / "missing.png").exists()
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    lacking = [
+        c.cell.name
+        for c in RESULTS["missing"].columns(params, None)
+        if c.cell.name not in ("base", "missing_rate=0.1+missing_type=text")
+    ]
+    assert len(lacking) == 13 and "missing_type=image" in lacking  # 70 % image
+    warning = [x for x in log.splitlines() if "cells marked –" in x]
+    assert warning == [
+        "WARNING palpaper.collect: missing: 13 of 15 cells marked – (no finished "
+        f"experiment on {_head(project)}: {', '.join(lacking)}); run them: "
+        f"pal-paper run missing --cells {','.join(lacking)}"
+    ]
+    # no cell ran the demo, and no temporary copy was left behind
+    assert not (project / "data/demo").exists()
+    logs = subprocess.run(
+        [str(BIN / "dvc"), "queue", "logs", f"{_head(project)}-base"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "Stage 'evaluate' didn't change" in logs and "'demo'" not in logs
+    assert sorted(p.name for p in (project / ".dvc/tmp/exps").glob("tmp*")) == []
+
+
+def _head(project: Path) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short=7", "HEAD"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
