@@ -317,8 +317,11 @@ def _queue(
     repo: Repo, todo: list[Cell], finished: dict[str, str], copies: list[str]
 ) -> list[str]:
     """Queue the cells neither finished nor queued nor running; returns their
-    names. A task whose process is gone is killed (its copy removed) first."""
+    names. A task whose process is gone is killed (its copy removed) first.
+    The finished experiments are listed again after the queue's states, so a
+    cell that finished in between is not taken for a failed one."""
     status = repo.queue_status()
+    finished = {**finished, **repo.finished()}
     queued = []
     for c in todo:
         name = repo.exp_name(c)

@@ -48,7 +48,7 @@ note("end")
 
 DVC_YAML = {
     "stages": {
-        "fake": {
+        "evaluate": {
             "cmd": "python3 stage.py",
             "deps": ["stage.py"],
             "params": ["solve", "protocol", "pipelines"],
