@@ -160,31 +160,8 @@ def predict(
     is raised). Image paths outside the input's folder only `allow_outside`."""
     t0 = time.perf_counter()
     input_path, tune_dir = Path(input_path), Path(tune_dir)
-    raw = read_rows(input_path)
+    raw, made, errors = _prepared_rows(input_path, strict, allow_outside)
     folder = input_path.parent
-    made = {
-        n: to_sample(row, n, folder, allow_outside) if isinstance(row, dict) else row
-        for n, row in raw
-    }
-    images = sorted(
-        {s.image for s in made.values() if isinstance(s, Sample) and s.image}
-    )
-    bad = set(unreadable_images(folder, images))
-    for n, s in made.items():
-        if isinstance(s, Sample) and s.image in bad:
-            made[n] = f"cannot read image {folder / s.image}"
-    for n, row in raw:  # said per row: an unseen image changes the prediction
-        s = made[n]
-        if isinstance(s, Sample) and s.image is None and isinstance(row, dict):
-            if row.get("image"):
-                log.warning(
-                    "%s: row %d: image %s not found: predicted without it",
-                    input_path, n, folder / row["image"],
-                )  # fmt: skip
-    errors = {n: e for n, e in made.items() if isinstance(e, str)}
-    if errors and strict:
-        n = min(errors)
-        raise PredictError(f"{input_path}: row {n}: {errors[n]}")
     good = [(n, s) for n, s in made.items() if isinstance(s, Sample)]
     steps = sorted(int(p.stem[5:]) for p in tune_dir.glob("step_[0-9][0-9]*.pt"))
     if not steps:
@@ -211,24 +188,9 @@ def predict(
     k = min(top_k, W.shape[1])
     predicted: dict[int, list[dict[str, Any]]] = {}
     if good:
-        x, _ = embed_samples(
-            model,
-            [s for _, s in good],
-            folder,
-            pparams.ExtractParams(batch_size=batch_size, device=device),
-            desc="predict",
+        predicted = _scored(
+            model, good, folder, weights, W, names, k, batch_size, device
         )
-        info = weights.info
-        backend = get_backend("cpu")
-        up = upsampling_matrix(info.feature_dim, info.width, info.seed)
-        expand = Expander(backend, up, info.dtype)
-        scores = backend.to_host(expand(x) @ backend.asarray(W))  # (n, C_k)
-        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        for i, (n, _) in enumerate(good):
-            predicted[n] = [
-                {"class": names[c], "score": round(float(scores[i, c]), 6)}
-                for c in top[i]
-            ]
     ids = {n: _row_id(row) for n, row in raw}
     rows = []
     for n, s in made.items():
@@ -251,6 +213,73 @@ def predict(
         "rows_per_second": round(len(good) / seconds, 1),
     }
     return rows, summary
+
+
+def _prepared_rows(
+    input_path: Path, strict: bool, allow_outside: bool
+) -> tuple[list[tuple[int, Any]], dict[int, Any], dict[int, str]]:
+    """The input's rows, each as a Sample or its error (row number -> str);
+    a row whose image is not found is predicted without it, with a warning."""
+    raw = read_rows(input_path)
+    folder = input_path.parent
+    made = {
+        n: to_sample(row, n, folder, allow_outside) if isinstance(row, dict) else row
+        for n, row in raw
+    }
+    images = sorted(
+        {s.image for s in made.values() if isinstance(s, Sample) and s.image}
+    )
+    bad = set(unreadable_images(folder, images))
+    for n, s in made.items():
+        if isinstance(s, Sample) and s.image in bad:
+            made[n] = f"cannot read image {folder / s.image}"
+    for n, row in raw:  # said per row: an unseen image changes the prediction
+        s = made[n]
+        if isinstance(s, Sample) and s.image is None and isinstance(row, dict):
+            if row.get("image"):
+                log.warning(
+                    "%s: row %d: image %s not found: predicted without it",
+                    input_path, n, folder / row["image"],
+                )  # fmt: skip
+    errors = {n: e for n, e in made.items() if isinstance(e, str)}
+    if errors and strict:
+        n = min(errors)
+        raise PredictError(f"{input_path}: row {n}: {errors[n]}")
+    return raw, made, errors
+
+
+def _scored(
+    model: Any,
+    good: list[tuple[int, Sample]],
+    folder: Path,
+    weights: WeightsFile,
+    W: np.ndarray,
+    names: list[str],
+    k: int,
+    batch_size: int,
+    device: str,
+) -> dict[int, list[dict[str, Any]]]:
+    """Row number -> its top-k classes and scores: extract's forward, then the
+    weights file's own up-sampling and W_k."""
+    predicted: dict[int, list[dict[str, Any]]] = {}
+    x, _ = embed_samples(
+        model,
+        [s for _, s in good],
+        folder,
+        pparams.ExtractParams(batch_size=batch_size, device=device),
+        desc="predict",
+    )
+    info = weights.info
+    backend = get_backend("cpu")
+    up = upsampling_matrix(info.feature_dim, info.width, info.seed)
+    expand = Expander(backend, up, info.dtype)
+    scores = backend.to_host(expand(x) @ backend.asarray(W))  # (n, C_k)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    for i, (n, _) in enumerate(good):
+        predicted[n] = [
+            {"class": names[c], "score": round(float(scores[i, c]), 6)} for c in top[i]
+        ]
+    return predicted
 
 
 def _weights_for(
