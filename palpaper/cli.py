@@ -25,7 +25,7 @@ import yaml
 
 from palcore.cliutil import clean_errors, setup_logging
 from palcore.errors import ParamsError
-from palcore.params import read_params_file
+from palcore.params import DEFAULT_PARAMS, read_params_file
 from palpaper import running, workers
 from palpaper.collect import collect, command
 from palpaper.experiments import ExperimentError, Repo
@@ -116,7 +116,7 @@ params_path_option = click.option(
     "--params",
     "-p",
     "params_file",
-    default="params.yaml",
+    default=str(DEFAULT_PARAMS),
     show_default=True,
     type=click.Path(dir_okay=False, path_type=Path),
     help="The params file the cells change (the committed one for run/collect).",
@@ -215,7 +215,7 @@ def run_cmd(
     rerun = command(ids, run_ids, wanted, shard, jobs)
     repo = Repo(Path.cwd())
     running.refuse_uncommitted(repo, out)
-    params = _params(Path("params.yaml"))
+    params = _params(DEFAULT_PARAMS)
     part = None if shard is None else _shard(shard)
     try:
         running.run_grid(
@@ -247,7 +247,7 @@ def collect_cmd(
     cells finished is an error line; nothing of it is written.
     """
     repo = Repo(Path.cwd(), rev)
-    params_text = repo.show(repo.baseline, "params.yaml")
+    params_text = repo.show(repo.baseline, DEFAULT_PARAMS.as_posix())
     if params_text is None:
         raise ParamsError(f"params.yaml: not in commit {repo.short}")
     params = _params(Path(f"params.yaml at {repo.short}"), params_text)
