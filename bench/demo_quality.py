@@ -74,35 +74,29 @@ def ridge_probe(
     return (b @ w).argmax(1)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--demo", default="data/demo", help="folder written by `pal demo`")
-    ap.add_argument("--lam", type=float, default=1.0, help="ridge lambda")
-    ap.add_argument("--build", action="store_true", help="run `pal demo` first, timed")
-    ap.add_argument("--params", default="params.yaml", help="params file for --build")
-    args = ap.parse_args()
+def build(params: str, out: str) -> float:
+    """Run `pal demo` into `out`; returns its wall seconds."""
+    cmd = [sys.executable, "-m", "pipeline", "demo", "--params", params,
+           "--out", out]  # fmt: skip
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    return time.perf_counter() - t
 
-    build_s = None
-    if args.build:
-        cmd = [sys.executable, "-m", "pipeline", "demo", "--params", args.params,
-               "--out", args.demo]  # fmt: skip
-        t = time.perf_counter()
-        subprocess.run(cmd, check=True)
-        build_s = time.perf_counter() - t
 
+def embed_demo(root: Path) -> tuple[list[str], dict[str, dict]]:
+    """(class names, split → {"y": labels (n,), condition → features (n, D)})
+    of the demo under `root`, embedded by its own ViLT: complete, image-only
+    (empty text) and text-only (white image)."""
     import torch
     from PIL import Image
     from transformers import ViltModel, ViltProcessor
 
     torch.set_num_threads(2)
-    root = Path(args.demo)
     manifest = json.loads((root / "dataset" / "captions.json").read_text())
     names = [c["name"] for c in manifest["classes"]]
     index = {n: i for i, n in enumerate(names)}
     model = ViltModel.from_pretrained(root / "vilt").eval()
     processor = ViltProcessor.from_pretrained(root / "vilt")
-
-    t0 = time.perf_counter()
     data = {}
     for split in ("train", "test"):
         rows = [s for s in manifest["samples"] if s["split"] == split]
@@ -110,40 +104,62 @@ def main() -> int:
             Image.open(root / "dataset" / r["image"]).convert("RGB") for r in rows
         ]
         texts = [r["text"] for r in rows]
-        y = np.array([index[r["class_name"]] for r in rows])
         data[split] = {
-            "y": y,
+            "y": np.array([index[r["class_name"]] for r in rows]),
             "complete": embed(model, processor, images, texts, white=False),
             "image-only": embed(model, processor, images, [""] * len(rows), False),
             "text-only": embed(model, processor, images, texts, white=True),
         }
-    secs = time.perf_counter() - t0
+    return names, data
 
+
+def probe_table(data: dict[str, dict], lam: float) -> dict[str, float]:
+    """Print the ridge probe's test accuracy per condition (trained on the
+    same condition, and on complete samples); returns the matched ones, in %."""
+    tr, te = data["train"], data["test"]
+    print(f"{'condition':<12} {'matched %':>10} {'from complete %':>16}")
+    acc = {}
+    for cond in ("complete", "image-only", "text-only"):
+        matched = ridge_probe(tr[cond], tr["y"], te[cond], lam)
+        transfer = ridge_probe(tr["complete"], tr["y"], te[cond], lam)
+        acc[cond] = 100 * np.mean(matched == te["y"])
+        print(
+            f"{cond:<12} {acc[cond]:>10.1f} {100 * np.mean(transfer == te['y']):>16.1f}"
+        )
+    return acc
+
+
+def verdict(acc: dict[str, float], n_classes: int) -> bool:
+    """Print and return whether complete samples reach 80 % and each missing
+    modality costs at least 15 points."""
+    ok_full = acc["complete"] >= 80
+    gap_img = acc["complete"] - acc["image-only"]
+    gap_txt = acc["complete"] - acc["text-only"]
+    print(f"chance {100 / n_classes:.1f} %")
+    print(f"complete >= 80 %: {'yes' if ok_full else 'NO'} ({acc['complete']:.1f})")
+    for name, gap in (("image-only", gap_img), ("text-only", gap_txt)):
+        print(f"{name} gap >= 15 points: {'yes' if gap >= 15 else 'NO'} ({gap:.1f})")
+    return ok_full and gap_img >= 15 and gap_txt >= 15
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--demo", default="data/demo", help="folder written by `pal demo`")
+    ap.add_argument("--lam", type=float, default=1.0, help="ridge lambda")
+    ap.add_argument("--build", action="store_true", help="run `pal demo` first, timed")
+    ap.add_argument("--params", default="params.yaml", help="params file for --build")
+    args = ap.parse_args()
+    build_s = build(args.params, args.demo) if args.build else None
+    t0 = time.perf_counter()
+    names, data = embed_demo(Path(args.demo))
+    secs = time.perf_counter() - t0
     tr, te = data["train"], data["test"]
     print(
         f"demo: {len(names)} classes, {len(tr['y'])} train / {len(te['y'])} test, "
         f"feature dim {tr['complete'].shape[1]}, ridge lambda {args.lam}, "
         f"embedding {secs:.1f} s"
     )
-    print(f"{'condition':<12} {'matched %':>10} {'from complete %':>16}")
-    acc = {}
-    for cond in ("complete", "image-only", "text-only"):
-        matched = ridge_probe(tr[cond], tr["y"], te[cond], args.lam)
-        transfer = ridge_probe(tr["complete"], tr["y"], te[cond], args.lam)
-        acc[cond] = 100 * np.mean(matched == te["y"])
-        print(
-            f"{cond:<12} {acc[cond]:>10.1f} {100 * np.mean(transfer == te['y']):>16.1f}"
-        )
-    chance = 100 / len(names)
-    ok_full = acc["complete"] >= 80
-    gap_img = acc["complete"] - acc["image-only"]
-    gap_txt = acc["complete"] - acc["text-only"]
-    print(f"chance {chance:.1f} %")
-    print(f"complete >= 80 %: {'yes' if ok_full else 'NO'} ({acc['complete']:.1f})")
-    for name, gap in (("image-only", gap_img), ("text-only", gap_txt)):
-        verdict = "yes" if gap >= 15 else "NO"
-        print(f"{name} gap >= 15 points: {verdict} ({gap:.1f})")
-    ok = ok_full and gap_img >= 15 and gap_txt >= 15
+    ok = verdict(probe_table(data, args.lam), len(names))
     if build_s is not None:
         ratio = build_s / BUILD_BUDGET_S
         print(

@@ -138,7 +138,7 @@ def timed(fn, device: torch.device, warmup: int, seconds: float) -> tuple[float,
             return elapsed / calls, calls
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--config", default="demo", choices=["demo", "vilt-b32"])
@@ -164,120 +164,150 @@ def main() -> None:
         default=None,
         help="CPU threads (default: the pipeline's choice)",
     )
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    device = torch.device(args.device)
-    backbone = build_backbone(args.config, args.backbone).place(device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.config == "vilt-b32":
+
+def last_step_model(backbone: Backbone, config: str, device: torch.device) -> PalModel:
+    """A PalModel at the last of N_TASKS steps (10 classes each) with the
+    paper's prompts (`vilt-b32`) or the demo's, on `device`."""
+    if config == "vilt-b32":
         prompt = PromptParams(pool_size=128, length=8, layers=tuple(range(8)))
     else:
         prompt = PromptParams(pool_size=20, length=8, layers=(0, 1))
-    words = 40 if args.config == "vilt-b32" else 14  # the demo's captions: ≤ 14 tokens
     model = PalModel(backbone, prompt, [10] * N_TASKS).to(device)
     g = torch.Generator().manual_seed(0)
     for _ in range(N_TASKS):
         model.add_task(g)
-    model.to(device)
+    return model.to(device)
+
+
+def build_model(args: argparse.Namespace, device: torch.device) -> PalModel:
+    """A PalModel of N_TASKS tasks over the chosen backbone, on `device`."""
+    backbone = build_backbone(args.config, args.backbone).place(device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = last_step_model(backbone, args.config, device)
     if args.compile:
         backbone._layer = torch.compile(backbone._layer, dynamic=True)
-    D = backbone.hidden_size
-    print(
-        f"{backbone.name}: D={D}, {backbone.num_layers} layers, "
+    return model
+
+
+def describe(backbone: Backbone, device: torch.device) -> str:
+    """One line: the backbone's sizes, the device and torch's threads."""
+    return (
+        f"{backbone.name}: D={backbone.hidden_size}, {backbone.num_layers} layers, "
         f"{backbone.image_side}-px images, {backbone.max_text_len} text tokens; "
         f"device {device}"
         + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
         + f", torch {torch.__version__}, threads {torch.get_num_threads()}"
     )
 
-    # ---- training step: batch of train_batch samples + copies, cached queries,
-    # as `pal tune` runs it: eager (copies made by the loader) and static (copies
-    # built on the device; a CUDA graph per batch shape on CUDA)
-    B = args.train_batch
-    seeds = range(16)
+
+def empty_text(backbone: Backbone) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) (T,) int64 of the missing text: the dataset's own dummy, or
+    BERT's [CLS] [SEP] for a random config without a processor."""
+    T = backbone.max_text_len
+    if backbone.processor is not None:
+        empty = SampleDataset([], Path("."), backbone.processor, T, backbone.image_side)
+        return empty.empty_ids, empty.empty_mask
+    ids = torch.zeros(T, dtype=torch.int64)
+    ids[:2] = torch.tensor([101, 102])
+    return ids, (torch.arange(T) < 2).long()
+
+
+def time_training(
+    model: PalModel, mode: str, args: argparse.Namespace, words: int
+) -> str:
+    """One line: a training step of `args.train_batch` samples with cached
+    queries, as `pal tune` runs it in `mode`: eager (copies made by the loader),
+    static (copies built on the device) or graph (a CUDA graph per batch shape)."""
+    backbone = model.backbone
+    device, B, D = backbone.device, args.train_batch, backbone.hidden_size
     cache = QueryCache(
         torch.randn(B, 2, D, device=device), torch.randn(B, 2, D, device=device)
     )
-    T = backbone.max_text_len
-    side = backbone.image_side
-    if backbone.processor is not None:  # the dataset's own dummy text
-        empty = SampleDataset([], Path("."), backbone.processor, T, side)
-        empty_ids, empty_mask = empty.empty_ids, empty.empty_mask
-    else:  # a random config: BERT's [CLS] [SEP]
-        empty_ids = torch.zeros(T, dtype=torch.int64)
-        empty_ids[:2] = torch.tensor([101, 102])
-        empty_mask = (torch.arange(T) < 2).long()
-    dummy = dummy_segments(backbone, empty_ids, empty_mask, dummy_image(side))
-    modes = ["eager", "static"] + (["graph"] if device.type == "cuda" else [])
-    if args.modes:
-        modes = [m for m in modes if m in args.modes.split(",")]
-    model.train()
-    state = {"i": 0}
-    for mode in modes:
-        batches = [
-            synthetic_batch(
-                B, backbone, copies=mode == "eager", seed=s, max_words=words
-            )
-            for s in seeds
-        ]
-        if device.type == "cuda":
-            batches = [b.pin_memory() for b in batches]
-        groups = [{"params": model.trainable_parameters(), "lr": 1e-4}]
-        opt_args = {"betas": (0.9, 0.98), "weight_decay": 0.0}
-        if mode == "graph":
-            opt = capturable_adamw(groups, device, **opt_args)
-        else:
-            opt = torch.optim.AdamW(groups, fused=device.type == "cuda", **opt_args)
-        run = make_step(
-            model,
-            opt,
-            cache,
-            N_TASKS,
-            0.01,
-            static=mode != "eager",
-            dummy=dummy,
-            graphs=mode == "graph",
-        )
+    dummy = dummy_segments(
+        backbone, *empty_text(backbone), dummy_image(backbone.image_side)
+    )
+    batches = [
+        synthetic_batch(B, backbone, copies=mode == "eager", seed=s, max_words=words)
+        for s in range(16)
+    ]
+    if device.type == "cuda":
+        batches = [b.pin_memory() for b in batches]
+    groups = [{"params": model.trainable_parameters(), "lr": 1e-4}]
+    opt_args = {"betas": (0.9, 0.98), "weight_decay": 0.0}
+    if mode == "graph":
+        opt = capturable_adamw(groups, device, **opt_args)
+    else:
+        opt = torch.optim.AdamW(groups, fused=device.type == "cuda", **opt_args)
+    run = make_step(
+        model,
+        opt,
+        cache,
+        N_TASKS,
+        0.01,
+        static=mode != "eager",
+        dummy=dummy,
+        graphs=mode == "graph",
+    )
+    steps = iter(range(1 << 62))
 
-        def train_step(run=run, opt=opt, batches=batches) -> None:
-            set_lr(opt, [1e-4])
-            run(batches[state["i"] % len(batches)])
-            state["i"] += 1
+    def train_step() -> None:
+        set_lr(opt, [1e-4])
+        run(batches[next(steps) % len(batches)])
 
-        # warm-up: every batch shape once (kernel plans, allocator, graphs)
-        per_step, calls = timed(train_step, device, len(batches), args.seconds)
-        rows = sum(b.input_ids.shape[0] for b in batches) / len(batches)
-        copies = "+copies" if mode == "eager" else "copies built on the device"
-        print(
-            f"train   {mode:6} batch {B} ({copies}; {rows:.1f} loaded rows): "
-            f"{per_step * 1e3:.2f} ms/step, {B / per_step:.0f} samples/s "
-            f"({calls} steps)"
-        )
+    # warm-up: every batch shape once (kernel plans, allocator, graphs)
+    per_step, calls = timed(train_step, device, len(batches), args.seconds)
+    rows = sum(b.input_ids.shape[0] for b in batches) / len(batches)
+    copies = "+copies" if mode == "eager" else "copies built on the device"
+    return (
+        f"train   {mode:6} batch {B} ({copies}; {rows:.1f} loaded rows): "
+        f"{per_step * 1e3:.2f} ms/step, {B / per_step:.0f} samples/s "
+        f"({calls} steps)"
+    )
 
-    # ---- extraction
-    model.eval()
+
+def time_extraction(model: PalModel, args: argparse.Namespace, words: int) -> str:
+    """One line: `pal extract`'s forward pass (features and BP logits, copied
+    to the host) over batches of `args.batch` samples."""
+    device = model.backbone.device
     n = args.batch or (256 if device.type == "cuda" else 32)
     ex = [
-        synthetic_batch(n, backbone, copies=False, seed=100 + s, max_words=words)
+        synthetic_batch(n, model.backbone, copies=False, seed=100 + s, max_words=words)
         for s in range(4)
     ]
     if device.type == "cuda":
         ex = [b.pin_memory() for b in ex]
-    state["i"] = 0
+    batches = iter(range(1 << 62))
 
     def extract_step() -> None:
-        batch = ex[state["i"] % len(ex)]
-        state["i"] += 1
+        batch = ex[next(batches) % len(ex)]
         with torch.inference_mode(), autocast(device):
             x, logits = model.features(batch)
             x.cpu()
 
     per_batch, calls = timed(extract_step, device, len(ex), args.seconds)
-    print(
+    return (
         f"extract batch {n}: {per_batch * 1e3:.1f} ms/batch, {n / per_batch:.0f} "
         f"samples/s ({calls} batches)"
     )
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    model = build_model(args, device)
+    print(describe(model.backbone, device))
+    words = 40 if args.config == "vilt-b32" else 14  # the demo's captions: ≤ 14 tokens
+    modes = ["eager", "static"] + (["graph"] if device.type == "cuda" else [])
+    if args.modes:
+        modes = [m for m in modes if m in args.modes.split(",")]
+    model.train()
+    for mode in modes:
+        print(time_training(model, mode, args, words))
+    model.eval()
+    print(time_extraction(model, args, words))
 
 
 if __name__ == "__main__":

@@ -54,9 +54,8 @@ from pipeline.model import vision  # noqa: E402
 from pipeline.model.backbone import autocast, load_backbone  # noqa: E402
 from pipeline.model.graphs import capturable_adamw, set_lr  # noqa: E402
 from pipeline.model.losses import dummy_segments  # noqa: E402
-from pipeline.model.network import PalModel, QueryCache  # noqa: E402
+from pipeline.model.network import QueryCache  # noqa: E402
 from pipeline.model.train import make_step  # noqa: E402
-from pipeline.params import PromptParams  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense TF/s
 FOOD101_SHAPES = fakes.SIZES[:4]  # (w, h) of the photo mix's Food101 photos
@@ -150,16 +149,10 @@ def build(config: str, device: torch.device, work: Path):
     folder = work / f"vilt-{config}"
     if not folder.exists():
         fakes.make_hub_vilt(folder, full_size=config == "vilt-b32")
+    from extract import last_step_model  # bench/extract.py
+
     backbone = load_backbone(str(folder), 40).place(device)
-    if config == "vilt-b32":
-        prompt = PromptParams(pool_size=128, length=8, layers=tuple(range(8)))
-    else:
-        prompt = PromptParams(pool_size=20, length=8, layers=(0, 1))
-    model = PalModel(backbone, prompt, [10] * N_TASKS).to(device)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(N_TASKS):
-        model.add_task(g)
-    return backbone, model.to(device)
+    return backbone, last_step_model(backbone, config, device)
 
 
 def tune_part(model, ds, n: int, device: torch.device, seconds: float) -> dict:

@@ -48,51 +48,64 @@ class _Processor:
         self.tokenizer = BertTokenizer(vocab=str(vocab))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--images", type=int, default=60, help="images per measurement")
-    ap.add_argument("--repeat", type=int, default=3, help="best of N")
-    a = ap.parse_args()
+def best_of(repeat: int, fn) -> float:
+    """The shortest of `repeat` wall times of `fn()`, in seconds."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def write_photos(root: Path, n: int) -> list[Sample]:
+    """`n` photo-sized JPEGs in `root` (sizes cycling through SIZES), as samples."""
     rng = np.random.default_rng(0)
+    samples = []
+    for i in range(n):
+        name = f"{i:04d}.jpg"
+        photo(SIZES[i % len(SIZES)], rng).save(root / name, quality=90)
+        samples.append(Sample(str(i), "train", 1, 0, "x", name, "photo", 0))
+    return samples
+
+
+def measure(
+    root: Path, samples: list[Sample], repeat: int
+) -> tuple[dict, dict[bool, list[np.ndarray]]]:
+    """(images/s of the processor call and of the loader with draft off/on,
+    the loader's pixel arrays per draft setting)."""
     processor = _Processor()
-    with tempfile.TemporaryDirectory(prefix="pal-loader-") as tmp:
-        root = Path(tmp)
-        samples = []
-        for i in range(a.images):
-            name = f"{i:04d}.jpg"
-            photo(SIZES[i % len(SIZES)], rng).save(root / name, quality=90)
-            samples.append(Sample(str(i), "train", 1, 0, "x", name, "photo", 0))
-        rates, pixels = {}, {}
 
-        def before() -> None:  # the loader's earlier image path: the processor
-            for s in samples:
-                with Image.open(root / s.image) as im:
-                    rgb = im.convert("RGB")
-                processor.image_processor(images=rgb, return_tensors="np", do_pad=False)
+    def before() -> None:  # the loader's earlier image path: the processor
+        for s in samples:
+            with Image.open(root / s.image) as im:
+                rgb = im.convert("RGB")
+            processor.image_processor(images=rgb, return_tensors="np", do_pad=False)
 
-        t_before = float("inf")
-        for _ in range(a.repeat):
-            t0 = time.perf_counter()
-            before()
-            t_before = min(t_before, time.perf_counter() - t0)
-        rates["processor"] = len(samples) / t_before
-        for draft in (False, True):
-            ds = SampleDataset(samples, root, processor, 40, 384, draft=draft)
-            best = float("inf")
-            for _ in range(a.repeat):
-                t0 = time.perf_counter()
-                items = [ds[i] for i in range(len(ds))]
-                best = min(best, time.perf_counter() - t0)
-            rates[draft] = len(ds) / best
-            pixels[draft] = [it["pixel_values"].numpy() for it in items]
+    rates: dict = {"processor": len(samples) / best_of(repeat, before)}
+    pixels = {}
+    for draft in (False, True):
+        ds = SampleDataset(samples, root, processor, 40, 384, draft=draft)
+        items: list = []
+
+        def load_all(ds=ds, items=items) -> None:
+            items[:] = [ds[i] for i in range(len(ds))]
+
+        rates[draft] = len(ds) / best_of(repeat, load_all)
+        pixels[draft] = [it["pixel_values"].numpy() for it in items]
+    return rates, pixels
+
+
+def report(a: argparse.Namespace, rates: dict, pixels: dict) -> None:
+    """Print the rates, draft against full decoding, and the workers needed."""
     diffs = [
-        float(np.abs(a - b).max()) if a.shape == b.shape else float("inf")
-        for a, b in zip(pixels[False], pixels[True], strict=True)
+        float(np.abs(x - y).max()) if x.shape == y.shape else float("inf")
+        for x, y in zip(pixels[False], pixels[True], strict=True)
     ]
     means = [
-        float(np.abs(a - b).mean())
-        for a, b in zip(pixels[False], pixels[True], strict=True)
-        if a.shape == b.shape
+        float(np.abs(x - y).mean())
+        for x, y in zip(pixels[False], pixels[True], strict=True)
+        if x.shape == y.shape
     ]
     print(
         f"# {a.images} photo-sized JPEGs, sizes {SIZES}, one worker, best of {a.repeat}"
@@ -113,6 +126,17 @@ def main() -> None:
             f"workers for {target} images/s: {int(np.ceil(target / rates[True]))} "
             f"(draft), {int(np.ceil(target / rates[False]))} (full)"
         )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=60, help="images per measurement")
+    ap.add_argument("--repeat", type=int, default=3, help="best of N")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="pal-loader-") as tmp:
+        root = Path(tmp)
+        rates, pixels = measure(root, write_photos(root, a.images), a.repeat)
+    report(a, rates, pixels)
 
 
 if __name__ == "__main__":

@@ -142,6 +142,109 @@ class StageFailed(Exception):
         super().__init__(f"{stage} failed (exit {code})")
 
 
+def tune_figures(work: Path, text: str) -> dict[str, Any]:
+    """Tune's steady state from logs/tune.jsonl and its log lines: seconds in
+    epochs (graph capture taken out), samples, data waits, graph replays, and
+    the frozen queries' seconds and rate."""
+    timings = [json.loads(x) for x in (work / "logs/tune.jsonl").open()]
+    graphed = re.findall(
+        r"(\d+) of (\d+) steps replayed a CUDA graph \(\d+ graphs, captured in "
+        r"([\d.]+) s\)",
+        text,
+    )
+    # graph capture happens once per task (its first steps of each shape): a
+    # per-task cost, taken out of the epochs' time
+    capture_s = sum(float(x[2]) for x in graphed)
+    # before its epochs each task runs the frozen backbone once over its
+    # training samples (the queries): a per-sample cost, projected at its rate
+    queries = re.findall(r"frozen queries of (\d+) samples in ([\d.]+) s", text)
+    query_s = sum(float(q[1]) for q in queries)
+    return {
+        "busy": sum(t["seconds"] for t in timings) - capture_s,
+        "done": sum(t["samples"] for t in timings),
+        "wait": sum(t["data_wait"] for t in timings),
+        "graphed": [sum(int(x[i]) for x in graphed) for i in (0, 1)]
+        if graphed
+        else None,
+        "capture_s_per_task": capture_s / max(1, len(graphed)),
+        "capture_s": capture_s,
+        "query_s": query_s,
+        "query_rate": sum(int(q[0]) for q in queries) / query_s if query_s else 0.0,
+    }
+
+
+def extract_figures(text: str) -> dict[str, Any]:
+    """Extract's steady state from its per-split log lines: seconds, samples,
+    data waits, and the start-up each step pays (its loader's workers)."""
+    runs = re.findall(r"(\d+) samples in ([\d.]+) s, ([\d.]+) s of it waiting", text)
+    out = {
+        "busy": sum(float(r[1]) for r in runs),
+        "done": sum(int(r[0]) for r in runs),
+        "wait": sum(float(r[2]) for r in runs),
+        "per_step": 0.0,
+        "steps": len(runs),
+    }
+    # each extract step starts its loader's workers afresh: seconds = a + n/rate
+    # over the steps (least squares, when they differ in size), a per step
+    if len({int(r[0]) for r in runs}) >= 3:
+        n = np.array([int(r[0]) for r in runs], float)
+        t = np.array([float(r[1]) for r in runs])
+        slope, per_step = np.polyfit(n, t, 1)
+        if slope > 0 and per_step > 0:
+            out["busy"] = float(slope) * out["done"]
+            out["per_step"] = per_step
+    return out
+
+
+def stage_rows(
+    wall: dict[str, float], figures: dict[str, dict], text: str
+) -> tuple[dict[str, dict], dict[str, float], dict[str, float]]:
+    """(stages, rate, startup): per stage its wall time, start-up (the wall
+    time outside the steady state), samples/s, data wait and GPU peak."""
+    tune, ext = figures["tune"], figures["extract"]
+    peaks = dict(re.findall(r"(tune|extract): GPU memory peak ([\d.]+) GiB", text))
+    rate = {s: f["done"] / f["busy"] for s, f in figures.items() if f["busy"] > 0}
+    startup = {s: wall.get(s, 0.0) - f["busy"] for s, f in figures.items()}
+    startup["tune"] -= tune["query_s"] + tune["capture_s"]
+    startup["extract"] -= ext["per_step"] * ext["steps"]
+    stages = {}
+    for s in wall:
+        stages[s] = {
+            "wall_s": round(wall[s], 2),
+            "startup_s": round(startup[s], 2) if s in startup else None,
+            "samples_per_s": round(rate[s], 2) if s in rate else None,
+            "data_wait_s": round(figures[s]["wait"], 2) if s in figures else None,
+            "gpu_peak_gib": float(peaks[s]) if s in peaks else None,
+        }
+    return stages, rate, startup
+
+
+def projections(
+    rate: dict[str, float], startup: dict[str, float], figures: dict[str, dict]
+) -> dict[str, dict]:
+    """Minutes of tune and extract, hours of the protocol, per full dataset.
+    The preset's protocol: PAL tunes once per run; PAL, init and frozen each
+    extract once per run (init's and frozen's tune stages only start up)."""
+    tune, ext = figures["tune"], figures["extract"]
+    out = {}
+    for name, (train, test, k) in FULL.items():
+        preset = yaml.safe_load((ROOT / "configs" / PRESETS[name]).read_text())
+        epochs, runs = preset["tune"]["epochs"], len(preset["protocol"]["runs"])
+        n_ext = train + sum(j * test / k for j in range(1, k + 1))
+        t = startup["tune"] + train * epochs / rate["tune"]
+        t += train / tune["query_rate"] if tune["query_rate"] else 0.0
+        t += k * round(tune["capture_s_per_task"], 2)
+        e = startup["extract"] + k * ext["per_step"] + n_ext / rate["extract"]
+        out[name] = {
+            "epochs": epochs,
+            "runs": runs,
+            "tune_min": round(t / 60, 1),
+            "extract_min": round(e / 60, 1),
+            "protocol_h": round(runs * (t + 2 * startup["tune"] + 3 * e) / 3600, 2),
+        }
+    return out
+
+
 def analyse(
     work: Path, params: dict[str, Any], text: str, wall: dict[str, float]
 ) -> dict[str, Any]:
@@ -152,89 +255,27 @@ def analyse(
     tasks = params["data"]["tasks"]
     # extraction embeds each step's training samples and every seen task's test
     n_extract = n_train + sum(k * n_test / tasks for k in range(1, tasks + 1))
-    # steady state: tune's epochs (logs/tune.jsonl) and extract's batches (its
-    # per-split log lines); the rest of a stage's wall time is start-up
-    # (imports, model loading, graph capture, loader workers starting)
-    timings = [json.loads(x) for x in (work / "logs/tune.jsonl").open()]
-    graphed = re.findall(
-        r"(\d+) of (\d+) steps replayed a CUDA graph \(\d+ graphs, captured in "
-        r"([\d.]+) s\)",
-        text,
-    )
-    replayed, steps = (sum(int(x[i]) for x in graphed) for i in (0, 1))
-    # graph capture happens once per task (its first steps of each shape): a
-    # per-task cost, taken out of the epochs' time
-    capture_s = sum(float(x[2]) for x in graphed)
-    busy = {"tune": sum(t["seconds"] for t in timings) - capture_s}
-    done = {"tune": sum(t["samples"] for t in timings)}
-    waits = {"tune": sum(t["data_wait"] for t in timings)}
-    # before its epochs each task runs the frozen backbone once over its
-    # training samples (the queries): a per-sample cost, projected at its rate
-    queries = re.findall(r"frozen queries of (\d+) samples in ([\d.]+) s", text)
-    query_s = sum(float(q[1]) for q in queries)
-    query_rate = sum(int(q[0]) for q in queries) / query_s if query_s else 0.0
-    runs = re.findall(r"(\d+) samples in ([\d.]+) s, ([\d.]+) s of it waiting", text)
-    busy["extract"] = sum(float(r[1]) for r in runs)
-    done["extract"] = sum(int(r[0]) for r in runs)
-    waits["extract"] = sum(float(r[2]) for r in runs)
-    # each extract step starts its loader's workers afresh: seconds = a + n/rate
-    # over the steps (least squares, when they differ in size), a per step
-    per_step = 0.0
-    if len({int(r[0]) for r in runs}) >= 3:
-        n = np.array([int(r[0]) for r in runs], float)
-        t = np.array([float(r[1]) for r in runs])
-        slope, per_step = np.polyfit(n, t, 1)
-        if slope > 0 and per_step > 0:
-            busy["extract"] = float(slope) * done["extract"]
-        else:
-            per_step = 0.0
-    peaks = dict(re.findall(r"(tune|extract): GPU memory peak ([\d.]+) GiB", text))
-    rate = {s: done[s] / busy[s] for s in busy if busy[s] > 0}
-    startup = {s: wall.get(s, 0.0) - busy[s] for s in busy}
-    startup["tune"] -= query_s + capture_s
-    startup["extract"] -= per_step * len(runs)
-    stages = {}
-    for s in wall:
-        stages[s] = {
-            "wall_s": round(wall[s], 2),
-            "startup_s": round(startup[s], 2) if s in startup else None,
-            "samples_per_s": round(rate[s], 2) if s in rate else None,
-            "data_wait_s": round(waits[s], 2) if s in waits else None,
-            "gpu_peak_gib": float(peaks[s]) if s in peaks else None,
-        }
+    # steady state: tune's epochs and extract's batches; the rest of a stage's
+    # wall time is start-up (imports, model loading, graph capture, workers)
+    figures = {"tune": tune_figures(work, text), "extract": extract_figures(text)}
+    stages, rate, startup = stage_rows(wall, figures, text)
+    tune, ext = figures["tune"], figures["extract"]
     result: dict[str, Any] = {
         "stages": stages,
-        "graphed_steps": [replayed, steps] if graphed else None,
+        "graphed_steps": tune["graphed"],
         "train_samples": n_train,
         "epochs": params["tune"]["epochs"],
         "extracted_samples": round(n_extract),
         "queries": {
-            "seconds": round(query_s, 2),
-            "samples_per_s": round(query_rate, 2),
+            "seconds": round(tune["query_s"], 2),
+            "samples_per_s": round(tune["query_rate"], 2),
         },
-        "capture_s_per_task": round(capture_s / max(1, len(graphed)), 2),
-        "extract_s_per_step": round(float(per_step), 2),
+        "capture_s_per_task": round(tune["capture_s_per_task"], 2),
+        "extract_s_per_step": round(float(ext["per_step"]), 2),
         "projections": {},
     }
-    if "tune" not in rate or "extract" not in rate:
-        return result  # no steady time measured: nothing to project
-    # the preset's protocol: PAL tunes once per run; PAL, init and frozen each
-    # extract once per run (init's and frozen's tune stages only start up)
-    for name, (train, test, k) in FULL.items():
-        preset = yaml.safe_load((ROOT / "configs" / PRESETS[name]).read_text())
-        epochs, runs = preset["tune"]["epochs"], len(preset["protocol"]["runs"])
-        n_ext = train + sum(j * test / k for j in range(1, k + 1))
-        t = startup["tune"] + train * epochs / rate["tune"]
-        t += train / query_rate if query_rate else 0.0
-        t += k * result["capture_s_per_task"]
-        e = startup["extract"] + k * per_step + n_ext / rate["extract"]
-        result["projections"][name] = {
-            "epochs": epochs,
-            "runs": runs,
-            "tune_min": round(t / 60, 1),
-            "extract_min": round(e / 60, 1),
-            "protocol_h": round(runs * (t + 2 * startup["tune"] + 3 * e) / 3600, 2),
-        }
+    if "tune" in rate and "extract" in rate:  # else no steady time to project
+        result["projections"] = projections(rate, startup, figures)
     return result
 
 
@@ -278,6 +319,41 @@ def markdown(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def scratch_folder(work: Path, params: dict[str, Any], runner: str) -> dict[str, str]:
+    """Make `work` a project folder with `params`; returns the stages'
+    environment. The dvc runner gets a committed copy of the project (dvc.yaml
+    and all), the direct runner only params.yaml."""
+    if runner == "dvc":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from scratch_project import make_scratch_project
+
+        return make_scratch_project(work, params)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+
+
+def run_logged(
+    work: Path, env: dict[str, str], runner: str
+) -> tuple[dict[str, float], str]:
+    """(wall seconds per stage, the stages' output), the output also kept in
+    logs/rehearsal.log; a failed stage raises SystemExit naming that file."""
+    log: list[str] = []
+    log_file = work / "logs" / "rehearsal.log"
+    try:
+        wall = (run_dvc if runner == "dvc" else run_direct)(work, env, log)
+    except StageFailed as exc:
+        log_file.parent.mkdir(exist_ok=True)
+        log_file.write_text("".join(log))
+        tail = "".join(log).splitlines()[-30:]
+        raise SystemExit(
+            f"rehearsal: {exc} (whole output in {log_file}):\n" + "\n".join(tail)
+        ) from None
+    log_file.parent.mkdir(exist_ok=True)
+    log_file.write_text("".join(log))
+    return wall, "".join(log)
+
+
 def rehearse(
     work: Path,
     *,
@@ -301,15 +377,7 @@ def rehearse(
     cores = os.cpu_count() or 1
     workers = max(0, min(15, cores - 1))
     params = rehearsal_params(config, epochs, width, device, workers, cuda_graphs)
-    if runner == "dvc":  # a committed copy of the project, dvc.yaml and all
-        sys.path.insert(0, str(ROOT / "tests"))
-        from scratch_project import make_scratch_project
-
-        env = make_scratch_project(work, params)
-    else:
-        work.mkdir(parents=True, exist_ok=True)
-        (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    env = scratch_folder(work, params, runner)
     start = time.perf_counter()
     photos = make_food101_tree(work / "data/raw/food101", classes, train, test, cores)
     make_hub_vilt(work / BACKBONE, layers=8, hidden=128, full_size=config == "vilt-b32")
@@ -320,20 +388,7 @@ def rehearse(
         f"workers, {runner} runner (data and model built in {setup_s:.0f} s)",
         flush=True,
     )
-    log: list[str] = []
-    log_file = work / "logs" / "rehearsal.log"
-    try:
-        wall = (run_dvc if runner == "dvc" else run_direct)(work, env, log)
-    except StageFailed as exc:
-        log_file.parent.mkdir(exist_ok=True)
-        log_file.write_text("".join(log))
-        tail = "".join(log).splitlines()[-30:]
-        raise SystemExit(
-            f"rehearsal: {exc} (whole output in {log_file}):\n" + "\n".join(tail)
-        ) from None
-    text = "".join(log)
-    log_file.parent.mkdir(exist_ok=True)
-    log_file.write_text(text)
+    wall, text = run_logged(work, env, runner)
     result = analyse(work, params, text, wall)
     result["setup"] = {
         "config": config,

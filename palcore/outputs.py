@@ -82,6 +82,15 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:02d}"
 
 
+def step_of_name(name: str) -> int | None:
+    """The inverse of `step_dir_name`: 3 for `step_03` (a checkpoint: pass
+    its stem); None for any other name."""
+    digits = name.removeprefix("step_")
+    if digits == name or len(digits) < 2 or not digits.isdecimal():
+        return None
+    return int(digits)
+
+
 def task_group_name(task: int) -> str:
     """`task_01` for task 1: a task's group in the shards, its column in the
     accuracy matrix's CSV."""

@@ -65,7 +65,14 @@ def read_params_file(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-# protocol.vary names → the seed each one moves: run r adds r to it
+# where a stage computes (tune.device, extract.device, solve.device,
+# evaluate.device): auto picks a GPU when one works, each package resolving it
+# for its own array library
+DEVICES = ("auto", "cpu", "cuda")
+Device = Literal[DEVICES]  # type: ignore[valid-type]  # Literal["auto", "cpu", "cuda"]
+
+# protocol.vary names → the seed each one moves: run r adds r to it; the one
+# list of those names (`RunSeed` and `protocol.vary`'s default follow it)
 RUN_SEEDS = {
     "class_order": ("data", "class_order_seed"),  # which classes form each task
     "missing": ("data", "seed"),  # which samples lose a modality
@@ -327,7 +334,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     raise TypeError(f"unsupported params annotation {hint!r} for {key}")
 
 
-RunSeed = Literal["class_order", "missing", "prompts", "upsampling"]
+RunSeed = Literal[tuple(RUN_SEEDS)]  # type: ignore[valid-type]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,7 +342,7 @@ class ProtocolParams:
     """`protocol:` — the runs the results are averaged over (the paper: 3)."""
 
     runs: tuple[int, ...] = (0, 1, 2)  # run ids r; run r adds r to each seed in vary
-    vary: tuple[RunSeed, ...] = ("class_order", "missing", "prompts", "upsampling")
+    vary: tuple[RunSeed, ...] = tuple(RUN_SEEDS)  # every seed of RUN_SEEDS
 
     def __post_init__(self) -> None:
         check(len(self.runs) > 0, "protocol.runs", "must list at least one run")

@@ -58,12 +58,9 @@ def tunings(r: Result, cell: Cell, params: Mapping[str, Any]) -> tuple[int, int]
 
 def device_kind(params: Mapping[str, Any]) -> str:
     """'GPU' or 'CPU': where tune runs (`auto`: a GPU when torch sees one)."""
-    device = str(get(params, "tune.device"))
-    if device == "auto":
-        import torch
+    from pipeline.model.device import auto_device
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return "GPU" if device == "cuda" else "CPU"
+    return "GPU" if auto_device(str(get(params, "tune.device"))) == "cuda" else "CPU"
 
 
 def minutes(

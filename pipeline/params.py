@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from palcore.params import RUN_ONLY, check, load_section
+from palcore.params import RUN_ONLY, Device, check, load_section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,9 +182,6 @@ class PromptParams:
             "prompt.layers",
             f"must be distinct layer indices >= 0, got {list(self.layers)}",
         )
-
-
-Device = Literal["auto", "cpu", "cuda"]
 
 
 @dataclasses.dataclass(frozen=True)

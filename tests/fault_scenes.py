@@ -96,14 +96,14 @@ def interrupted_extract(scene: Scene, out: Path) -> None:
     import pipeline.stages.extract as module
 
     params, prepare, tune_dir = scene.tuned
-    real = module._extract_step
+    real = module.extract_step
 
     def stop(model, step, *args, **kwargs):
         if step == 3:
             raise KeyboardInterrupt
         return real(model, step, *args, **kwargs)
 
-    with mock.patch.object(module, "_extract_step", stop):
+    with mock.patch.object(module, "extract_step", stop):
         with pytest.raises(KeyboardInterrupt):
             extract(prepare, tune_dir, out, pparams.load(params, "extract"))
 

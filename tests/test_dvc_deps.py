@@ -33,20 +33,14 @@ import pytest
 import yaml
 from helpers import committed_params
 
-from palcore.params import ProtocolParams, outcome_keys
+from palcore.params import outcome_keys
 from pipeline import cli as pipeline_cli
-from pipeline.params import SECTIONS
+from pipeline.sections import PARAM_CLASSES
 from pipeline.stages.resume import ROOT, code_closure, imported_modules
 from solver import cli as solver_cli
-from solver.params import EvaluateParams, SolveParams
 
 GROUPS = {"pal": pipeline_cli.COMMANDS, "pal-solver": solver_cli.COMMANDS}
-SECTION_CLASSES = {
-    **SECTIONS,
-    "solve": SolveParams,
-    "evaluate": EvaluateParams,
-    "protocol": ProtocolParams,
-}
+SECTION_CLASSES = PARAM_CLASSES
 CODE = ("palcore", "pipeline/", "solver")
 
 

@@ -82,7 +82,7 @@ def _extract_interrupted(monkeypatch, params, prepare, tune_dir, out, at):
     """An extract run that stops (KeyboardInterrupt) when it reaches step `at`."""
     import pipeline.stages.extract as extract_module
 
-    real = extract_module._extract_step
+    real = extract_module.extract_step
 
     def interrupted(model, step, *args, **kwargs):
         if step == at:
@@ -90,7 +90,7 @@ def _extract_interrupted(monkeypatch, params, prepare, tune_dir, out, at):
         return real(model, step, *args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(extract_module, "_extract_step", interrupted)
+        m.setattr(extract_module, "extract_step", interrupted)
         with pytest.raises(KeyboardInterrupt):
             extract(prepare, tune_dir, out, pparams.load(params, "extract"))
 

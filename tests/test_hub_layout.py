@@ -119,10 +119,12 @@ def test_hub_id_resolves_offline_from_the_hf_cache(tmp_path):
     make_hub_vilt(snapshot)
     (cache / "models--dandelin--vilt-b32-mlm" / "refs").mkdir()
     (cache / "models--dandelin--vilt-b32-mlm" / "refs" / "main").write_text("0123abcd")
-    code = (
+    code = (  # `pal backbone`'s snapshot and the stages' folder: one lookup
         "from pipeline.model.backbone import backbone_folder, load_backbone; "
+        "from pipeline.stages.hub import snapshot; "
         "b = load_backbone('dandelin/vilt-b32-mlm', 40); "
-        "print(b.hidden_size, backbone_folder('dandelin/vilt-b32-mlm'))"
+        "print(b.hidden_size, backbone_folder('dandelin/vilt-b32-mlm'), "
+        "snapshot('dandelin/vilt-b32-mlm'))"
     )
     env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
     r = subprocess.run(
@@ -130,5 +132,5 @@ def test_hub_id_resolves_offline_from_the_hf_cache(tmp_path):
         timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["32", str(snapshot)]
+    assert r.stdout.split() == ["32", str(snapshot), str(snapshot)]
     assert backbone_folder(str(snapshot)) == snapshot

@@ -4,7 +4,7 @@ from helpers import committed
 from palcore.errors import ParamsError
 from palcore.params import load_section
 from pipeline.params import DataParams, PromptParams, load
-from solver.params import SolveParams
+from solver.params import EvaluateParams, SolveParams
 
 
 def write(tmp_path, text):
@@ -81,3 +81,52 @@ def test_rate_and_choices(tmp_path):
     with pytest.raises(ParamsError, match=r"prompt\.layers must be distinct"):
         load(path, "prompt")
     assert PromptParams(layers=(0, 3)).layers == (0, 3)
+
+
+def test_device_choices_and_run_seeds_have_one_home(tmp_path):
+    from palcore.params import DEVICES, RUN_SEEDS, ProtocolParams
+
+    assert DEVICES == ("auto", "cpu", "cuda")
+    path = write(tmp_path, "tune:\n  device: gpu\n")
+    with pytest.raises(
+        ParamsError,
+        match=r"tune\.device must be one of 'auto', 'cpu', 'cuda', got 'gpu'",
+    ):
+        load(path, "tune")
+    # protocol.vary's names and its default are RUN_SEEDS' keys, in their order
+    assert ProtocolParams().vary == tuple(RUN_SEEDS)
+    assert tuple(RUN_SEEDS) == ("class_order", "missing", "prompts", "upsampling")
+    path = write(tmp_path, "protocol:\n  vary: [prompts, solver]\n")
+    with pytest.raises(
+        ParamsError,
+        match=r"protocol\.vary\[1\] must be one of 'class_order', 'missing', "
+        r"'prompts', 'upsampling', got 'solver'",
+    ):
+        load_section(path, "protocol", ProtocolParams)
+
+
+def test_step_of_name_inverts_step_dir_name():
+    from palcore.outputs import step_dir_name, step_of_name
+
+    for step in (1, 9, 10, 123):
+        assert step_of_name(step_dir_name(step)) == step
+    assert step_dir_name(3) == "step_03"
+    for other in ("step_3", "step_03.pt", "step_0x", "task_03", "step_", "steps_03"):
+        assert step_of_name(other) is None
+
+
+def test_the_section_registry_names_every_section_once():
+    from palcore.params import ProtocolParams
+    from pipeline.params import SECTIONS
+    from pipeline.sections import KNOWN_SECTIONS, PARAM_CLASSES
+
+    assert PARAM_CLASSES == {
+        **SECTIONS,
+        "solve": SolveParams,
+        "evaluate": EvaluateParams,
+        "protocol": ProtocolParams,
+    }
+    assert KNOWN_SECTIONS == (
+        "demo", "data", "model", "prompt", "tune", "extract",
+        "solve", "evaluate", "protocol", "ablation", "pipelines",
+    )  # fmt: skip

@@ -26,7 +26,6 @@ SAMPLES_FILE = "samples.jsonl"
 TASKS_FILE = "tasks.json"
 
 SPLITS = ("train", "val", "test")
-SAMPLE_KEYS = ("id", "split", "task", "label", "class_name", "image", "text", "missing")
 
 
 class PrepareError(PalError):
@@ -45,6 +44,10 @@ class Sample:
     image: str | None
     text: str
     missing: int
+
+
+# the keys of a samples.jsonl line, in file order: `Sample`'s fields
+SAMPLE_KEYS = tuple(f.name for f in dataclasses.fields(Sample))
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,15 @@ def make_hub_vilt(
     BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=True).save(
         str(folder / "tokenizer.json")
     )
-    files = {
+    for name, doc in _hub_documents(size, divisor).items():
+        (folder / name).write_text(json.dumps(doc, indent=2))
+    return folder
+
+
+def _hub_documents(size: int, divisor: int) -> dict[str, dict]:
+    """The hub snapshot's JSON files beside the weights and the vocabulary:
+    file name → document (images resized to `size`, a multiple of `divisor`)."""
+    return {
         "tokenizer_config.json": {
             "do_lower_case": True,
             "model_max_length": 40,
@@ -135,9 +143,6 @@ def make_hub_vilt(
             "size_divisor": divisor,
         },
     }
-    for name, doc in files.items():
-        (folder / name).write_text(json.dumps(doc, indent=2))
-    return folder
 
 
 def tiny_jpeg() -> bytes:

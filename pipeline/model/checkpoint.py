@@ -22,7 +22,7 @@ import torch
 from palcore.errors import PalError
 from palcore.outputs import step_dir_name, write_bytes_atomic
 from palcore.params import outcome_record
-from pipeline.model.backbone import Backbone
+from pipeline.model.encoder import Backbone
 from pipeline.model.network import PalModel
 from pipeline.params import ModelParams, PromptParams, TuneParams
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from pipeline import params as pparams
 from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
 from pipeline.data.samples import Sample
-from pipeline.model.backbone import autocast
+from pipeline.model.device import autocast
 from pipeline.model.network import PalModel
 
 log = logging.getLogger(__name__)

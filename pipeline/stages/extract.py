@@ -22,7 +22,6 @@ Reads params `extract` (and the params recorded in the checkpoints).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -34,21 +33,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import click
-import numpy as np
 import torch
 
 from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.errors import PalError
+from palcore.outputs import step_of_name
 from palcore.params import Source, outcome_record
 from pipeline import params as pparams
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
-from pipeline.model.backbone import (
-    Backbone,
-    autocast,
-    backbone_folder,
-    load_backbone,
-    resolve_device,
-)
+from pipeline.model.backbone import Backbone, load_backbone
 from pipeline.model.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -56,22 +49,15 @@ from pipeline.model.checkpoint import (
     model_from_checkpoint,
     params_diff,
 )
-from pipeline.model.embed import embed_samples
-from pipeline.model.network import PalModel
+from pipeline.model.device import resolve_device
+from pipeline.stages.extract_shards import extract_step, reusable
 from pipeline.stages.resume import (
     PartialRun,
-    code_digest,
-    folder_digest,
+    hash_samples,
+    run_environment,
     signature,
 )
-from solver.shards import (
-    Block,
-    ShardAttrs,
-    open_step,
-    step_dir_name,
-    write_test,
-    write_train,
-)
+from solver.shards import step_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -120,16 +106,9 @@ def extract(
     if steps is None or isinstance(steps, str):
         steps = parse_steps(steps, tasks.n_tasks)
     rank, world = rank_and_world()
-    device = resolve_device(params.device, "extract.device")
-    if device.type == "cuda" and world > 1:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    tune_dir, out = Path(tune_dir), Path(out_dir)
-    first = load_checkpoint(checkpoint_path(tune_dir, 1))
-    ckpts = {}
-    for step in steps:
-        path = checkpoint_path(tune_dir, step)
-        ckpts[step] = first if step == 1 else load_checkpoint(path)
-        _check_checkpoint(path, ckpts[step], step, tasks, first)
+    device = _device(params, rank, world)
+    out = Path(out_dir)
+    ckpts = _checkpoints(Path(tune_dir), steps, tasks)
     digests = step_samples_digests(samples, tasks)
     partial = PartialRun(
         out,
@@ -140,21 +119,16 @@ def extract(
     names = _shard_names(world, rank)
     ready = partial.reusable([step_dir_name(s) for s in steps], names)  # verified
     backbone: Backbone | None = None
-    done: list[int] = []
-    moved: list[str] = []
     for step in steps:
-        ckpt = ckpts[step]
         folder = step_dir_name(step)
-        moved += [f"{folder}/{n}" for n in names]
         if folder in ready:
-            done.append(step)
             continue
+        ckpt = ckpts[step]
         if backbone is None:
             m = ckpt["params"]["model"]
             backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
-        samples_hash = digests[step - 1]
-        key = _extract_key(ckpt["hash"], samples_hash, params.dtype, world)
-        _extract_step(
+        key = _extract_key(ckpt["hash"], digests[step - 1], params.dtype, world)
+        extract_step(
             model_from_checkpoint(ckpt, backbone),
             step,
             samples,
@@ -162,12 +136,47 @@ def extract(
             params,
             partial.path / folder,
             names,
-            _provenance(ckpt, key, samples_hash, params),
+            _provenance(ckpt, key, digests[step - 1], params),
             rank,
             world,
-            _reusable(ckpt, params, partial.path, step, names, world),
+            reusable(ckpt, params, partial.path, step, names, world),
         )
         partial.seal(folder, names)
+    _finish(partial, out, steps, ready, names, device)
+    if rank == 0:
+        _remove_other_layouts(out, steps, world, tasks.n_tasks)
+    return [out / step_dir_name(step) for step in steps]
+
+
+def _device(params: pparams.ExtractParams, rank: int, world: int) -> torch.device:
+    """`extract.device` resolved; under torchrun on CUDA, this rank's GPU."""
+    device = resolve_device(params.device, "extract.device")
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    return device
+
+
+def _checkpoints(tune_dir: Path, steps: Sequence[int], tasks: Tasks) -> dict:
+    """step → its checkpoint, each checked against tasks.json and step 1's."""
+    first = load_checkpoint(checkpoint_path(tune_dir, 1))
+    ckpts = {}
+    for step in steps:
+        path = checkpoint_path(tune_dir, step)
+        ckpts[step] = first if step == 1 else load_checkpoint(path)
+        _check_checkpoint(path, ckpts[step], step, tasks, first)
+    return ckpts
+
+
+def _finish(
+    partial: PartialRun,
+    out: Path,
+    steps: Sequence[int],
+    ready: set[str],
+    names: tuple[str, str],
+    device: torch.device,
+) -> None:
+    """Move every step's shards from the partial folder into `out`."""
+    done = [step for step in steps if step_dir_name(step) in ready]
     if done:
         log.info(
             "reused steps %s of an interrupted run with the same code, params and "
@@ -175,32 +184,38 @@ def extract(
             ",".join(map(str, done)),
             partial.path,
         )
-    partial.finish(moved)
+    partial.finish([f"{step_dir_name(s)}/{n}" for s in steps for n in names])
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**30
         log.info("extract: GPU memory peak %.1f GiB", peak)
-    if rank == 0:
-        for step in steps:
-            _remove_stale(out / step_dir_name(step), world)
-        for folder in out.glob("step_[0-9][0-9]*"):  # an earlier run had more tasks
-            if folder.name[5:].isdigit() and int(folder.name[5:]) > tasks.n_tasks:
-                shutil.rmtree(folder)
-    return [out / step_dir_name(step) for step in steps]
+
+
+def _remove_other_layouts(
+    out: Path, steps: Sequence[int], world: int, n_tasks: int
+) -> None:
+    """Drop the part files of another layout from the steps written, and the
+    step folders of an earlier run with more tasks."""
+    for step in steps:
+        _remove_stale(out / step_dir_name(step), world)
+    for folder in out.glob("step_[0-9][0-9]*"):
+        step = step_of_name(folder.name)
+        if step is not None and step > n_tasks:
+            shutil.rmtree(folder)
 
 
 def step_samples_digests(samples: list[Sample], tasks: Tasks) -> list[str]:
     """Per step k, sha256 of the samples its shards hold: task k's training
     samples and the test samples of tasks 1..k (each as sorted JSON)."""
-    out = []
-    for k in range(1, tasks.n_tasks + 1):
-        h = hashlib.sha256()
-        for sample in [
-            *select(samples, "train", [k]),
-            *select(samples, "test", range(1, k + 1)),
-        ]:
-            h.update(json.dumps(dataclasses.asdict(sample), sort_keys=True).encode())
-        out.append(h.hexdigest())
-    return out
+    return [
+        hash_samples(
+            hashlib.sha256(),
+            [
+                *select(samples, "train", [k]),
+                *select(samples, "test", range(1, k + 1)),
+            ],
+        ).hexdigest()
+        for k in range(1, tasks.n_tasks + 1)
+    ]
 
 
 def _signatures(
@@ -216,16 +231,11 @@ def _signatures(
     the backbone's files, the part layout, the device type and the versions
     of torch and transformers. A sample changed in task k leaves the steps
     before k as they were (their shards hold none of task k's samples)."""
-    import transformers
-
     backbone = next(iter(ckpts.values()))["params"]["model"]["backbone"]
     common = {
-        "code": code_digest(__name__),
+        **run_environment(__name__, backbone, device.type),
         "params": outcome_record(params),
-        "backbone": folder_digest(backbone_folder(backbone)),
         "parts": [world, rank],
-        "device": device.type,
-        "versions": [torch.__version__, transformers.__version__],
     }
     out, before = [], ""
     for k, c in ckpts.items():
@@ -287,146 +297,6 @@ def _provenance(
         "samples_sha256": samples_hash,
         "stored_dtype": params.dtype,
     }
-
-
-def _rank_range(n: int, batch_size: int, rank: int, world: int) -> tuple[int, int]:
-    """Rank `rank`'s rows [lo, hi) of n: whole batches of `batch_size`, so every
-    row lands in the batch (and the patch-order seed) it has in a one-process
-    run, and the parts hold the same bytes as one shard."""
-    n_batches = -(-n // batch_size)
-    lo = rank * n_batches // world * batch_size
-    hi = min((rank + 1) * n_batches // world * batch_size, n)
-    return lo, hi
-
-
-def _reusable(
-    ckpt: dict,
-    params: pparams.ExtractParams,
-    partial: Path,
-    step: int,
-    names: tuple[str, str],
-    world: int,
-) -> Path | None:
-    """The previous step's folder when its test features can be reused: a
-    model without prompts embeds a sample the same at every step (only its
-    BP head grows), so only the new task's samples need the backbone. With
-    one process and float32 shards, the stored features are the exact ones."""
-    prev = partial / step_dir_name(step - 1)
-    if (
-        step == 1
-        or ckpt["params"]["prompt"]["enabled"]
-        or world != 1
-        or params.dtype != "float32"
-        or not all((prev / name).is_file() for name in names)
-    ):
-        return None
-    return prev
-
-
-def _extract_step(
-    model: PalModel,
-    step: int,
-    samples: list[Sample],
-    tasks: Tasks,
-    params: pparams.ExtractParams,
-    folder: Path,
-    names: tuple[str, str],
-    provenance: dict,
-    rank: int,
-    world: int,
-    reuse: Path | None = None,
-) -> None:
-    """Embed and write one step's shards. Task `step`'s training samples, then
-    the test samples of tasks 1..step, are embedded as one list in batches;
-    this rank takes whole batches of it. With `reuse` (a model without
-    prompts, one process), only task `step`'s test samples are embedded: the
-    earlier tasks' test features come from that step folder."""
-    train = select(samples, "train", [step])
-    first = step if reuse is not None else 1
-    blocks = [train] + [select(samples, "test", [t]) for t in range(first, step + 1)]
-    every = [s for block in blocks for s in block]
-    lo, hi = _rank_range(len(every), params.batch_size, rank, world)
-    x, logits = embed_samples(
-        model,
-        every[lo:hi],
-        tasks.root,
-        params,
-        f"step {step}",
-        first_batch=lo // params.batch_size,
-    )
-    x = x.astype(params.dtype)
-    parts, start = [], 0
-    for i, block in enumerate(blocks):
-        a = max(start, lo)
-        b = max(a, min(start + len(block), hi))  # a == b: the ranges do not meet
-        rows = slice(a - lo, b - lo)
-        parts.append(_block(every[a:b], x[rows], logits[rows] if i else None))
-        start += len(block)
-    if reuse is not None:
-        parts[1:1] = _reused_tests(model, reuse, step)
-        log.info("step %d: reused the test features of tasks 1-%d from %s",
-                 step, step - 1, reuse.name)  # fmt: skip
-    _write_step(step, tasks, folder, names, provenance, parts, x.shape[1])
-
-
-def _reused_tests(model: PalModel, prev: Path, step: int) -> list[Block]:
-    """Tasks 1..step-1's test blocks of step folder `prev`: their features as
-    stored, scored by this step's BP head."""
-    old = open_step(prev, step - 1)
-    device = model.backbone.device
-    blocks = []
-    for task in range(1, step):
-        reader = old.test[task]
-        feats, labels, missing, _ = reader.read_all()
-        with torch.inference_mode(), autocast(device):
-            head = model.head(torch.from_numpy(feats).to(device)).float()
-        blocks.append(
-            Block(
-                features=feats,
-                labels=labels,
-                missing=missing,
-                sample_ids=reader.sample_ids(),
-                bp_logits=np.ascontiguousarray(head.cpu().numpy()),
-            )
-        )
-    return blocks
-
-
-def _block(part: list[Sample], x: np.ndarray, logits: np.ndarray | None) -> Block:
-    return Block(
-        features=np.ascontiguousarray(x),
-        labels=np.array([s.label for s in part], dtype=np.int64),
-        missing=np.array([s.missing for s in part], dtype=np.int8),
-        sample_ids=[s.id for s in part],
-        bp_logits=None if logits is None else np.ascontiguousarray(logits),
-    )
-
-
-def _write_step(
-    step: int,
-    tasks: Tasks,
-    folder: Path,
-    names: tuple[str, str],
-    provenance: dict,
-    parts: list[Block],
-    feature_dim: int,
-) -> None:
-    classes_seen = sum(tasks.classes_per_task[:step])
-    attrs = ShardAttrs(
-        step=step,
-        classes_seen=classes_seen,
-        feature_dim=feature_dim,
-        provenance=provenance,
-    )
-    write_train(folder / names[0], parts[0], attrs)
-    write_test(folder / names[1], dict(enumerate(parts[1:], start=1)), attrs)
-    log.info(
-        "%s: %d train, %d test samples (classes seen %d)",
-        folder,
-        len(parts[0].labels),
-        sum(len(p.labels) for p in parts[1:]),
-        classes_seen,
-    )
 
 
 @click.command("extract")

@@ -29,19 +29,17 @@ class HubError(PalError):
 
 def snapshot(repo_id: str, revision: str | None = None) -> Path:
     """The folder of `repo_id`'s snapshot in the local HF cache (no network)."""
-    from huggingface_hub import snapshot_download
+    from pipeline.model.backbone import cached_snapshot
 
-    try:
-        return Path(
-            snapshot_download(repo_id, revision=revision, local_files_only=True)
-        )
-    except Exception:  # not cached, or not a valid id
+    folder = cached_snapshot(repo_id, revision)
+    if folder is None:
         at = f" at revision '{revision}'" if revision else ""
         raise HubError(
             f"'{repo_id}'{at}: not in the local HF cache (on a machine with "
             f"internet: `huggingface-cli download {repo_id}`, then copy the cache "
             "or the folder here)"
-        ) from None
+        )
+    return folder
 
 
 def link(repo_id: str, dst: Path, revision: str | None = None) -> Path:

@@ -39,11 +39,8 @@ error. How the protocol counts them is described in `pipeline.data.protocol`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import json
 import logging
-import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -54,165 +51,20 @@ from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.codes import Missing
 from palcore.outputs import write_bytes_atomic
 from pipeline.data import protocol
-from pipeline.data.datasets import DatasetError, FileIndex, Listing, read_dataset
+from pipeline.data.absent import natural_codes
+from pipeline.data.absent import unreadable_images as unreadable_images  # pal predict
+from pipeline.data.datasets import DatasetError, Listing, read_dataset
 from pipeline.data.samples import (
     SAMPLE_KEYS,
     SAMPLES_FILE,
     SPLITS,
     TASKS_FILE,
+    Sample,
     text_problem,
 )
 from pipeline.params import DataParams, load
 
 log = logging.getLogger(__name__)
-
-FIRST_IDS = 5  # ids quoted in absent-modality reports
-
-
-@dataclasses.dataclass
-class _Absent:
-    ids: list[str] = dataclasses.field(default_factory=list)
-
-    def report(self) -> dict:
-        return {"count": len(self.ids), "first_ids": sorted(self.ids)[:FIRST_IDS]}
-
-
-def unreadable_images(
-    root: Path, rels: list[str], workers: int | None = None
-) -> list[str]:
-    """The files of `rels` (paths under `root`) that do not decode as images,
-    in the order given (`scan_images`' first half)."""
-    return scan_images(root, rels, workers)[0]
-
-
-def scan_images(
-    root: Path, rels: list[str], workers: int | None = None
-) -> tuple[list[str], str]:
-    """(the files of `rels` that do not decode, in the order given; the
-    sha256 of every file's bytes, by path). JPEGs decode at 1/8 scale (a
-    truncated or foreign file still fails), in `workers` threads (default:
-    one per core), with a progress bar. The digest is what tune and extract
-    depend on through tasks.json: the images' content, not their folder."""
-    if not rels:
-        return [], hashlib.sha256().hexdigest()
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tqdm import tqdm
-
-    def scan(rel: str) -> tuple[bool, str]:
-        from PIL import Image
-
-        try:
-            blob = (root / rel).read_bytes()
-        except OSError:
-            return True, ""
-        try:
-            with Image.open(io.BytesIO(blob)) as im:
-                if im.format == "JPEG":
-                    im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
-                im.load()
-        except Exception:  # OSError, SyntaxError, DecompressionBombError…
-            return True, hashlib.sha256(blob).hexdigest()
-        return False, hashlib.sha256(blob).hexdigest()
-
-    workers = workers or min(16, os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers) as pool:
-        results = list(
-            tqdm(
-                pool.map(scan, rels),
-                total=len(rels),
-                desc="prepare: images",
-                unit="image",
-                disable=None,
-                leave=False,
-            )
-        )
-    digest = hashlib.sha256()
-    for rel, (_, file_hash) in zip(rels, results, strict=True):
-        digest.update(f"{rel}\0{file_hash}\n".encode())
-    bad = [rel for rel, (flag, _) in zip(rels, results, strict=True) if flag]
-    return bad, digest.hexdigest()
-
-
-def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
-    """Resolve absent images and texts per `data.absent`; an image file that
-    does not decode counts as absent too (`unreadable`).
-
-    Returns:
-        (kept, report, images): kept is a list of (RawSample, natural code,
-        image or None, text), report the `absent` entry of tasks.json and
-        images the sha256 of the image files' bytes (`scan_images`).
-    """
-    index = FileIndex(listing.root)
-    absent = {
-        "image": _Absent(),
-        "text": _Absent(),
-        "both": _Absent(),
-        "unreadable": _Absent(),
-    }
-    on_disk = [s.image for s in listing.samples if s.image and index.exists(s.image)]
-    unreadable, content = scan_images(listing.root, on_disk)
-    bad = set(unreadable)
-    kept = []
-    for s in listing.samples:
-        on_file = s.image is not None and index.exists(s.image)
-        unreadable = on_file and s.image in bad
-        has_image = on_file and not unreadable
-        has_text = s.text is not None and s.text.strip() != ""
-        if not has_image and not has_text:
-            absent["both"].ids.append(s.id)
-            continue
-        if not has_image:
-            absent["unreadable" if unreadable else "image"].ids.append(s.id)
-            kept.append((s, Missing.IMAGE, None, s.text))
-        elif not has_text:
-            absent["text"].ids.append(s.id)
-            kept.append((s, Missing.TEXT, s.image, ""))
-        else:
-            kept.append((s, Missing.COMPLETE, s.image, s.text))
-    if bad and params.absent == "reject":
-        names = ", ".join(sorted(bad))
-        raise DatasetError(
-            f"{listing.root}: {len(bad)} image file{'s' * (len(bad) != 1)} do"
-            f"{'es' * (len(bad) == 1)} not decode: {names}; set data.absent: "
-            "missing to keep those samples with the image missing"
-        )
-    report = {k: v.report() for k, v in absent.items()}
-    for kind, what, then in (
-        ("unreadable", "an image file that does not decode", "keep them"),
-        ("image", "no image file", "keep them"),
-        ("text", "no text", "keep them"),
-        ("both", "neither image nor text", "drop them"),
-    ):
-        r = report[kind]
-        if not r["count"]:
-            continue
-        first = ", ".join(r["first_ids"])
-        n = r["count"]
-        samples = f"{n} sample{'s' * (n != 1)} {'has' if n == 1 else 'have'}"
-        if params.absent == "reject" and kind != "unreadable":
-            raise DatasetError(
-                f"{listing.root}: {samples} {what} (first: {first}); "
-                f"set data.absent: missing to {then}"
-            )
-        if kind == "unreadable":
-            log.warning(
-                "%s %s, kept with the image missing (first: %s)", samples, what, first
-            )
-        elif kind == "both":
-            log.warning(
-                "dropping %s neither image nor text (first: %s)",
-                samples.replace(" has", " with").replace(" have", " with"),
-                first,
-            )
-        else:
-            log.warning(
-                "%s %s, kept with that modality missing (first: %s)",
-                samples,
-                what,
-                first,
-            )
-    return kept, report, content
 
 
 def split_protocol(params: DataParams, split: str) -> tuple[str, float]:
@@ -261,79 +113,33 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
     """Read the dataset and apply the protocol.
 
     Returns:
-        (rows, tasks): the samples.jsonl rows in file order and the tasks.json
-        document.
+        (rows, tasks): the samples.jsonl rows in file order (each
+        `dataclasses.asdict` of a `Sample`) and the tasks.json document.
     """
     listing = read_dataset(params)
     _check_unique_ids(listing)
     if params.per_class is not None:
         listing = per_class(listing, params.per_class)
     kept, absent, images = natural_codes(listing, params)
-
     order = protocol.class_order(listing.classes, params.class_order_seed)
     sizes = protocol.task_sizes(len(order), params.tasks, params.allow_uneven)
-    label_of = {name: i for i, name in enumerate(order)}
-    task_of = protocol.task_of_label(sizes)
-
-    groups: dict[tuple[int, str], list] = defaultdict(list)
-    for s, code, image, text in kept:
-        label = label_of[s.class_name]
-        groups[(task_of[label], s.split)].append((s.id, label, s, code, image, text))
-
-    rows = []
-    tasks = []
-    first_label = 0
+    groups = _group_by_task(kept, order, sizes)
+    rows, tasks, first_label = [], [], 0
     for task, size in enumerate(sizes, start=1):
         counts = {}
         for split in SPLITS:
             group = sorted(groups.get((task, split), []), key=lambda g: g[0])
-            mtype, rate = split_protocol(params, split)
-            natural = np.array([g[3] for g in group], dtype=np.int8)
-            codes = protocol.missing_table(
-                natural, mtype, rate, params.seed, task, split
-            )
-            t1, t2 = protocol.missing_targets(len(group), mtype, rate)
-            over = (
-                int(np.sum(codes == Missing.TEXT)) > t1,
-                int(np.sum(codes == Missing.IMAGE)) > t2,
-            )
-            if any(over):
-                log.warning(
-                    "task %d %s: naturally missing samples exceed the table's %d/%d "
-                    "(text/image missing); got %d/%d",
-                    task,
-                    split,
-                    t1,
-                    t2,
-                    int(np.sum(codes == Missing.TEXT)),
-                    int(np.sum(codes == Missing.IMAGE)),
-                )
-            for (sid, label, s, _, image, text), code in zip(group, codes, strict=True):
-                rows.append(
-                    {
-                        "id": sid,
-                        "split": split,
-                        "task": task,
-                        "label": label,
-                        "class_name": s.class_name,
-                        "image": image,
-                        "text": text,
-                        "missing": int(code),
-                    }
-                )
+            codes = _missing_codes(group, params, task, split)
+            rows += _rows(group, codes, task, split)
             counts[split] = {
                 "total": len(group),
                 "by_missing": np.bincount(codes, minlength=len(Missing)).tolist(),
             }
         labels = list(range(first_label, first_label + size))
         first_label += size
+        classes = [order[i] for i in labels]
         tasks.append(
-            {
-                "task": task,
-                "labels": labels,
-                "classes": [order[i] for i in labels],
-                "counts": counts,
-            }
+            {"task": task, "labels": labels, "classes": classes, "counts": counts}
         )
     doc = {
         "class_order": order,
@@ -347,6 +153,63 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
         "images": images,
     }
     return rows, doc
+
+
+def _group_by_task(
+    kept: list, order: list[str], sizes: list[int]
+) -> dict[tuple[int, str], list]:
+    """(task, split) → [(id, label, RawSample, natural code, image, text)], in
+    listing order; labels follow the class order, tasks own contiguous labels."""
+    label_of = {name: i for i, name in enumerate(order)}
+    task_of = protocol.task_of_label(sizes)
+    groups: dict[tuple[int, str], list] = defaultdict(list)
+    for s, code, image, text in kept:
+        label = label_of[s.class_name]
+        groups[(task_of[label], s.split)].append((s.id, label, s, code, image, text))
+    return groups
+
+
+def _missing_codes(group: list, params: DataParams, task: int, split: str):
+    """The missing-modality codes (n,) int8 of one (task, split) group, sorted
+    by id: the protocol's table over the natural codes (warns when the
+    naturally missing samples alone exceed the table's targets)."""
+    mtype, rate = split_protocol(params, split)
+    natural = np.array([g[3] for g in group], dtype=np.int8)
+    codes = protocol.missing_table(natural, mtype, rate, params.seed, task, split)
+    t1, t2 = protocol.missing_targets(len(group), mtype, rate)
+    n_text = int(np.sum(codes == Missing.TEXT))
+    n_image = int(np.sum(codes == Missing.IMAGE))
+    if n_text > t1 or n_image > t2:
+        log.warning(
+            "task %d %s: naturally missing samples exceed the table's %d/%d "
+            "(text/image missing); got %d/%d",
+            task,
+            split,
+            t1,
+            t2,
+            n_text,
+            n_image,
+        )
+    return codes
+
+
+def _rows(group: list, codes, task: int, split: str) -> list[dict]:
+    """The samples.jsonl rows of one (task, split) group: `Sample`s as dicts."""
+    return [
+        dataclasses.asdict(
+            Sample(
+                id=sid,
+                split=split,
+                task=task,
+                label=label,
+                class_name=s.class_name,
+                image=image,
+                text=text,
+                missing=int(code),
+            )
+        )
+        for (sid, label, s, _, image, text), code in zip(group, codes, strict=True)
+    ]
 
 
 def write_outputs(rows: list[dict], doc: dict, out: str | Path) -> None:

@@ -27,6 +27,7 @@ the package `__init__` files Python runs on the way. The same closure is what
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import logging
@@ -123,6 +124,31 @@ def folder_digest(folder: Path) -> str:
 def code_digest(module: str) -> str:
     """sha256 over the files of `code_closure(module)`."""
     return files_digest(code_closure(module), ROOT)
+
+
+def run_environment(module: str, backbone: str, device: str) -> dict[str, Any]:
+    """The signature parts tune and extract share: the stage's code
+    (`code_digest(module)`), the files of backbone `backbone` (a folder or a
+    cached hub id), the device type and the versions of torch and transformers."""
+    import torch
+    import transformers
+
+    from pipeline.model.backbone import backbone_folder
+
+    return {
+        "code": code_digest(module),
+        "backbone": folder_digest(backbone_folder(backbone)),
+        "device": device,
+        "versions": [torch.__version__, transformers.__version__],
+    }
+
+
+def hash_samples(h: Any, samples: Iterable[Any]) -> Any:
+    """Feed each sample (a dataclass) to sha256 object `h` as sorted JSON;
+    returns `h`."""
+    for sample in samples:
+        h.update(json.dumps(dataclasses.asdict(sample), sort_keys=True).encode())
+    return h
 
 
 def signature(parts: Mapping[str, Any]) -> str:

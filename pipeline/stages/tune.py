@@ -16,7 +16,6 @@ go to `--timings` (default `logs/tune.jsonl`), outside what DVC tracks.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -34,12 +33,7 @@ from pipeline.data.samples import (
     read_prepare,
     select,
 )
-from pipeline.model.backbone import (
-    Backbone,
-    backbone_folder,
-    load_backbone,
-    resolve_device,
-)
+from pipeline.model.backbone import Backbone, load_backbone
 from pipeline.model.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -48,12 +42,13 @@ from pipeline.model.checkpoint import (
     restore,
     save_checkpoint,
 )
+from pipeline.model.device import resolve_device
 from pipeline.model.network import PalModel
 from pipeline.model.train import train_task
 from pipeline.stages.resume import (
     PartialRun,
-    code_digest,
-    folder_digest,
+    hash_samples,
+    run_environment,
     signature,
 )
 
@@ -100,29 +95,47 @@ def tune(
             partial.path,
         )
     for task in range(done + 1, tasks.n_tasks + 1):
-        train = select(samples, "train", [task])
-        epochs = train_task(model, task, train, tasks, tune_p)
-        for entry in epochs:  # timings stay out of the DVC output
-            clock = {k: entry.pop(k) for k in ("seconds", "data_wait")}
-            if timings is not None:
-                _append_timing(Path(timings), dict(entry, **clock))
-        entries += epochs
+        entries += _tune_task(model, task, samples, tasks, tune_p, timings)
         path = checkpoint_path(partial.path, task)
         digest = save_checkpoint(
             path, task, record, tasks.record(), model.tuned_state()
         )
         _write_log(partial.path, entries)
         log.info("step %d done: %s (%s)", task, path.name, digest[:12])
-    names = [checkpoint_path("", k).name for k in range(1, tasks.n_tasks + 1)]
-    for stale in out.glob("step_*.pt"):  # steps of an earlier run with more tasks
-        if stale.name not in names:
-            stale.unlink()
-    partial.finish([*names, LOG_NAME])
+    _finish(out, partial, tasks.n_tasks)
     log.info("wrote %s (%d steps)", out, tasks.n_tasks)
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**30
         log.info("tune: GPU memory peak %.1f GiB", peak)
     return [checkpoint_path(out, k) for k in range(1, tasks.n_tasks + 1)]
+
+
+def _tune_task(
+    model: PalModel,
+    task: int,
+    samples: list[Sample],
+    tasks: Tasks,
+    tune_p: pparams.TuneParams,
+    timings: str | Path | None,
+) -> list[dict]:
+    """Train task `task` (`train_task`); returns its log.jsonl entries, one
+    per epoch, with the epoch's seconds moved to the `timings` file."""
+    epochs = train_task(model, task, select(samples, "train", [task]), tasks, tune_p)
+    for entry in epochs:  # timings stay out of the DVC output
+        clock = {k: entry.pop(k) for k in ("seconds", "data_wait")}
+        if timings is not None:
+            _append_timing(Path(timings), dict(entry, **clock))
+    return epochs
+
+
+def _finish(out: Path, partial: PartialRun, n_tasks: int) -> None:
+    """Move the checkpoints and the log into `out`, dropping the checkpoints
+    of an earlier run with more tasks."""
+    names = [checkpoint_path("", k).name for k in range(1, n_tasks + 1)]
+    for stale in out.glob("step_*.pt"):
+        if stale.name not in names:
+            stale.unlink()
+    partial.finish([*names, LOG_NAME])
 
 
 def _signatures(
@@ -136,21 +149,15 @@ def _signatures(
     split, the training samples of tasks 1..k, the backbone's files, the
     device type and the versions of torch and transformers. A sample changed
     in task k leaves the signatures of steps 1..k-1 as they were."""
-    import transformers
-
     common = {
-        "code": code_digest(__name__),
+        **run_environment(__name__, backbone.name, device.type),
         "params": record,
         "split": [tasks.record(), tasks.data.get("images")],  # content, not place
-        "backbone": folder_digest(backbone_folder(backbone.name)),
-        "device": device.type,
-        "versions": [torch.__version__, transformers.__version__],
     }
     h = hashlib.sha256()
     out = []
     for task in range(1, tasks.n_tasks + 1):
-        for sample in select(samples, "train", [task]):
-            h.update(json.dumps(dataclasses.asdict(sample), sort_keys=True).encode())
+        hash_samples(h, select(samples, "train", [task]))
         out.append(signature({**common, "samples": h.hexdigest()}))
     return out
 

@@ -107,20 +107,26 @@ def read_split_json(root: Path) -> Listing:
                 split_path,
                 f"{split}[{i}] '{name}' has class {cls!r}, not in class_idx.json",
             )
-            samples.append(
-                RawSample(
-                    id=f"{split}/{name}",
-                    split=split,
-                    class_name=cls,
-                    image=f"images/{folder}/{cls}/{name}",
-                    text=_title(texts.get(name), text_path, name),
-                )
-            )
+            text = _title(texts.get(name), text_path, name)
+            samples.append(_sample(split, folder, cls, name, text))
     return Listing(
         root=root,
         samples=samples,
         classes=sorted(class_idx),
         source=str(split_path),
+    )
+
+
+def _sample(
+    split: str, folder: str, cls: str, name: str, text: str | None
+) -> RawSample:
+    """Image `name` of class `cls` under images/<folder>/, listed in `split`."""
+    return RawSample(
+        id=f"{split}/{name}",
+        split=split,
+        class_name=cls,
+        image=f"images/{folder}/{cls}/{name}",
+        text=text,
     )
 
 
@@ -150,13 +156,7 @@ def read_titles_csv(root: Path) -> Listing:
                     f"(no folder images/train/{cls})"
                 )
             samples.append(
-                RawSample(
-                    id=f"{split}/{name}",
-                    split=split,
-                    class_name=cls,
-                    image=f"images/{split}/{cls}/{name}",
-                    text=text if text.strip() else None,
-                )
+                _sample(split, split, cls, name, text if text.strip() else None)
             )
     return Listing(
         root=root, samples=samples, classes=classes, source=str(root / "texts")

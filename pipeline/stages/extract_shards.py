@@ -1,0 +1,174 @@
+"""One step's shards for `pal extract`: which rows a rank embeds, the blocks
+it writes, and the reuse of the previous step's test features.
+
+Task k's training samples, then the test samples of tasks 1..k, are embedded
+as one list in batches of `extract.batch_size`; rank r of `world` takes the
+r-th contiguous share of whole batches, so every row lands in the batch (and
+the patch-order seed) it has in a one-process run. A model without prompts
+embeds a sample the same at every step, so with one process and float32
+shards only the new task's samples need the backbone (`reusable`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline import params as pparams
+from pipeline.data.samples import Sample, Tasks, select
+from pipeline.model.device import autocast
+from pipeline.model.embed import embed_samples
+from pipeline.model.network import PalModel
+from solver.shards import (
+    Block,
+    ShardAttrs,
+    open_step,
+    step_dir_name,
+    write_test,
+    write_train,
+)
+
+log = logging.getLogger(__name__)
+
+
+def rank_range(n: int, batch_size: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank `rank`'s rows [lo, hi) of n: whole batches of `batch_size`, so every
+    row lands in the batch (and the patch-order seed) it has in a one-process
+    run, and the parts hold the same bytes as one shard."""
+    n_batches = -(-n // batch_size)
+    lo = rank * n_batches // world * batch_size
+    hi = min((rank + 1) * n_batches // world * batch_size, n)
+    return lo, hi
+
+
+def reusable(
+    ckpt: dict,
+    params: pparams.ExtractParams,
+    partial: Path,
+    step: int,
+    names: tuple[str, str],
+    world: int,
+) -> Path | None:
+    """The previous step's folder when its test features can be reused: a
+    model without prompts embeds a sample the same at every step (only its
+    BP head grows), so only the new task's samples need the backbone. With
+    one process and float32 shards, the stored features are the exact ones."""
+    prev = partial / step_dir_name(step - 1)
+    if (
+        step == 1
+        or ckpt["params"]["prompt"]["enabled"]
+        or world != 1
+        or params.dtype != "float32"
+        or not all((prev / name).is_file() for name in names)
+    ):
+        return None
+    return prev
+
+
+def extract_step(
+    model: PalModel,
+    step: int,
+    samples: list[Sample],
+    tasks: Tasks,
+    params: pparams.ExtractParams,
+    folder: Path,
+    names: tuple[str, str],
+    provenance: dict,
+    rank: int,
+    world: int,
+    reuse: Path | None = None,
+) -> None:
+    """Embed and write one step's shards. Task `step`'s training samples, then
+    the test samples of tasks 1..step, are embedded as one list in batches;
+    this rank takes whole batches of it. With `reuse` (a model without
+    prompts, one process), only task `step`'s test samples are embedded: the
+    earlier tasks' test features come from that step folder."""
+    train = select(samples, "train", [step])
+    first = step if reuse is not None else 1
+    blocks = [train] + [select(samples, "test", [t]) for t in range(first, step + 1)]
+    every = [s for block in blocks for s in block]
+    lo, hi = rank_range(len(every), params.batch_size, rank, world)
+    x, logits = embed_samples(
+        model,
+        every[lo:hi],
+        tasks.root,
+        params,
+        f"step {step}",
+        first_batch=lo // params.batch_size,
+    )
+    x = x.astype(params.dtype)
+    parts, start = [], 0
+    for i, block in enumerate(blocks):
+        a = max(start, lo)
+        b = max(a, min(start + len(block), hi))  # a == b: the ranges do not meet
+        rows = slice(a - lo, b - lo)
+        parts.append(_block(every[a:b], x[rows], logits[rows] if i else None))
+        start += len(block)
+    if reuse is not None:
+        parts[1:1] = _reused_tests(model, reuse, step)
+        log.info("step %d: reused the test features of tasks 1-%d from %s",
+                 step, step - 1, reuse.name)  # fmt: skip
+    _write_step(step, tasks, folder, names, provenance, parts, x.shape[1])
+
+
+def _reused_tests(model: PalModel, prev: Path, step: int) -> list[Block]:
+    """Tasks 1..step-1's test blocks of step folder `prev`: their features as
+    stored, scored by this step's BP head."""
+    old = open_step(prev, step - 1)
+    device = model.backbone.device
+    blocks = []
+    for task in range(1, step):
+        reader = old.test[task]
+        feats, labels, missing, _ = reader.read_all()
+        with torch.inference_mode(), autocast(device):
+            head = model.head(torch.from_numpy(feats).to(device)).float()
+        blocks.append(
+            Block(
+                features=feats,
+                labels=labels,
+                missing=missing,
+                sample_ids=reader.sample_ids(),
+                bp_logits=np.ascontiguousarray(head.cpu().numpy()),
+            )
+        )
+    return blocks
+
+
+def _block(part: list[Sample], x: np.ndarray, logits: np.ndarray | None) -> Block:
+    return Block(
+        features=np.ascontiguousarray(x),
+        labels=np.array([s.label for s in part], dtype=np.int64),
+        missing=np.array([s.missing for s in part], dtype=np.int8),
+        sample_ids=[s.id for s in part],
+        bp_logits=None if logits is None else np.ascontiguousarray(logits),
+    )
+
+
+def _write_step(
+    step: int,
+    tasks: Tasks,
+    folder: Path,
+    names: tuple[str, str],
+    provenance: dict,
+    parts: list[Block],
+    feature_dim: int,
+) -> None:
+    classes_seen = sum(tasks.classes_per_task[:step])
+    attrs = ShardAttrs(
+        step=step,
+        classes_seen=classes_seen,
+        feature_dim=feature_dim,
+        provenance=provenance,
+    )
+    write_train(folder / names[0], parts[0], attrs)
+    write_test(folder / names[1], dict(enumerate(parts[1:], start=1)), attrs)
+    log.info(
+        "%s: %d train, %d test samples (classes seen %d)",
+        folder,
+        len(parts[0].labels),
+        sum(len(p.labels) for p in parts[1:]),
+        classes_seen,
+    )
