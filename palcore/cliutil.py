@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from palcore.errors import PalError
-from palcore.params import Source
+from palcore.params import DEFAULT_PARAMS, Source
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def params_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--params",
         "params_file",
-        default="params.yaml",
+        default=str(DEFAULT_PARAMS),
         show_default=True,
         type=click.Path(dir_okay=False),
         help="Params file to read the stage's section(s) from.",

@@ -26,7 +26,7 @@ from palcore.errors import ParamsError
 
 T = TypeVar("T")
 
-DEFAULT_PARAMS = Path("params.yaml")
+DEFAULT_PARAMS = Path("params.yaml")  # every command's --params default
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -258,7 +258,7 @@ def outcome_record(params: Any) -> dict[str, Any]:
 
 
 def check(ok: bool, key: str, message: str) -> None:
-    """Raise `ParamsError("key: message")` unless `ok`."""
+    """Raise `ParamsError("<key> <message>")` unless `ok`."""
     if not ok:
         raise ParamsError(f"{key} {message}")
 

@@ -25,12 +25,11 @@ import yaml
 
 from palcore.cliutil import clean_errors, setup_logging
 from palcore.errors import ParamsError
-from palcore.params import read_params_file
-from palpaper import workers
-from palpaper.cells import announce_copies, check_cells, untracked_inputs
-from palpaper.collect import collect, command, grid
-from palpaper.experiments import ExperimentError, Repo, wait
-from palpaper.grids import RESULTS, Cell, GridError, get, result
+from palcore.params import DEFAULT_PARAMS, read_params_file
+from palpaper import running, workers
+from palpaper.collect import collect, command
+from palpaper.experiments import ExperimentError, Repo
+from palpaper.grids import RESULTS, GridError, get, result
 from palpaper.plan import plan_lines, tunings
 
 __all__ = ["main", "tunings"]
@@ -117,7 +116,7 @@ params_path_option = click.option(
     "--params",
     "-p",
     "params_file",
-    default="params.yaml",
+    default=str(DEFAULT_PARAMS),
     show_default=True,
     type=click.Path(dir_okay=False, path_type=Path),
     help="The params file the cells change (the committed one for run/collect).",
@@ -215,162 +214,15 @@ def run_cmd(
     wanted = None if wanted is None else [c for c in wanted if c]
     rerun = command(ids, run_ids, wanted, shard, jobs)
     repo = Repo(Path.cwd())
-    _refuse_uncommitted(repo, out)
+    running.refuse_uncommitted(repo, out)
+    params = _params(DEFAULT_PARAMS)
+    part = None if shard is None else _shard(shard)
     try:
-        _run_grid(repo, ids, run_ids, wanted, shard, jobs, cards, no_wait, out, rerun)
+        running.run_grid(
+            repo, ids, run_ids, wanted, part, jobs, cards, no_wait, out, rerun, params
+        )
     except KeyboardInterrupt:
-        raise ExperimentError(_interrupted(repo, rerun)) from None
-
-
-def _refuse_uncommitted(repo: Repo, out: Path) -> None:
-    """Cells are experiments on HEAD: refuse tracked changes, except the
-    tables pal-paper itself renders under OUT (its own previous run's)."""
-    try:
-        own = out.resolve().relative_to(repo.root.resolve()).as_posix() + "/"
-    except ValueError:  # OUT outside the repository: nothing of it is tracked
-        own = None
-    dirty = [p for p in repo.dirty() if own is None or not p.startswith(own)]
-    if dirty:
-        raise ExperimentError(
-            f"uncommitted changes ({', '.join(dirty[:3])}"
-            f"{', …' if len(dirty) > 3 else ''}): the cells are experiments on "
-            "HEAD; commit or stash them first"
-        )
-
-
-def _run_grid(
-    repo: Repo,
-    ids: list[str],
-    run_ids: list[int] | None,
-    wanted: list[str] | None,
-    shard: str | None,
-    jobs: int,
-    cards: list[str] | None,
-    no_wait: bool,
-    out: Path,
-    rerun: str,
-) -> None:
-    """`pal-paper run`'s work: check, queue, start workers, wait, render."""
-    params = _params(Path("params.yaml"))
-    todo = _todo(ids, params, run_ids, wanted, shard)
-    finished = repo.finished()
-    check_cells(
-        repo.root, params, [c for c in todo if repo.exp_name(c) not in finished]
-    )
-    copies = untracked_inputs(repo.root, params)
-    queued = _queue(repo, todo, finished, copies)
-    kept = [c.name for c in todo if repo.exp_name(c) in finished]
-    log.info(
-        "%d cells on %s: %d finished before (kept), %d queued now, %d already queued",
-        len(todo),
-        repo.short,
-        len(kept),
-        len(queued),
-        len(todo) - len(kept) - len(queued),
-    )
-    for name in queued:
-        log.info("queued cell %s", name)
-    pending = [c for c in todo if repo.exp_name(c) not in finished]
-    if pending:
-        announce_copies(repo.root, copies)
-        if cards or "Running" not in repo.queue_status().values():
-            repo.start(jobs, cards)  # pinned: only the workers that are gone
-        if no_wait:
-            log.info("workers started; `dvc queue status` shows them")
-            return
-        outcome = _wait(repo, pending, jobs, cards, copies)
-        failed = [c for c in pending if outcome[repo.exp_name(c)] == "failed"]
-        if failed:
-            raise ExperimentError(
-                "\nError: ".join(
-                    f"cell '{c.name}' ({c.describe()}) failed: `dvc queue logs "
-                    f"{repo.exp_name(c)}` shows why; rerun: {rerun}"
-                    for c in failed
-                )
-            )
-    collect(repo, ids, params, run_ids, out)
-
-
-def _todo(
-    ids: list[str],
-    params: dict[str, Any],
-    runs: list[int] | None,
-    wanted: list[str] | None,
-    shard: str | None,
-) -> list[Cell]:
-    """The cells of the results, narrowed to `--cells` and `--shard`."""
-    _, todo = grid(ids, params, runs)
-    if wanted is not None:
-        unknown = [w for w in wanted if w not in {c.name for c in todo}]
-        if unknown:
-            raise GridError(
-                f"--cells: no cell '{unknown[0]}' in {', '.join(ids)} "
-                "(`pal-paper list` names them)"
-            )
-        todo = [c for c in todo if c.name in wanted]
-    if shard is not None:
-        todo = todo[_shard(shard)]
-    return todo
-
-
-def _queue(
-    repo: Repo, todo: list[Cell], finished: dict[str, str], copies: list[str]
-) -> list[str]:
-    """Queue the cells neither finished nor queued nor running; returns their
-    names. A task whose process is gone is killed (its copy removed) first.
-    The finished experiments are listed again after the queue's states, so a
-    cell that finished in between is not taken for a failed one."""
-    status = repo.queue_status()
-    finished = {**finished, **repo.finished()}
-    queued = []
-    for c in todo:
-        name = repo.exp_name(c)
-        state = status.get(name)
-        if state == "Running" and repo.interrupted(name):
-            log.info(
-                "cell %s was interrupted (its process is gone): queued again", c.name
-            )
-            repo.kill(name)
-            state = "Failed"
-        if name in finished or state in ("Queued", "Running"):
-            continue
-        if state is not None:  # failed before: drop it so the name is free
-            repo.remove_copies(name)
-            repo.forget(name)
-        repo.queue(c, copies)
-        queued.append(c.name)
-    return queued
-
-
-def _wait(
-    repo: Repo,
-    pending: list[Cell],
-    jobs: int,
-    cards: list[str] | None,
-    copies: list[str],
-) -> dict[str, str]:
-    """Wait for the cells with a progress bar."""
-    from tqdm import tqdm
-
-    with tqdm(total=len(pending), desc="cells", unit="cell") as bar:
-        return wait(repo, pending, jobs, cards, progress=bar.update, copy_paths=copies)
-
-
-def _interrupted(repo: Repo, rerun: str) -> str:
-    """Ctrl-C: stop DVC's queue workers, the pinned ones and the cells they
-    run (a killed cell is queued again by the next run); the line that says so."""
-    try:
-        repo.stop()
-    except (ExperimentError, KeyboardInterrupt):
-        return (
-            "interrupted; DVC's queue workers may go on with the grid "
-            "(`dvc queue status`): `dvc queue stop --kill` stops them, and "
-            f"`{rerun}` resumes the grid"
-        )
-    return (
-        "interrupted: the grid's workers and their cells were stopped; "
-        f"finished cells are kept, `{rerun}` runs the rest"
-    )
+        raise ExperimentError(running.interrupted(repo, rerun)) from None
 
 
 @main.command("collect")
@@ -395,7 +247,7 @@ def collect_cmd(
     cells finished is an error line; nothing of it is written.
     """
     repo = Repo(Path.cwd(), rev)
-    params_text = repo.show(repo.baseline, "params.yaml")
+    params_text = repo.show(repo.baseline, DEFAULT_PARAMS.as_posix())
     if params_text is None:
         raise ParamsError(f"params.yaml: not in commit {repo.short}")
     params = _params(Path(f"params.yaml at {repo.short}"), params_text)

@@ -394,7 +394,7 @@ def test_run_checks_every_cell_before_queuing_anything(
 ) -> None:
     """A committed typo stops `pal-paper run` at once in one line; so does a
     cell whose params the backbone cannot take, each line naming its cell."""
-    from pipeline.fakes import make_hub_vilt
+    from pipeline.fakes.trees import make_hub_vilt
 
     repo, _ = project
     text = (repo / "params.yaml").read_text()
@@ -432,7 +432,7 @@ def test_ctrl_c_stops_the_workers_or_says_how_to() -> None:
     """Ctrl-C stops DVC's queue and the pinned workers (`Repo.stop`); where
     that fails, the line says the workers may go on and how to stop them.
     tests/test_paper_gpus.py interrupts a real grid."""
-    from palpaper import cli
+    from palpaper import running
     from palpaper.experiments import ExperimentError
 
     class Stops:
@@ -446,13 +446,13 @@ def test_ctrl_c_stops_the_workers_or_says_how_to() -> None:
             raise ExperimentError("dvc queue stop --kill: no queue")
 
     repo = Stops()
-    line = cli._interrupted(repo, "pal-paper run upsampling --runs 0")  # type: ignore[arg-type]
+    line = running.interrupted(repo, "pal-paper run upsampling --runs 0")  # type: ignore[arg-type]
     assert repo.stopped == 1
     assert line == (
         "interrupted: the grid's workers and their cells were stopped; finished "
         "cells are kept, `pal-paper run upsampling --runs 0` runs the rest"
     )
-    line = cli._interrupted(Refuses(), "pal-paper run tasks")  # type: ignore[arg-type]
+    line = running.interrupted(Refuses(), "pal-paper run tasks")  # type: ignore[arg-type]
     assert line == (
         "interrupted; DVC's queue workers may go on with the grid (`dvc queue "
         "status`): `dvc queue stop --kill` stops them, and `pal-paper run tasks` "

@@ -1,0 +1,172 @@
+"""`pal-paper run`'s grid: the cells left to run, queued on DVC's queue,
+waited for with a progress bar, rendered; Ctrl-C stops the workers.
+
+A cell is an experiment on HEAD, so the workspace must be committed (the
+tables under OUT that pal-paper renders itself excepted); `run` queues only
+the cells that have not finished on this commit, so an interrupted grid
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from palpaper.cells import announce_copies, check_cells, untracked_inputs
+from palpaper.collect import collect, grid
+from palpaper.experiments import ExperimentError, Repo, wait
+from palpaper.grids import Cell, GridError
+
+log = logging.getLogger(__name__)
+
+
+def refuse_uncommitted(repo: Repo, out: Path) -> None:
+    """Cells are experiments on HEAD: refuse tracked changes, except the
+    tables pal-paper itself renders under OUT (its own previous run's)."""
+    try:
+        own = out.resolve().relative_to(repo.root.resolve()).as_posix() + "/"
+    except ValueError:  # OUT outside the repository: nothing of it is tracked
+        own = None
+    dirty = [p for p in repo.dirty() if own is None or not p.startswith(own)]
+    if dirty:
+        raise ExperimentError(
+            f"uncommitted changes ({', '.join(dirty[:3])}"
+            f"{', …' if len(dirty) > 3 else ''}): the cells are experiments on "
+            "HEAD; commit or stash them first"
+        )
+
+
+def run_grid(
+    repo: Repo,
+    ids: list[str],
+    run_ids: list[int] | None,
+    wanted: list[str] | None,
+    shard: slice | None,
+    jobs: int,
+    cards: list[str] | None,
+    no_wait: bool,
+    out: Path,
+    rerun: str,
+    params: dict[str, Any],
+) -> None:
+    """`pal-paper run`'s work: check, queue, start workers, wait, render."""
+    todo = _todo(ids, params, run_ids, wanted, shard)
+    finished = repo.finished()
+    check_cells(
+        repo.root, params, [c for c in todo if repo.exp_name(c) not in finished]
+    )
+    copies = untracked_inputs(repo.root, params)
+    queued = _queue(repo, todo, finished, copies)
+    kept = [c.name for c in todo if repo.exp_name(c) in finished]
+    log.info(
+        "%d cells on %s: %d finished before (kept), %d queued now, %d already queued",
+        len(todo),
+        repo.short,
+        len(kept),
+        len(queued),
+        len(todo) - len(kept) - len(queued),
+    )
+    for name in queued:
+        log.info("queued cell %s", name)
+    pending = [c for c in todo if repo.exp_name(c) not in finished]
+    if pending:
+        announce_copies(repo.root, copies)
+        if cards or "Running" not in repo.queue_status().values():
+            repo.start(jobs, cards)  # pinned: only the workers that are gone
+        if no_wait:
+            log.info("workers started; `dvc queue status` shows them")
+            return
+        outcome = _wait(repo, pending, jobs, cards, copies)
+        failed = [c for c in pending if outcome[repo.exp_name(c)] == "failed"]
+        if failed:
+            raise ExperimentError(
+                "\nError: ".join(
+                    f"cell '{c.name}' ({c.describe()}) failed: `dvc queue logs "
+                    f"{repo.exp_name(c)}` shows why; rerun: {rerun}"
+                    for c in failed
+                )
+            )
+    collect(repo, ids, params, run_ids, out)
+
+
+def _todo(
+    ids: list[str],
+    params: dict[str, Any],
+    runs: list[int] | None,
+    wanted: list[str] | None,
+    shard: slice | None,
+) -> list[Cell]:
+    """The cells of the results, narrowed to `--cells` and `--shard`."""
+    _, todo = grid(ids, params, runs)
+    if wanted is not None:
+        unknown = [w for w in wanted if w not in {c.name for c in todo}]
+        if unknown:
+            raise GridError(
+                f"--cells: no cell '{unknown[0]}' in {', '.join(ids)} "
+                "(`pal-paper list` names them)"
+            )
+        todo = [c for c in todo if c.name in wanted]
+    if shard is not None:
+        todo = todo[shard]
+    return todo
+
+
+def _queue(
+    repo: Repo, todo: list[Cell], finished: dict[str, str], copies: list[str]
+) -> list[str]:
+    """Queue the cells neither finished nor queued nor running; returns their
+    names. A task whose process is gone is killed (its copy removed) first.
+    The finished experiments are listed again after the queue's states, so a
+    cell that finished in between is not taken for a failed one."""
+    status = repo.queue_status()
+    finished = {**finished, **repo.finished()}
+    queued = []
+    for c in todo:
+        name = repo.exp_name(c)
+        state = status.get(name)
+        if state == "Running" and repo.interrupted(name):
+            log.info(
+                "cell %s was interrupted (its process is gone): queued again", c.name
+            )
+            repo.kill(name)
+            state = "Failed"
+        if name in finished or state in ("Queued", "Running"):
+            continue
+        if state is not None:  # failed before: drop it so the name is free
+            repo.remove_copies(name)
+            repo.forget(name)
+        repo.queue(c, copies)
+        queued.append(c.name)
+    return queued
+
+
+def _wait(
+    repo: Repo,
+    pending: list[Cell],
+    jobs: int,
+    cards: list[str] | None,
+    copies: list[str],
+) -> dict[str, str]:
+    """Wait for the cells with a progress bar."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(pending), desc="cells", unit="cell") as bar:
+        return wait(repo, pending, jobs, cards, progress=bar.update, copy_paths=copies)
+
+
+def interrupted(repo: Repo, rerun: str) -> str:
+    """Ctrl-C: stop DVC's queue workers, the pinned ones and the cells they
+    run (a killed cell is queued again by the next run); the line that says so."""
+    try:
+        repo.stop()
+    except (ExperimentError, KeyboardInterrupt):
+        return (
+            "interrupted; DVC's queue workers may go on with the grid "
+            "(`dvc queue status`): `dvc queue stop --kill` stops them, and "
+            f"`{rerun}` resumes the grid"
+        )
+    return (
+        "interrupted: the grid's workers and their cells were stopped; "
+        f"finished cells are kept, `{rerun}` runs the rest"
+    )
