@@ -31,7 +31,7 @@ def setup_logging(verbose: bool = False) -> None:
 
 # Ctrl-C: every output is written under a temporary name and renamed, so
 # what was renamed is whole; tune and extract keep their sealed steps in
-# `<out>.partial/` (pipeline/resume.py), which the same command picks up.
+# `<out>.partial/` (pipeline/stages/resume.py), which the same command picks up.
 INTERRUPTED = (
     "interrupted; outputs already renamed into place are complete, nothing "
     "half-written was kept, and the steps tune and extract finished wait in "
