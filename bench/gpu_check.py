@@ -34,14 +34,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +47,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_paths  # noqa: E402
+from gpu_parts import gpu_tests, rehearsal_check, solver_check  # noqa: E402
+from gpu_report import render, write_report  # noqa: E402
 
 # import name -> distribution name: what every part needs (pytest for part 2)
 NEEDED = {
@@ -137,174 +136,10 @@ def versions() -> dict[str, Any]:
     return info
 
 
-def run_logged(
-    cmd: list[str], log: Path, timeout: float, cwd: Path = ROOT
-) -> tuple[int, float, str]:
-    """Run `cmd`, its output to `log`; returns (exit code, wall s, output)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, timeout=timeout,
-        )  # fmt: skip
-        code, text = proc.returncode, proc.stdout
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout or ""
-        code = 124
-        text = (out.decode() if isinstance(out, bytes) else out) + "\n(timed out)\n"
-    wall = time.perf_counter() - start
-    log.write_text(f"$ {' '.join(cmd)}\n{text}")
-    return code, wall, text
+PARTS = ("tests", "solver", "paths", "rehearsal")
 
 
-def gpu_tests(out: Path, timeout: float) -> dict[str, Any]:
-    """`pytest -m gpu tests`: exit code, wall, pytest's summary line."""
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q", "-rs",
-           "-p", "no:cacheprovider"]  # fmt: skip
-    code, wall, text = run_logged(cmd, out / "gpu_tests.log", timeout)
-    lines = [x for x in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|"
-             r"deselected|error)", x)]  # fmt: skip
-    summary = lines[-1].strip("= ") if lines else "no summary (see gpu_tests.log)"
-    # exit 5: every test deselected or none collected
-    return {"exit": code, "wall_s": round(wall, 1), "summary": summary}
-
-
-def solver_check(
-    out: Path, work: Path, device: str, rows: int, classes: int, steps: int,
-    dim: int, width: int, timeout: float,
-) -> dict[str, Any]:  # fmt: skip
-    """`python -m solver solve` on synthetic features; the backend it used."""
-    from solver.synthetic import make_features
-
-    per = [rows // steps] * steps
-    per[-1] += rows - sum(per)
-    start = time.perf_counter()
-    features = make_features(
-        work / "features", per, classes // steps, feature_dim=dim, test_rows=8,
-        n_steps=steps, bp_logits=False, seed=0,
-    )  # fmt: skip
-    made = time.perf_counter() - start
-    params = work / "solve.yaml"
-    params.write_text(
-        f"solve: {{eta: 1.0, width: {width}, seed: 0, method: gram, "
-        f"device: {device}, dtype: float64, batch_rows: 4096}}\n"
-    )
-    cmd = [sys.executable, "-m", "solver", "solve", "--params", str(params),
-           "--features", str(features), "--out", str(work / "solve")]  # fmt: skip
-    code, wall, text = run_logged(cmd, out / "solver.log", timeout)
-    backend = re.search(r"backend: ((?:CuPy|NumPy).*)", text)  # get_backend
-    arith = re.search(r"solve: wrote .* in ([\d.]+) s", text)
-    return {
-        "exit": code,
-        "rows": rows,
-        "dim": dim,
-        "width": width,
-        "classes": classes,
-        "steps": steps,
-        "backend": backend.group(1) if backend else "NumPy (solve.device cpu)",
-        "features_made_s": round(made, 1),
-        "wall_s": round(wall, 1),
-        "solve_s": float(arith.group(1)) if arith else None,
-    }
-
-
-def rehearsal_check(
-    out: Path, work: Path, device: str, epochs: int, runner: str, graphs: bool,
-    log_name: str = "rehearsal.log", **scale: Any,
-) -> dict[str, Any]:  # fmt: skip
-    """bench/rehearsal.py's one run of PAL; its log copied to --out/log_name."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import rehearsal
-
-    start = time.perf_counter()
-    try:
-        result = rehearsal.rehearse(
-            work,
-            device=device,
-            epochs=epochs,
-            runner=runner,
-            cuda_graphs=graphs,
-            **scale,
-        )
-        result["exit"] = 0
-    except SystemExit as exc:
-        result = {"exit": 1, "error": str(exc).splitlines()[0]}
-    result["wall_s"] = round(time.perf_counter() - start, 1)
-    log = work / "logs" / "rehearsal.log"
-    if log.exists():
-        (out / log_name).write_text(log.read_text())
-    return result
-
-
-def render(report: dict[str, Any]) -> str:
-    """report.json's content as Markdown."""
-    v = report["versions"]
-    card = v["card"] or "no GPU (CPU only)"
-    lines = [
-        f"# GPU check on {card}",
-        "",
-        f"Scale `{report['scale']}`, device `{report['device']}`. Python "
-        f"{v['python']}, torch {v['torch']} (CUDA {v['cuda']}), transformers "
-        f"{v['transformers']}, numpy {v['numpy']}, CuPy {v['cupy']}"
-        + (f"; {v['gpu_memory_gib']} GiB of GPU memory." if v["card"] else "."),
-    ]
-    if "tests" in report:
-        t = report["tests"]
-        done = f"{t['summary']} (exit {t['exit']}, {t['wall_s']:.0f} s)."
-        lines += ["", "## `pytest -m gpu tests`", "", done]
-    if "solver" in report:
-        s = report["solver"]
-        solve_s = f"{s['solve_s']:.1f} s" if s["solve_s"] is not None else "–"
-        lines += [
-            "",
-            f"## Solver: {s['rows']} rows of D = {s['dim']}, width {s['width']}, "
-            f"{s['classes']} classes in {s['steps']} steps",
-            "",
-            f"Ran on {s['backend']}. `python -m solver solve` took "
-            f"{s['wall_s']:.1f} s as a process, {solve_s} of it fitting "
-            f"(exit {s['exit']}; synthetic features made in "
-            f"{s['features_made_s']:.0f} s).",
-        ]
-    lines += gpu_paths.markdown(report)
-    for key, title, log in (
-        ("rehearsal_legacy", " (legacy image path)", "rehearsal-legacy.log"),
-        ("rehearsal", "", "rehearsal.log"),
-    ):
-        if key not in report:
-            continue
-        r = report[key]
-        lines += ["", f"## Rehearsal: one run of PAL on a Food101-shaped tree{title}"]
-        lines.append("")
-        if r["exit"]:
-            lines.append(f"Failed: {r['error']} (see {log}).")
-        else:
-            sys.path.insert(0, str(ROOT / "bench"))
-            import rehearsal
-
-            st = r["setup"]
-            lines.append(
-                f"{st['config']} backbone, {st['classes']} classes, {st['photos']} "
-                f"photos, width {st['width']}, {st['loader_workers']} loader "
-                f"workers, {st['runner']} runner, CUDA graphs "
-                f"{'on' if st['cuda_graphs'] else 'off'}; {r['wall_s']:.0f} s in all, "
-                f"accuracy {r['accuracy']} % (random weights)."
-            )
-            lines += ["", *rehearsal.markdown(r)]
-    return "\n".join(lines) + "\n"
-
-
-def write_report(out: Path, report: dict[str, Any]) -> None:
-    for name, text in (
-        ("report.json", json.dumps(report, indent=2) + "\n"),
-        ("report.md", render(report)),
-    ):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out / name)
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check"))
@@ -335,24 +170,37 @@ def main(argv: list[str] | None = None) -> int:
         help="the rehearsal tunes without CUDA graphs (tune.cuda_graphs: false)",
     )  # fmt: skip
     ap.add_argument("--workdir", type=Path, help="scratch folder (default: a temp one)")
-    a = ap.parse_args(argv)
-    parts = a.parts.split(",")
-    unknown = set(parts) - {"tests", "solver", "paths", "rehearsal"}
+    return ap.parse_args(argv)
+
+
+def preflight(parts: list[str]) -> dict[str, Any] | None:
+    """The versions this check runs on, or None after one line on stderr:
+    an unknown part, a missing package or one older than the project runs on."""
+    unknown = set(parts) - set(PARTS)
     if unknown:
         print(
             f"gpu_check: --parts: unknown part {sorted(unknown)[0]!r}", file=sys.stderr
         )
-        return 2
+        return None
     missing = missing_packages()
     if missing:
         print(missing_line(missing), file=sys.stderr)
-        return 2
+        return None
     info = versions()
     old = [f"{k} {info[k]} (known to work from {v})" for k, v in OLDEST.items()
            if _older(info[k], v)]  # fmt: skip
     if old:
         print(f"gpu_check: older than the project supports: {', '.join(old)}",
               file=sys.stderr)  # fmt: skip
+        return None
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    parts = a.parts.split(",")
+    info = preflight(parts)
+    if info is None:
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-gpu-check-"))
@@ -366,6 +214,18 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     write_report(a.out, report)
+    run_parts(a, parts, report, work, scale)
+    print(render(report))
+    failed = [p for p in ("tests", "solver", "paths", "rehearsal", "rehearsal_legacy")
+              if p in report and report[p]["exit"] not in (0, 5)]  # fmt: skip
+    return 1 if failed else 0
+
+
+def run_parts(
+    a: argparse.Namespace, parts: list[str], report: dict[str, Any], work: Path,
+    scale: dict[str, dict[str, Any]],
+) -> None:  # fmt: skip
+    """Each part asked for, in order, into `report`; the report rewritten after each."""
     if "tests" in parts:
         report["tests"] = gpu_tests(a.out, timeout=300)
         print(f"gpu_check: tests: {report['tests']['summary']}", flush=True)
@@ -395,10 +255,6 @@ def main(argv: list[str] | None = None) -> int:
             write_report(a.out, report)
         report["plan"] = gpu_paths.priced(report, gpu_paths.plan_counts())
         write_report(a.out, report)
-    print(render(report))
-    failed = [p for p in ("tests", "solver", "paths", "rehearsal", "rehearsal_legacy")
-              if p in report and report[p]["exit"] not in (0, 5)]  # fmt: skip
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

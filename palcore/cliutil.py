@@ -29,6 +29,16 @@ def setup_logging(verbose: bool = False) -> None:
     )
 
 
+# Ctrl-C: every output is written under a temporary name and renamed, so
+# what was renamed is whole; tune and extract keep their sealed steps in
+# `<out>.partial/` (pipeline/stages/resume.py), which the same command picks up.
+INTERRUPTED = (
+    "interrupted; outputs already renamed into place are complete, nothing "
+    "half-written was kept, and the steps tune and extract finished wait in "
+    "<out>.partial/ for the same command to resume"
+)
+
+
 def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn project errors (bad input) into one line on stderr and exit 1; log
     the command's wall time when it succeeds.
@@ -48,10 +58,7 @@ def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except PalError as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
-            raise click.ClickException(
-                "interrupted; outputs already renamed into "
-                "place are complete, nothing partial was kept"
-            ) from None
+            raise click.ClickException(INTERRUPTED) from None
 
     return wrapper
 

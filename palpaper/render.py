@@ -9,7 +9,6 @@ holds the same lines with each value as its mean, std and paper number.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -18,6 +17,7 @@ from typing import Any
 import yaml
 
 from palpaper.grids import ROW_NAMES, Column, Result
+from solver.plots import mean_std_line, new_figure, png_bytes
 
 DATASETS = {"food101": "UPMC-Food101", "n24news": "N24News"}
 # the paper's row name of each of this pipeline's rows, per result
@@ -284,81 +284,90 @@ def figure(
     """The result's figure as PNG bytes (None for a table result)."""
     if not result.figure:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    if result.id == "steps":
-        fig = Figure(figsize=(4 * len(columns), 3.8), dpi=100)
-        FigureCanvasAgg(fig)
-        axes = fig.subplots(1, len(columns), squeeze=False)[0]
-        for ax, c in zip(axes, columns, strict=True):
-            for row in result.rows:
-                stats = (data[c.key].get(row) or {}).get("step_accuracy")
-                if not stats:
-                    continue
-                x = list(range(1, len(stats) + 1))
-                mean = [s["mean"] for s in stats]
-                (line,) = ax.plot(x, mean, marker="o", label=ROW_NAMES[row])
-                if all(s["std"] is not None for s in stats):
-                    lo = [s["mean"] - s["std"] for s in stats]
-                    hi = [s["mean"] + s["std"] for s in stats]
-                    ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
-            ax.set_title(c.label, fontsize=9)
-            ax.set_xlabel("step")
-            ax.set_ylim(0, 102)
-            ax.grid(True, alpha=0.3)
-        axes[0].set_ylabel("accuracy over seen tasks (%)")
-        axes[0].legend(fontsize=7)
-    elif result.id == "prompt":
-        groups: dict[str, list[Column]] = {}
-        for c in columns:
-            groups.setdefault(c.key.split("-", 1)[0], []).append(c)
-        fig = Figure(figsize=(4 * len(groups), 3.8), dpi=100)
-        FigureCanvasAgg(fig)
-        axes = fig.subplots(1, len(groups), squeeze=False)[0]
-        for ax, (name, cols) in zip(axes, groups.items(), strict=True):
-            x = list(range(len(cols)))
-            for key, word in (("acc", "Acc"), ("fg", "FG")):
-                stats = [_stat(data[c.key], "pal", key) for c in cols]
-                ax.errorbar(
-                    x,
-                    [s["mean"] for s in stats],
-                    yerr=[s["std"] or 0.0 for s in stats],
-                    marker="o",
-                    capsize=3,
-                    label=word,
-                )
-            ax.set_xticks(x, [c.label.split(" ")[-1] for c in cols])
-            ax.set_xlabel({"pool": "pool size"}.get(name, name))
-            ax.set_ylim(0, 102)
-            ax.grid(True, alpha=0.3)
-        axes[0].set_ylabel("PAL (%)")
-        axes[0].legend(fontsize=7)
-    else:  # stability: bars per method, first task and later tasks
-        (c,) = columns
-        fig = Figure(figsize=(5, 3.8), dpi=100)
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        width = 0.8 / len(result.rows)
-        for i, row in enumerate(result.rows):
-            stats = [_stat(data[c.key], row, k) for k in ("first", "later")]
-            ax.bar(
-                [j + i * width for j in range(2)],
-                [s["mean"] if s else 0.0 for s in stats],
-                width,
-                yerr=[(s["std"] or 0.0) if s else 0.0 for s in stats],
-                capsize=3,
-                label=ROW_NAMES[row],
-            )
-        ax.set_xticks(
-            [j + width * (len(result.rows) - 1) / 2 for j in range(2)],
-            ["first task (stability)", "later tasks (plasticity)"],
-        )
-        ax.set_ylabel("accuracy after the last step (%)")
-        ax.set_ylim(0, 102)
-        ax.legend(fontsize=7)
+    draw = {"steps": _steps_figure, "prompt": _prompt_figure}.get(
+        result.id, _stability_figure
+    )
+    fig = draw(result, columns, data)
     fig.suptitle(title, fontsize=7, wrap=True)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return buf.getvalue()
+    return png_bytes(fig)
+
+
+def _steps_figure(
+    result: Result, columns: Sequence[Column], data: Mapping[str, Any]
+) -> Any:
+    """A panel per cell: accuracy over seen tasks per step, each row's
+    mean ± std."""
+    fig = new_figure(4 * len(columns), 3.8)
+    axes = fig.subplots(1, len(columns), squeeze=False)[0]
+    for ax, c in zip(axes, columns, strict=True):
+        for row in result.rows:
+            stats = (data[c.key].get(row) or {}).get("step_accuracy")
+            if stats:
+                mean_std_line(ax, stats, ROW_NAMES[row])
+        ax.set_title(c.label, fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 102)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("accuracy over seen tasks (%)")
+    axes[0].legend(fontsize=7)
+    return fig
+
+
+def _prompt_figure(
+    result: Result, columns: Sequence[Column], data: Mapping[str, Any]
+) -> Any:
+    """A panel per prompt setting (layers, length, pool size): PAL's Acc and
+    FG with error bars over its values."""
+    groups: dict[str, list[Column]] = {}
+    for c in columns:
+        groups.setdefault(c.key.split("-", 1)[0], []).append(c)
+    fig = new_figure(4 * len(groups), 3.8)
+    axes = fig.subplots(1, len(groups), squeeze=False)[0]
+    for ax, (name, cols) in zip(axes, groups.items(), strict=True):
+        x = list(range(len(cols)))
+        for key, word in (("acc", "Acc"), ("fg", "FG")):
+            stats = [_stat(data[c.key], "pal", key) for c in cols]
+            ax.errorbar(
+                x,
+                [s["mean"] for s in stats],
+                yerr=[s["std"] or 0.0 for s in stats],
+                marker="o",
+                capsize=3,
+                label=word,
+            )
+        ax.set_xticks(x, [c.label.split(" ")[-1] for c in cols])
+        ax.set_xlabel({"pool": "pool size"}.get(name, name))
+        ax.set_ylim(0, 102)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("PAL (%)")
+    axes[0].legend(fontsize=7)
+    return fig
+
+
+def _stability_figure(
+    result: Result, columns: Sequence[Column], data: Mapping[str, Any]
+) -> Any:
+    """Bars per method: accuracy on the first task and on the later tasks."""
+    (c,) = columns
+    fig = new_figure(5, 3.8)
+    ax = fig.add_subplot()
+    width = 0.8 / len(result.rows)
+    for i, row in enumerate(result.rows):
+        stats = [_stat(data[c.key], row, k) for k in ("first", "later")]
+        ax.bar(
+            [j + i * width for j in range(2)],
+            [s["mean"] if s else 0.0 for s in stats],
+            width,
+            yerr=[(s["std"] or 0.0) if s else 0.0 for s in stats],
+            capsize=3,
+            label=ROW_NAMES[row],
+        )
+    ax.set_xticks(
+        [j + width * (len(result.rows) - 1) / 2 for j in range(2)],
+        ["first task (stability)", "later tasks (plasticity)"],
+    )
+    ax.set_ylabel("accuracy after the last step (%)")
+    ax.set_ylim(0, 102)
+    ax.legend(fontsize=7)
+    return fig

@@ -24,7 +24,6 @@ in one pass: each test chunk is read and up-sampled once.
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar
 from solver.params import EvaluateParams, SolveParams
+from solver.plots import new_figure, png_bytes
 from solver.rls import Expander, upsampling_matrix
 from solver.shards import StepShards, open_features, task_group_name
 from solver.weights import WEIGHTS_NAME, WeightsError, WeightsFile, check_solved_by
@@ -246,11 +246,7 @@ def step_csv(al: list[float], bp: list[float] | None) -> str:
 
 def step_plot_png(al: list[float], bp: list[float] | None, title: str) -> bytes:
     """A line plot of accuracy per step (AL vs BP), as PNG bytes without dates."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(6, 4)
     ax = fig.add_subplot()
     steps = list(range(1, len(al) + 1))
     ax.plot(steps, al, marker="o", label="AL (analytic)")
@@ -264,9 +260,7 @@ def step_plot_png(al: list[float], bp: list[float] | None, title: str) -> bytes:
     ax.legend()
     ax.set_title(title)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return buf.getvalue()
+    return png_bytes(fig)
 
 
 def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:

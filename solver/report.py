@@ -17,7 +17,6 @@ Rows: each variant's analytic classifier, and for `pal` also its BP head
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -37,6 +36,7 @@ from palcore.params import (
     variant_label,
 )
 from solver.metrics import matrix_csv, metrics_json
+from solver.plots import mean_std_line, new_figure, png_bytes
 
 log = logging.getLogger(__name__)
 
@@ -279,29 +279,12 @@ def steps_csv(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return buf.getvalue()
-
-
 def steps_png(report: dict[str, Any]) -> bytes:
     """Mean accuracy over seen tasks per step, each row shaded mean ± std."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(7, 4.5)
     ax = fig.add_subplot()
     for name, row in report["rows"].items():
-        stats = row["step_accuracy"]
-        steps = list(range(1, len(stats) + 1))
-        mean = [s["mean"] for s in stats]
-        (line,) = ax.plot(steps, mean, marker="o", label=report["labels"][name])
-        if all(s["std"] is not None for s in stats):
-            lo = [s["mean"] - s["std"] for s in stats]
-            hi = [s["mean"] + s["std"] for s in stats]
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+        steps = mean_std_line(ax, row["step_accuracy"], report["labels"][name])
     ax.set_xlabel("step")
     ax.set_ylabel("accuracy over seen tasks (%)")
     ax.set_xticks(steps)
@@ -310,21 +293,18 @@ def steps_png(report: dict[str, Any]) -> bytes:
     ax.legend(fontsize=8)
     ax.set_title(caption(report), fontsize=7, wrap=True)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def matrix_png(matrix: list[list[float]], title: str) -> bytes:
     """The accuracy matrix (step × task) as an annotated heatmap."""
     import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     K = len(matrix)
     grid = np.full((K, K), np.nan)
     for k, row in enumerate(matrix):
         grid[k, : len(row)] = row
-    fig = Figure(figsize=(5, 4.2), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(5, 4.2)
     ax = fig.add_subplot()
     image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis")
     for k, row in enumerate(matrix):
@@ -337,7 +317,7 @@ def matrix_png(matrix: list[list[float]], title: str) -> bytes:
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, label="accuracy (%)")
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def write_report(out_dir: Path, report: dict[str, Any]) -> None:

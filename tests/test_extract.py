@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from palcore.errors import PalError
 from pipeline import params as pparams
 from pipeline.data.samples import read_prepare, select
 from pipeline.model.checkpoint import checkpoint_path
@@ -216,9 +217,9 @@ def test_float16_features(tuned, tmp_path):
 def test_parse_steps():
     assert parse_steps(None, 4) == [1, 2, 3, 4]
     assert parse_steps("1,3-4", 4) == [1, 3, 4]
-    with pytest.raises(Exception, match=r"--steps '5': steps must lie in 1\.\.4"):
+    with pytest.raises(PalError, match=r"^--steps '5': steps must lie in 1\.\.4$"):
         parse_steps("5", 4)
-    with pytest.raises(Exception, match=r"--steps 'x': expected e\.g\."):
+    with pytest.raises(PalError, match=r"^--steps 'x': expected e\.g\. 2, 1,3 or 2-4$"):
         parse_steps("x", 4)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -174,11 +175,13 @@ def test_rows_are_numbered_from_one_in_both_formats(tmp_path):
 
 
 def test_input_that_is_not_utf8_is_one_line(tmp_path):
-    from pipeline.stages.predict import read_rows
+    from pipeline.stages.predict import PredictError, read_rows
 
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"text": "caf\xe9"}\n')
-    with pytest.raises(Exception, match=rf"^{path}: not UTF-8 text \(byte 13\)$"):
+    with pytest.raises(
+        PredictError, match=rf"^{re.escape(str(path))}: not UTF-8 text \(byte 13\)$"
+    ):
         read_rows(path)
 
 

@@ -3,6 +3,7 @@ steps 4–5 — the weights equal a solve over every step's shards."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -11,12 +12,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from palcore.errors import ShardError
 from solver.cli import main
 from solver.params import SolveParams
 from solver.solve import solve
 from solver.state import load_state
 from solver.synthetic import make_features
-from solver.weights import WeightsFile
+from solver.weights import WeightsError, WeightsFile
 
 WIDTH = 96
 
@@ -78,7 +80,11 @@ def test_gram_state_serves_another_eta(features, tmp_path):
     b = WeightsFile(resumed, partial=True)
     assert (b.first_step, b.n_steps) == (4, 5)
     assert _rel(b.W(5), WeightsFile(full).W(5)) <= 1e-9
-    with pytest.raises(Exception, match=r"holds steps 4\.\.5 only"):
+    line = (
+        f"{resumed}: holds steps 4..5 only (solved from a state with another eta); "
+        "evaluating needs the weights of every step"
+    )
+    with pytest.raises(WeightsError, match=f"^{re.escape(line)}$"):
         WeightsFile(resumed)
 
 
@@ -118,5 +124,9 @@ def test_a_state_with_no_later_steps_is_one_line(features, tmp_path):
     params = SolveParams(eta=0.5, width=WIDTH, device="cpu")
     early = _steps(features, tmp_path / "early", range(1, 4))
     solve(early, tmp_path / "a", params, save_state=state)
-    with pytest.raises(Exception, match=r"no step folders after step 3"):
+    line = (
+        f"{early}: no step folders after step 3 (the solver state already holds "
+        "steps 1..3)"
+    )
+    with pytest.raises(ShardError, match=f"^{re.escape(line)}$"):
         solve(early, tmp_path / "b", params, state=state)

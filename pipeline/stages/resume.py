@@ -3,14 +3,15 @@ its finished steps wait.
 
 `dvc repro` deletes a stage's outputs before it runs the stage, so steps that
 `pal tune` or `pal extract` finished before an interruption cannot wait in the
-output folder. They wait in `<out>.partial/` (e.g. `data/tune.partial/`), a
-sibling that DVC does not track, together with the *signature* of the run that
-wrote them: a hash of the stage's code, of its params and of its inputs. A
-rerun with the same signature picks the finished steps up; any other
-signature (a changed param, input or line of code) starts afresh. A stage
-whose step k depends only on the inputs of steps 1..k (tune) signs each step:
-a rerun keeps the steps whose own inputs did not change. When the run
-completes, its files move into the output folder and the partial folder goes.
+output folder. They wait in `<out>.partial/` (e.g. `data/tune/pal/0.partial/`),
+a sibling that DVC does not track, together with the *signature* of the run
+that wrote them: a hash of the stage's code, of its params and of its inputs.
+A rerun with the same signature picks the finished steps up; any other
+signature (a changed param, input or line of code) starts afresh. Both
+stages that resume, tune and extract, have steps whose step k depends only on
+the inputs of steps 1..k, so each signs every step: a rerun keeps the steps
+whose own inputs did not change. When the run completes, its files move into
+the output folder and the partial folder goes.
 
 A finished step is *sealed*: `SHA256SUMS` in its folder lists the sha256 of
 each of its files. A rerun reuses a step only when every file matches; a

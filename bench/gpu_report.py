@@ -1,0 +1,81 @@
+"""bench/gpu_check.py's report: report.json as Markdown, and both files
+rewritten in place after each part (a run cut short still leaves a report)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gpu_paths  # noqa: E402
+
+
+def render(report: dict[str, Any]) -> str:
+    """report.json's content as Markdown."""
+    v = report["versions"]
+    card = v["card"] or "no GPU (CPU only)"
+    lines = [
+        f"# GPU check on {card}",
+        "",
+        f"Scale `{report['scale']}`, device `{report['device']}`. Python "
+        f"{v['python']}, torch {v['torch']} (CUDA {v['cuda']}), transformers "
+        f"{v['transformers']}, numpy {v['numpy']}, CuPy {v['cupy']}"
+        + (f"; {v['gpu_memory_gib']} GiB of GPU memory." if v["card"] else "."),
+    ]
+    if "tests" in report:
+        t = report["tests"]
+        done = f"{t['summary']} (exit {t['exit']}, {t['wall_s']:.0f} s)."
+        lines += ["", "## `pytest -m gpu tests`", "", done]
+    if "solver" in report:
+        s = report["solver"]
+        solve_s = f"{s['solve_s']:.1f} s" if s["solve_s"] is not None else "–"
+        lines += [
+            "",
+            f"## Solver: {s['rows']} rows of D = {s['dim']}, width {s['width']}, "
+            f"{s['classes']} classes in {s['steps']} steps",
+            "",
+            f"Ran on {s['backend']}. `python -m solver solve` took "
+            f"{s['wall_s']:.1f} s as a process, {solve_s} of it fitting "
+            f"(exit {s['exit']}; synthetic features made in "
+            f"{s['features_made_s']:.0f} s).",
+        ]
+    lines += gpu_paths.markdown(report)
+    for key, title, log in (
+        ("rehearsal_legacy", " (legacy image path)", "rehearsal-legacy.log"),
+        ("rehearsal", "", "rehearsal.log"),
+    ):
+        if key not in report:
+            continue
+        r = report[key]
+        lines += ["", f"## Rehearsal: one run of PAL on a Food101-shaped tree{title}"]
+        lines.append("")
+        if r["exit"]:
+            lines.append(f"Failed: {r['error']} (see {log}).")
+        else:
+            sys.path.insert(0, str(ROOT / "bench"))
+            import rehearsal
+
+            st = r["setup"]
+            lines.append(
+                f"{st['config']} backbone, {st['classes']} classes, {st['photos']} "
+                f"photos, width {st['width']}, {st['loader_workers']} loader "
+                f"workers, {st['runner']} runner, CUDA graphs "
+                f"{'on' if st['cuda_graphs'] else 'off'}; {r['wall_s']:.0f} s in all, "
+                f"accuracy {r['accuracy']} % (random weights)."
+            )
+            lines += ["", *rehearsal.markdown(r)]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    for name, text in (
+        ("report.json", json.dumps(report, indent=2) + "\n"),
+        ("report.md", render(report)),
+    ):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
