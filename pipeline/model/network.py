@@ -12,8 +12,8 @@ Three kinds of pass share one embedding of a batch:
    of a missing modality's query ("reconstruct, then query"); the prompted
    text CLS after the final LN is the joint embedding and feeds the head.
 
-The training loss lives in `pipeline.losses`, checkpoints in
-`pipeline.checkpoint`. With `prompt.enabled: false` the joint embedding is q_t
+The training loss lives in `pipeline.model.losses`, checkpoints in
+`pipeline.model.checkpoint`. With `prompt.enabled: false` the joint embedding is q_t
 and only the head is trained.
 """
 
@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from palcore.codes import Missing
-from pipeline.backbone import Backbone
+from pipeline.data.samples import Batch
+from pipeline.model.backbone import Backbone
+from pipeline.model.prompts import Prompts, check_prompt_params
+from pipeline.model.vision import batch_inputs
 from pipeline.params import PromptParams
-from pipeline.prompts import Prompts, check_prompt_params
-from pipeline.samples import Batch
-from pipeline.vision import batch_inputs
 
 
 class TaskHead(nn.Module):

@@ -10,7 +10,7 @@ reconstruction pass, and
 
 `static_loss` computes the same loss with shapes fixed by the batch's shape,
 so a GPU step can be captured and replayed as a CUDA graph
-(`pipeline.graphs`): text padded to `model.max_text_len` (`static_inputs`),
+(`pipeline.model.graphs`): text padded to `model.max_text_len` (`static_inputs`),
 the copies spliced on the device from the embedded dummy inputs
 (`DummySegments`), masks in place of host-side counts. It is an optimisation
 of `loss`, held to it by tests/test_static_step.py (loss parts and every
@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from palcore.codes import Missing
-from pipeline.backbone import Backbone, autocast
-from pipeline.model import PalModel, QueryCache
-from pipeline.samples import Batch
-from pipeline.vision import batch_inputs
+from pipeline.data.samples import Batch
+from pipeline.model.backbone import Backbone, autocast
+from pipeline.model.network import PalModel, QueryCache
+from pipeline.model.vision import batch_inputs
 
 Parts = dict[str, torch.Tensor]
 
