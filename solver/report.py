@@ -9,6 +9,8 @@ runs `protocol.runs` lists and the variants given, and writes (DESIGN §2, §6):
 - table.md, table.csv: the rows as "mean ± std";
 - step_accuracy.csv, step_accuracy.png: accuracy over seen tasks after each
   step, mean and std per row (the plot shades mean ± std);
+- step_accuracy_rows.csv: the same, a line per (row, step) with the row's
+  label, for `dvc plots show` (its columns do not depend on the variants);
 - accuracy_matrix.csv, accuracy_matrix.png: PAL's mean accuracy matrix.
 
 Rows: each variant's analytic classifier, and for `pal` also its BP head
@@ -39,6 +41,7 @@ from solver.tables import (
     caption,
     cell,
     steps_csv,
+    steps_rows_csv,
     table_csv,
     table_md,
 )
@@ -238,6 +241,7 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
         "table.md": table_md(report),
         "table.csv": table_csv(report),
         "step_accuracy.csv": steps_csv(report),
+        "step_accuracy_rows.csv": steps_rows_csv(report),
         "accuracy_matrix.csv": matrix_csv(report["rows"][first]["matrix"]),
     }
     data = {name: text.encode() for name, text in files.items()}

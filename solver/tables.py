@@ -1,4 +1,4 @@
-"""The report's tables as text: Markdown, CSV, and the steps' CSV.
+"""The report's tables as text: Markdown, CSV, and the steps' CSVs.
 
 `report` is what `solver.report.build` returns: runs, vary, rows (name ->
 statistics), labels (name -> label). Same report, same bytes.
@@ -6,6 +6,8 @@ statistics), labels (name -> label). Same report, same bytes.
 
 from __future__ import annotations
 
+import csv
+import io
 from typing import Any
 
 GROUPS = {  # the per-run dicts of metrics.json that a row aggregates key by key
@@ -110,3 +112,18 @@ def steps_csv(report: dict[str, Any]) -> str:
             cells.append("" if stat["std"] is None else f"{stat['std']:.4f}")
         lines.append(f"{k + 1}," + ",".join(cells))
     return "\n".join(lines) + "\n"
+
+
+def steps_rows_csv(report: dict[str, Any]) -> str:
+    """The steps' accuracy one line per (row, step): step, row, label, mean,
+    std. Its columns do not depend on the rows, so `dvc plots show` draws
+    every row of the report, labelled as the report labels it (dvc.yaml
+    `plots:`, template `.dvc/plots/rows.json`)."""
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(["step", "row", "label", "mean", "std"])
+    for name, row in report["rows"].items():
+        for k, stat in enumerate(row["step_accuracy"], start=1):
+            std = "" if stat["std"] is None else f"{stat['std']:.4f}"
+            out.writerow([k, name, report["labels"][name], f"{stat['mean']:.4f}", std])
+    return buf.getvalue()

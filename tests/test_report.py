@@ -3,18 +3,29 @@ and how a run and an ablation variant read the params (`palcore.params.Source`).
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers import committed
 
 from palcore.errors import ParamsError
 from palcore.params import ProtocolParams, Source, load_section
 from palcore.variants import VariantRow, pipeline_variants
 from solver.cli import main
 from solver.params import SolveParams
-from solver.report import ReportError, build, mean_std, table_md, write_report
+from solver.report import (
+    ReportError,
+    build,
+    mean_std,
+    protocol_report,
+    table_md,
+    write_report,
+)
 
 
 def metrics(acc: float, *, bp: dict | None = None) -> dict:
@@ -47,6 +58,7 @@ def write_runs(root: Path, variant: str, accs: list[float], with_bp=False) -> No
         (folder / "metrics.json").write_text(json.dumps(metrics(acc, bp=bp)))
 
 
+DVC = Path(sys.executable).parent / "dvc"
 # the params rows of the reported variants: PAL's declares its BP head's row
 ROWS = {
     "pal": VariantRow(
@@ -110,6 +122,7 @@ def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
         "metrics.json",
         "step_accuracy.csv",
         "step_accuracy.png",
+        "step_accuracy_rows.csv",
         "table.csv",
         "table.md",
     ]
@@ -129,6 +142,15 @@ def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
     csv = (out / "step_accuracy.csv").read_text().splitlines()
     assert csv[0] == "step,pal_mean,pal_std,bp_mean,bp_std,frozen_mean,frozen_std"
     assert csv[2] == "2,63.0000,3.6056,31.5000,1.8028,50.0000,0.0000"
+    assert (out / "step_accuracy_rows.csv").read_text().splitlines() == [
+        "step,row,label,mean,std",
+        "1,pal,PAL (prompts + AL),65.0000,3.6056",
+        "2,pal,PAL (prompts + AL),63.0000,3.6056",
+        "1,bp,w/o AL module (BP head),33.5000,1.8028",
+        "2,bp,w/o AL module (BP head),31.5000,1.8028",
+        "1,frozen,w/o prompt module,52.0000,0.0000",
+        "2,frozen,w/o prompt module,50.0000,0.0000",
+    ]
     assert (out / "accuracy_matrix.csv").read_text() == (
         "step,task_01,task_02\n1,65.0000,\n2,64.0000,62.0000\n"
     )
@@ -400,3 +422,47 @@ def test_a_row_records_width_and_eta_and_refuses_mixed_runs(tmp_path: Path) -> N
         ReportError, match=r"^variant short has 1 steps, but pal has 2$"
     ):
         build(root, ["pal", "short"], protocol)
+
+
+def test_dvc_plots_draw_every_row_of_the_report(
+    evaluations: Path, tmp_path: Path
+) -> None:
+    """The committed dvc.yaml's step plot names no variant: a variant added in
+    params (here `wide`) reaches `dvc plots show` with its label, beside PAL's
+    rows, at the report's means."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    rows = {v: {"label": f"the {v} row", "changes": {}} for v in ("pal", "wide")}
+    rows["pal"]["bp"] = {"label": "the BP row"}
+    params = {"data": {"dataset": "demo"}, "protocol": {"runs": [0, 1, 2]}}
+    (repo / "params.yaml").write_text(yaml.safe_dump({**params, "ablation": rows}))
+    write_runs(evaluations, "wide", [70.0, 70.0, 73.0])
+    protocol_report(
+        [evaluations], ["pal", "wide"], repo / "results/demo", repo / "params.yaml"
+    )
+    plots = yaml.safe_load(committed("dvc.yaml"))["plots"]
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"plots": plots}))
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([str(DVC), "init", "-q"], cwd=repo, check=True, env=env)
+    template = committed(".dvc/plots/rows.json")
+    (repo / ".dvc" / "plots").mkdir(exist_ok=True)
+    (repo / ".dvc" / "plots" / "rows.json").write_text(template)
+    shown = subprocess.run(
+        [str(DVC), "plots", "show", "--json"],
+        cwd=repo, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    (steps,) = [p for name, p in json.loads(shown.stdout)["data"].items()
+                if name.startswith("Accuracy over seen tasks")]  # fmt: skip
+    values = steps[0]["content"]["data"]["values"]
+    drawn = {(v["label"], int(v["step"])): float(v["mean"]) for v in values}
+    assert drawn == {
+        ("the pal row", 1): 65.0,
+        ("the pal row", 2): 63.0,
+        ("the BP row", 1): 33.5,
+        ("the BP row", 2): 31.5,
+        ("the wide row", 1): 73.0,
+        ("the wide row", 2): 71.0,
+    }
+    assert steps[0]["content"]["encoding"]["color"]["field"] == "label"
