@@ -415,6 +415,44 @@ def test_a_pipeline_is_fitted_and_scored_in_one_process(tmp_path, pristine):
     assert report["runs"] == [0, 1] and set(report) >= {"pal", "wide"}
 
 
+def test_a_variant_of_head_bp_reports_its_bp_metrics(tmp_path, pristine):
+    """`head: bp` in a variant's params row: its report row holds the BP
+    metrics evaluate wrote for its chains, no analytic numbers."""
+    for chain in ("pal/0", "pal/1", "wide/0", "wide/1"):
+        shutil.copytree(pristine / "extract", tmp_path / "extract" / chain)
+    params = CHAIN_PARAMS.replace(
+        "  wide: {label: wider, changes: {solve: {width: 64}}}",
+        "  wide: {label: BP of wider, head: bp, paper: MAP,\n"
+        "         changes: {solve: {width: 64}}}",
+    )
+    assert "head: bp" in params
+    (tmp_path / "params.yaml").write_text(params)
+    base = ["--params", str(tmp_path / "params.yaml"), "--pipeline", "main"]
+    base += ["--features", str(tmp_path / "extract")]
+    r = CliRunner().invoke(main, ["solve", *base, "--out", str(tmp_path / "solve")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["evaluate", *base,
+                                  "--solve", str(tmp_path / "solve"),
+                                  "--out", str(tmp_path / "evaluate"),
+                                  "--report", str(tmp_path / "results")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "results" / "metrics.json").read_text())
+    chains = [
+        json.loads((tmp_path / "evaluate" / "wide" / run / "metrics.json").read_text())
+        for run in ("0", "1")
+    ]
+    wide = report["wide"]
+    assert wide["acc"]["runs"] == [m["bp"]["acc"] for m in chains]
+    assert wide["acc"]["runs"] != [m["acc"] for m in chains]  # not the AL head's
+    assert wide["fg"]["mean"] == pytest.approx(sum(m["bp"]["fg"] for m in chains) / 2)
+    # the same shards under pal: its BP row holds the same numbers
+    assert {k: wide[k] for k in ("acc", "fg", "step_accuracy")} == {
+        k: report["bp"][k] for k in ("acc", "fg", "step_accuracy")
+    }
+    assert (wide["label"], wide["paper"]) == ("BP of wider", "MAP")
+    assert "width" not in wide  # the BP head was not solved
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
