@@ -77,15 +77,6 @@ def apply_overrides(params: SolveParams, **raw: str | None) -> SolveParams:
     return dataclasses.replace(params, **values)
 
 
-def override_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`--eta --width --seed --method --device --dtype --batch-rows`: the
-    `solve:` keys a command line may override (strings, parsed by
-    `apply_overrides`)."""
-    for option in reversed(_OVERRIDES):
-        fn = option(fn)
-    return fn
-
-
 _OVERRIDES = [
     click.option(
         "--eta",
@@ -122,3 +113,12 @@ _OVERRIDES = [
         help="Rows per streamed chunk and per Woodbury update [solve.batch_rows].",
     ),
 ]
+
+
+def override_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--eta --width --seed --method --device --dtype --batch-rows`: the
+    `solve:` keys a command line may override (strings, parsed by
+    `apply_overrides`)."""
+    for option in reversed(_OVERRIDES):
+        fn = option(fn)
+    return fn

@@ -277,13 +277,9 @@ def solve_pipeline(
     `features/<v>/<r>` into `out/<v>/<r>`. `overrides`: the CLI's option
     strings over each chain's `solve:` section. Every chain's params and
     shards are checked before the first is fitted."""
+    given = dict(overrides or {})
     todo = [
-        (
-            chain,
-            apply_overrides(
-                load_section(src, "solve", SolveParams), **(overrides or {})
-            ),
-        )
+        (chain, apply_overrides(load_section(src, "solve", SolveParams), **given))
         for src, chain in chains(params_file, pipeline)
     ]
     check_chain_steps(params_file, pipeline, features)
@@ -291,9 +287,7 @@ def solve_pipeline(
     paths = []
     for chain, params in todo:
         log.info("solve: chain %s", chain)
-        paths += solve(
-            Path(features) / chain, Path(out) / chain, params, backend=backend
-        )
+        paths += solve(Path(features) / chain, Path(out) / chain, params, backend)
     return paths
 
 
