@@ -116,9 +116,9 @@ def versions() -> dict[str, Any]:
     import torch
     import transformers
 
-    from solver.backend import _cupy_or_reason
+    from solver.api import cupy_or_reason
 
-    cp, why = _cupy_or_reason()
+    cp, why = cupy_or_reason()
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -53,7 +53,7 @@ def solver_check(
     dim: int, width: int, timeout: float,
 ) -> dict[str, Any]:  # fmt: skip
     """`python -m solver solve` on synthetic features; the backend it used."""
-    from solver.synthetic import make_features
+    from solver.api import make_features
 
     per = [rows // steps] * steps
     per[-1] += rows - sum(per)

@@ -15,8 +15,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 from solve_procs import Run  # noqa: E402
 
-from solver.backend import get_backend  # noqa: E402
-from solver.rls import upsampling_matrix  # noqa: E402
+from solver.api import get_backend, upsampling_matrix  # noqa: E402
 
 ETA = 1.0
 

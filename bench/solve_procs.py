@@ -29,7 +29,7 @@ def _hwm(path=sys.argv[1]):
         f.write(f"{kb} {pool}")
 atexit.register(_hwm)
 sys.argv = ["pal-solver", *sys.argv[2:]]
-import solver.cli, solver.solve, solver.rls, solver.backend
+import solver.cli, solver.api
 solver.cli.main()
 """
 
@@ -101,7 +101,7 @@ def run_solve(
 
 
 _BASELINE = """
-import numpy as np, solver.cli, solver.solve, solver.rls, solver.backend
+import numpy as np, solver.cli, solver.api
 from scipy.linalg import blas, lapack
 a = np.random.default_rng(0).random((2048, 2048))
 a @ a  # NumPy's OpenBLAS and SciPy's each keep per-thread work buffers

@@ -50,9 +50,8 @@ import numpy as np  # noqa: E402
 from solve_floor import ETA, Floor, Kernels, acil_reference, rel, warm_up  # noqa: E402
 from solve_procs import Run, baseline_rss, run_solve  # noqa: E402
 
+from solver.api import Classifier, make_features, weights_name  # noqa: E402
 from solver.shards import open_features  # noqa: E402
-from solver.synthetic import make_features  # noqa: E402
-from solver.weights import WeightsFile, weights_name  # noqa: E402
 
 SWEEP = (0.01, 0.1, 1.0, 10.0, 100.0)
 
@@ -190,7 +189,7 @@ def measure_width(b: Bench, width: int) -> dict[str, object]:
     out = b.work / f"solve-{width}"
     for method in methods:
         best = Run.best(runs[method])
-        W = WeightsFile(out / method / "weights.h5").W(a.steps)
+        W = Classifier(out / method / "weights.h5").W(a.steps)
         row[method] = {
             **asdict(best),
             "wall_over_floor": best.wall / fl["floor"].wall,
@@ -214,7 +213,7 @@ def measure_width(b: Bench, width: int) -> dict[str, object]:
 def sweep_row(best: Run, gram: dict, out: Path, steps: int, W_joint: np.ndarray
               ) -> dict[str, object]:  # fmt: skip
     """The 5-η sweep in one process against five separate gram solves."""
-    W = WeightsFile(out / "sweep" / weights_name(ETA, True)).W(steps)
+    W = Classifier(out / "sweep" / weights_name(ETA, True)).W(steps)
     return {
         **asdict(best),
         "etas": list(SWEEP),

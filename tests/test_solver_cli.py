@@ -236,11 +236,11 @@ def test_bad_features_keep_the_earlier_metrics(run, how, message):
 @pytest.mark.parametrize(
     "option, value, message",
     [
-        ("--eta", "0", "--eta must be > 0 and finite, got 0"),
-        ("--eta", "-1", "--eta must be > 0 and finite, got -1"),
+        ("--eta", "0", "--eta must be > 0 and finite, got 0.0"),
+        ("--eta", "-1", "--eta must be > 0 and finite, got -1.0"),
         ("--eta", "abc", "--eta: 'abc' is not a number"),
         ("--eta", "0.1,x", "--eta: 'x' is not a number"),
-        ("--eta", "1,1", "--eta lists a value twice: 1,1"),
+        ("--eta", "1,1", "--eta lists 1.0 twice"),
         ("--width", "0", "--width must be >= 1, got 0"),
         ("--width", "8.5", "--width must be an integer, got '8.5'"),
         ("--seed", "-2", "--seed must be >= 0, got -2"),
@@ -258,10 +258,10 @@ def test_bad_option_values_name_the_option(run, option, value, message):
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("eta: 0", "solve.eta must be > 0, got 0.0"),
-        ("eta: -0.5", "solve.eta must be > 0, got -0.5"),
+        ("eta: 0", "solve.eta must be > 0 and finite, got 0.0"),
+        ("eta: -0.5", "solve.eta must be > 0 and finite, got -0.5"),
         ("eta: abc", "solve.eta must be a number, got 'abc'"),
-        ("eta: [0.1, -1]", "solve.eta[1] must be > 0, got -1.0"),
+        ("eta: [0.1, -1]", "solve.eta[1] must be > 0 and finite, got -1.0"),
         ("width: 0", "solve.width must be > 0, got 0"),
         ("width: -3", "solve.width must be > 0, got -3"),
         ("method: cg", "solve.method must be one of 'gram', 'woodbury', got 'cg'"),
@@ -330,7 +330,7 @@ def test_subprocess_error_is_one_line_without_traceback(tmp_path):
         timeout=120,
     )
     assert r.returncode == 1
-    assert r.stderr == "Error: --eta must be > 0 and finite, got -1\n"
+    assert r.stderr == "Error: --eta must be > 0 and finite, got -1.0\n"
 
 
 def test_solver_cli_never_imports_torch_or_transformers():
@@ -365,7 +365,10 @@ protocol:
   runs: [0, 1]
   vary: [upsampling]
 ablation:
-  pal: {label: PAL, changes: {}}
+  pal:
+    label: PAL
+    bp: {label: w/o AL module (BP head)}
+    changes: {}
   wide: {label: wider, changes: {solve: {width: 64}}}
 pipelines:
   main: [pal, wide]
@@ -410,6 +413,44 @@ def test_a_pipeline_is_fitted_and_scored_in_one_process(tmp_path, pristine):
     assert rows == ["| PAL", "| w/o AL module (BP head)", "| wider"]
     report = json.loads((tmp_path / "results" / "metrics.json").read_text())
     assert report["runs"] == [0, 1] and set(report) >= {"pal", "wide"}
+
+
+def test_a_variant_of_head_bp_reports_its_bp_metrics(tmp_path, pristine):
+    """`head: bp` in a variant's params row: its report row holds the BP
+    metrics evaluate wrote for its chains, no analytic numbers."""
+    for chain in ("pal/0", "pal/1", "wide/0", "wide/1"):
+        shutil.copytree(pristine / "extract", tmp_path / "extract" / chain)
+    params = CHAIN_PARAMS.replace(
+        "  wide: {label: wider, changes: {solve: {width: 64}}}",
+        "  wide: {label: BP of wider, head: bp, paper: MAP,\n"
+        "         changes: {solve: {width: 64}}}",
+    )
+    assert "head: bp" in params
+    (tmp_path / "params.yaml").write_text(params)
+    base = ["--params", str(tmp_path / "params.yaml"), "--pipeline", "main"]
+    base += ["--features", str(tmp_path / "extract")]
+    r = CliRunner().invoke(main, ["solve", *base, "--out", str(tmp_path / "solve")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["evaluate", *base,
+                                  "--solve", str(tmp_path / "solve"),
+                                  "--out", str(tmp_path / "evaluate"),
+                                  "--report", str(tmp_path / "results")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "results" / "metrics.json").read_text())
+    chains = [
+        json.loads((tmp_path / "evaluate" / "wide" / run / "metrics.json").read_text())
+        for run in ("0", "1")
+    ]
+    wide = report["wide"]
+    assert wide["acc"]["runs"] == [m["bp"]["acc"] for m in chains]
+    assert wide["acc"]["runs"] != [m["acc"] for m in chains]  # not the AL head's
+    assert wide["fg"]["mean"] == pytest.approx(sum(m["bp"]["fg"] for m in chains) / 2)
+    # the same shards under pal: its BP row holds the same numbers
+    assert {k: wide[k] for k in ("acc", "fg", "step_accuracy")} == {
+        k: report["bp"][k] for k in ("acc", "fg", "step_accuracy")
+    }
+    assert (wide["label"], wide["paper"]) == ("BP of wider", "MAP")
+    assert "width" not in wide  # the BP head was not solved
 
 
 @pytest.mark.parametrize(
