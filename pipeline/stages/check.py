@@ -42,9 +42,9 @@ from palcore.params import (
 )
 from palcore.variants import pipeline_variants
 from pipeline.params import SECTIONS, DataParams, ModelParams, PromptParams
+from pipeline.sections import KNOWN_SECTIONS, PARAM_CLASSES
 
-# every section a params file may hold
-KNOWN = [*SECTIONS, "solve", "evaluate", "protocol", "ablation", "pipelines"]
+KNOWN = list(KNOWN_SECTIONS)
 DEMO_OUTPUTS = "data/demo"
 
 
@@ -59,9 +59,7 @@ def check_params(path: Path) -> list[str]:
                 f"did you mean '{near[0]}'?" if near else f"known: {', '.join(KNOWN)}"
             )
             problems.append(f"{path}: unknown section '{section}' ({hint})")
-    from solver.api import EvaluateParams, SolveParams
-
-    sections = {**SECTIONS, "solve": SolveParams, "evaluate": EvaluateParams}
+    sections = {k: c for k, c in PARAM_CLASSES.items() if k != "protocol"}
     for section, cls in sections.items():
         problems += _load(load_section, path, section, cls)
     problems += _load(load_section, path, "protocol", ProtocolParams)
