@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers import committed
 
 from pipeline.cli import main
-from pipeline.fakes import make_food101_tree, make_hub_vilt
+from pipeline.fakes.trees import make_food101_tree, make_hub_vilt
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ from helpers import write_params
 
 from palcore.errors import ParamsError
 from pipeline import params as pparams
-from pipeline.backbone import Backbone
 from pipeline.methods import Method, Out, View, layer_prompts, no_aux, registry
+from pipeline.model.backbone import Backbone
 from pipeline.params import PromptParams
 
 
@@ -55,8 +55,8 @@ class Toy(Method):
 def test_an_eighth_method_runs_through_tune_and_extract(
     tmp_path, tiny_vilt, tiny_prepare, monkeypatch
 ):
-    from pipeline.extract import extract
-    from pipeline.tune import tune
+    from pipeline.stages.extract import extract
+    from pipeline.stages.tune import tune
 
     # the section's steps 2 and 3: its line in METHODS, its name in MethodName
     monkeypatch.setitem(registry.METHODS, "toy", Toy)

@@ -4,17 +4,17 @@ import pytest
 import torch
 from helpers import PROMPT, make_model
 
-from pipeline.backbone import autocast, load_backbone
-from pipeline.checkpoint import (
+from pipeline.data.loader import SampleDataset, make_loader
+from pipeline.data.samples import read_prepare, select
+from pipeline.model.backbone import autocast, load_backbone
+from pipeline.model.checkpoint import (
     CheckpointError,
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
 )
-from pipeline.loader import SampleDataset, make_loader
-from pipeline.losses import loss as batch_loss
-from pipeline.model import build_cache
-from pipeline.samples import read_prepare, select
+from pipeline.model.losses import loss as batch_loss
+from pipeline.model.network import build_cache
 
 
 @pytest.fixture(scope="module")

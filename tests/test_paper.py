@@ -394,7 +394,7 @@ def test_run_checks_every_cell_before_queuing_anything(
 ) -> None:
     """A committed typo stops `pal-paper run` at once in one line; so does a
     cell whose params the backbone cannot take, each line naming its cell."""
-    from pipeline.fakes import make_hub_vilt
+    from pipeline.fakes.trees import make_hub_vilt
 
     repo, _ = project
     text = (repo / "params.yaml").read_text()

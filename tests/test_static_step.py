@@ -8,19 +8,19 @@ import torch
 import torch.nn.functional as F
 from helpers import make_model
 
-from pipeline.backbone import autocast, load_backbone
-from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
-from pipeline.loader import SampleDataset, make_loader
-from pipeline.losses import (
+from pipeline.data.loader import SampleDataset, make_loader
+from pipeline.data.samples import read_prepare, select
+from pipeline.model.backbone import autocast, load_backbone
+from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
+from pipeline.model.losses import (
     DummySegments,
     dummy_segments,
     splice_copies,
     static_inputs,
     static_loss,
 )
-from pipeline.losses import loss as batch_loss
-from pipeline.model import build_cache
-from pipeline.samples import read_prepare, select
+from pipeline.model.losses import loss as batch_loss
+from pipeline.model.network import build_cache
 
 T = 12  # model.max_text_len of the fixtures
 
@@ -254,7 +254,7 @@ def test_wide_photos_with_fewer_tokens_than_the_dummy_image(tiny_vilt, data, tmp
     one; unpadded, the copies cannot be spliced."""
     from PIL import Image
 
-    from pipeline.samples import Sample
+    from pipeline.data.samples import Sample
 
     model, ds, cache, dummy = _setup(tiny_vilt, data, task=1)
     rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """Prompt methods: one module each, behind one interface (DESIGN §5).
 
-The model (`pipeline.model.PalModel`) is a frozen backbone, a method and a
+The model (`pipeline.model.network.PalModel`) is a frozen backbone, a method and a
 per-task linear head. A method owns its prompts and decides, for a batch:
 
 * which prompts each sample gets, from the frozen queries (q_t, q_v), the
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.backbone import Backbone, LayerPrompt
+from pipeline.model.backbone import Backbone, LayerPrompt
 from pipeline.params import PromptParams
 
 
@@ -108,7 +108,7 @@ class Method(nn.Module):
 
     def static_features(self, backbone: Backbone, inputs: dict) -> Out:
         """`features` with shapes fixed by the input shapes (graphable methods;
-        see `pipeline.losses.static_loss`)."""
+        see `pipeline.model.losses.static_loss`)."""
         raise NotImplementedError
 
 

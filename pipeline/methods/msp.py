@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from palcore.codes import Missing
-from pipeline.backbone import Backbone
 from pipeline.methods import Method, Out, View, layer_prompts
+from pipeline.model.backbone import Backbone
 from pipeline.params import PromptParams
 
 

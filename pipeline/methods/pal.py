@@ -24,11 +24,11 @@ import torch
 
 from palcore.codes import Missing
 from pipeline.methods import Method, Out, View
+from pipeline.model.prompts import Prompts, check_prompt_params
 from pipeline.params import PromptParams
-from pipeline.prompts import Prompts, check_prompt_params
 
 if TYPE_CHECKING:
-    from pipeline.backbone import Backbone
+    from pipeline.model.backbone import Backbone
 
 
 class Pal(Prompts, Method):
@@ -132,7 +132,7 @@ class Pal(Prompts, Method):
         return Out(x, recon, torch.full((), c, device=x.device))
 
     def static_features(self, backbone: Backbone, inputs: dict) -> Out:
-        """`features` for `pipeline.losses.static_loss`: every row gets a
+        """`features` for `pipeline.model.losses.static_loss`: every row gets a
         text-missing and an image-missing slot in one reconstruction pass of
         2B rows (a complete row's copies spliced from the dummy inputs, a row
         missing a modality fills its own slot; unused slots get no gradient),

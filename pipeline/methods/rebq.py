@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.backbone import Backbone
 from pipeline.methods import layer_prompts
 from pipeline.methods.pal import Pal
+from pipeline.model.backbone import Backbone
+from pipeline.model.prompts import PromptPool
 from pipeline.params import PromptParams
-from pipeline.prompts import PromptPool
 
 
 class RebQ(Pal):

@@ -19,6 +19,7 @@ with a multi-line traceback in its message.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,8 +31,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from palcore.codes import Missing
 from palcore.errors import PalError
-from pipeline.samples import Batch, Sample
-from pipeline.vision import legacy_path
+from pipeline.data.samples import Batch, Sample
+
+
+def legacy_path() -> bool:
+    """True when `PAL_IMAGE_PATH=legacy`: the image path as it was before this
+    module (float32 pixels and an int64 mask from the loader, HF's embedding
+    for padded batches, loader workers restarted each epoch). Only for
+    measuring before and after in one process tree (bench/gpu_check.py);
+    on the CPU both paths give the same bytes."""
+    return os.environ.get("PAL_IMAGE_PATH", "") == "legacy"
 
 
 def dummy_image(side: int) -> torch.Tensor:

@@ -5,9 +5,9 @@ reconstruction, or a baseline's prompts) turns a batch's embedded tokens and
 frozen queries into joint embeddings; the head classifies them. The frozen,
 prompt-free query pass (q_t at the text CLS, q_v at the image CLS) is the
 model's, cacheable per sample (`QueryCache`). The training loss lives in
-`pipeline.losses`, checkpoints in `pipeline.checkpoint`. With `prompt.enabled:
-false` there is no method: the joint embedding is q_t and only the head is
-trained.
+`pipeline.model.losses`, checkpoints in `pipeline.model.checkpoint`. With
+`prompt.enabled: false` there is no method: the joint embedding is q_t and only
+the head is trained.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.backbone import Backbone
+from pipeline.data.samples import Batch
 from pipeline.methods import Method, View, build, method_class
+from pipeline.model.backbone import Backbone
+from pipeline.model.vision import batch_inputs
 from pipeline.params import PromptParams
-from pipeline.samples import Batch
-from pipeline.vision import batch_inputs
 
 
 class TaskHead(nn.Module):

@@ -9,7 +9,7 @@ CE(task k's classes) + λ·L_r. Every task reseeds its own RNG streams
 
 `make_step` runs one optimiser step of `losses.loss` or, on a GPU
 (`tune.cuda_graphs`), of `losses.static_loss` replayed as a CUDA graph per
-batch shape (`pipeline.graphs`): a batch-4 step is otherwise bound by kernel
+batch shape (`pipeline.model.graphs`): a batch-4 step is otherwise bound by kernel
 launches.
 """
 
@@ -25,11 +25,12 @@ import torch
 from tqdm import tqdm
 
 from pipeline import params as pparams
-from pipeline.backbone import autocast
-from pipeline.checkpoint import CheckpointError
-from pipeline.graphs import GraphedSteps, capturable_adamw, set_lr
-from pipeline.loader import SampleDataset, WaitClock, make_loader
-from pipeline.losses import (
+from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
+from pipeline.data.samples import Batch, Sample, Tasks
+from pipeline.model.backbone import autocast
+from pipeline.model.checkpoint import CheckpointError
+from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
+from pipeline.model.losses import (
     DummySegments,
     Parts,
     dummy_segments,
@@ -37,9 +38,7 @@ from pipeline.losses import (
     static_inputs,
     static_loss,
 )
-from pipeline.model import PalModel, QueryCache, build_cache
-from pipeline.samples import Batch, Sample, Tasks
-from pipeline.vision import legacy_path
+from pipeline.model.network import PalModel, QueryCache, build_cache
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.backbone import LayerPrompt
 from pipeline.methods import check_layers
+from pipeline.model.backbone import LayerPrompt
 from pipeline.params import PromptParams
 
 

@@ -10,7 +10,7 @@ Writes, deterministically from `demo.seed`:
 "samples": [...]}`; a class is `{"name", "shape", "colour", "texture",
 "flavour"}`, a sample `{"id", "split", "class_name", "image", "text"}` with
 `image` relative to the dataset folder. The class design (each modality alone
-is ambiguous, the pair is not) is described in `pipeline.demo.data`.
+is ambiguous, the pair is not) is described in `pipeline.fakes.demo_data`.
 
 The whole output is built in a temporary folder next to `--out` and renamed
 into place, so an earlier demo is never left half-overwritten.
@@ -32,9 +32,9 @@ from PIL import Image
 from tqdm import tqdm
 
 from palcore.cliutil import clean_errors, folder_option, params_option
-from pipeline.demo import data as dd
+from pipeline.data.samples import SPLITS
+from pipeline.fakes import demo_data as dd
 from pipeline.params import DemoParams, load
-from pipeline.samples import SPLITS
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def _deterministic_torch(seed: int) -> Iterator[None]:
 
 def write_backbone(params: DemoParams, folder: Path) -> None:
     """Build, pre-train and save the tiny ViLT and its processor into `folder`."""
-    from pipeline.demo import model as demo_model
+    from pipeline.fakes import demo_model
 
     folder.mkdir(parents=True, exist_ok=True)
     demo_model.write_vocab(folder / "vocab.txt")

@@ -27,8 +27,6 @@ host (rescale in float64, then normalise in float32).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -195,15 +193,6 @@ def normalise_pixels(
     x = torch.where(dummy.view(-1, 1, 1, 1), 1.0, x)
     inside = pixel_mask(sizes, u8.shape[2], u8.shape[3]).bool()[:, None]
     return torch.where(inside, x, 0.0)
-
-
-def legacy_path() -> bool:
-    """True when `PAL_IMAGE_PATH=legacy`: the image path as it was before this
-    module (float32 pixels and an int64 mask from the loader, HF's embedding
-    for padded batches, loader workers restarted each epoch). Only for
-    measuring before and after in one process tree (bench/gpu_check.py);
-    on the CPU both paths give the same bytes."""
-    return os.environ.get("PAL_IMAGE_PATH", "") == "legacy"
 
 
 def samples_patches(vilt, sizes: torch.Tensor) -> bool:

@@ -22,8 +22,8 @@ import torch
 from palcore.errors import PalError
 from palcore.outputs import step_dir_name, write_bytes_atomic
 from palcore.params import outcome_record
-from pipeline.backbone import Backbone
-from pipeline.model import PalModel
+from pipeline.model.backbone import Backbone
+from pipeline.model.network import PalModel
 from pipeline.params import ModelParams, PromptParams, TuneParams
 
 CHECKPOINT_FORMAT = 1

@@ -6,7 +6,7 @@ from Python takes several times longer than the GPU needs to run them. With
 captured once per input shape and then replayed with one launch.
 
 The step function must have static shapes for static input shapes and no host
-synchronisation (see `pipeline.model.static_loss`), and the optimiser must be
+synchronisation (see `pipeline.model.network.static_loss`), and the optimiser must be
 `capturable` with tensor learning rates (`capturable_adamw`). Before each
 capture the step runs twice eagerly on a side stream (CUDA's lazy
 initialisation must not happen during capture); the parameters and optimiser

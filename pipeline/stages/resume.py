@@ -40,7 +40,7 @@ from palcore.outputs import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]  # the folder holding the packages
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding the packages
 PACKAGES = ("palcore", "pipeline", "solver")
 SIGNATURE_FILE = "SIGNATURE"
 SEAL_FILE = "SHA256SUMS"  # in a finished step's folder: {file name: sha256}
@@ -73,7 +73,7 @@ def imported_modules(path: Path, name: str, root: Path = ROOT) -> set[str]:
             else:
                 base = node.module or ""
             found.add(base)
-            # `from pipeline.demo import data` imports a module, not a name
+            # `from pipeline.fakes import demo_data` imports a module, not a name
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return {m for m in found if module_file(m, root) is not None}
 

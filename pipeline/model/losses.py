@@ -14,7 +14,7 @@ with λ = `tune.recon_weight`.
 
 `static_loss` computes the same loss with shapes fixed by the batch's shape,
 so a GPU step can be captured and replayed as a CUDA graph
-(`pipeline.graphs`): text padded to `model.max_text_len` (`static_inputs`),
+(`pipeline.model.graphs`): text padded to `model.max_text_len` (`static_inputs`),
 the copies spliced on the device from the embedded dummy inputs
 (`DummySegments`), masks in place of host-side counts. It is an optimisation
 of `loss` for graphable methods (PAL), held to it by
@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from palcore.codes import Missing
-from pipeline.backbone import Backbone, autocast
+from pipeline.data.samples import Batch
 from pipeline.methods import Copies, Out, View
-from pipeline.model import PalModel, QueryCache
-from pipeline.samples import Batch
-from pipeline.vision import batch_inputs
+from pipeline.model.backbone import Backbone, autocast
+from pipeline.model.network import PalModel, QueryCache
+from pipeline.model.vision import batch_inputs
 
 Parts = dict[str, torch.Tensor]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.datasets.base import (
+from pipeline.data.datasets.base import (
     DatasetError,
     Listing,
     RawSample,

@@ -123,7 +123,7 @@ def check_paths(path: Path) -> list[str]:
     if not made(data.root) and not Path(data.root).is_dir():
         problems.append(f"{path}: data.root '{data.root}' is no folder")
     if not made(model.backbone):
-        from pipeline.backbone import backbone_folder
+        from pipeline.model.backbone import backbone_folder
 
         found = _load(backbone_folder, model.backbone)
         if not found and not Path(model.backbone).exists():
@@ -139,7 +139,7 @@ def check_paths(path: Path) -> list[str]:
 
 
 def check_devices(path: Path) -> list[str]:
-    from pipeline.backbone import resolve_device
+    from pipeline.model.backbone import resolve_device
 
     problems = []
     for section in ("tune", "extract"):
@@ -154,8 +154,8 @@ def check_data(
     """The dataset's listing: problems (its reader's, and its classes against
     `data.tasks`), and a summary line. `listings` keeps each folder's listing
     for the next call (the cells of a grid share their dataset)."""
-    from pipeline.datasets import read_dataset
-    from pipeline.protocol import task_sizes
+    from pipeline.data.datasets import read_dataset
+    from pipeline.data.protocol import task_sizes
 
     data = load_section(path, "data", DataParams)
     if not Path(data.root).is_dir():  # check_paths names it, or the demo makes it
@@ -183,8 +183,8 @@ def check_backbone(path: Path) -> tuple[list[str], str]:
     """The backbone's config.json against the prompt settings of each variant
     the main pipeline runs: problems, and a summary line ('' when the demo
     makes the backbone or check_paths reports it missing)."""
-    from pipeline.backbone import backbone_folder
     from pipeline.methods import method_class
+    from pipeline.model.backbone import backbone_folder
 
     model = load_section(path, "model", ModelParams)
     data = load_section(path, "data", DataParams)

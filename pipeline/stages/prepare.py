@@ -33,7 +33,7 @@ image) whatever the row holds. Only a naturally absent modality is null / "".
 Naturally absent modalities (an image listed but not on disk or not decoding,
 an empty text) follow `data.absent`: `missing` keeps the sample with its code
 set (a sample lacking both is dropped, and reported), `reject` stops with an
-error. How the protocol counts them is described in `pipeline.protocol`.
+error. How the protocol counts them is described in `pipeline.data.protocol`.
 """
 
 from __future__ import annotations
@@ -53,16 +53,16 @@ import numpy as np
 from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.codes import Missing
 from palcore.outputs import write_bytes_atomic
-from pipeline import protocol
-from pipeline.datasets import DatasetError, FileIndex, Listing, read_dataset
-from pipeline.params import DataParams, load
-from pipeline.samples import (
+from pipeline.data import protocol
+from pipeline.data.datasets import DatasetError, FileIndex, Listing, read_dataset
+from pipeline.data.samples import (
     SAMPLE_KEYS,
     SAMPLES_FILE,
     SPLITS,
     TASKS_FILE,
     text_problem,
 )
+from pipeline.params import DataParams, load
 
 log = logging.getLogger(__name__)
 

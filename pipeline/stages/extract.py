@@ -9,7 +9,7 @@ they are validated and renamed into place atomically.
 Deterministic: ViLT draws the patch order from torch's RNG, so the RNG is
 reseeded before every batch; the same checkpoint and samples give the same
 bytes. Finished steps wait in `<out>.partial/` until the run completes, so an
-interrupted run resumes after them (`pipeline.resume`).
+interrupted run resumes after them (`pipeline.stages.resume`).
 
 Several GPUs: `extract.processes: N` (or run under `torchrun --nproc-per-node
 N`); rank r takes the r-th contiguous share of the step's batches and writes
@@ -41,29 +41,29 @@ from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.errors import PalError
 from palcore.params import Source, outcome_record
 from pipeline import params as pparams
-from pipeline.backbone import (
+from pipeline.data.samples import Sample, Tasks, read_prepare, select
+from pipeline.model.backbone import (
     Backbone,
     autocast,
     backbone_folder,
     load_backbone,
     resolve_device,
 )
-from pipeline.checkpoint import (
+from pipeline.model.checkpoint import (
     CheckpointError,
     checkpoint_path,
     load_checkpoint,
     model_from_checkpoint,
     params_diff,
 )
-from pipeline.embed import embed_samples
-from pipeline.model import PalModel
-from pipeline.resume import (
+from pipeline.model.embed import embed_samples
+from pipeline.model.network import PalModel
+from pipeline.stages.resume import (
     PartialRun,
     code_digest,
     folder_digest,
     signature,
 )
-from pipeline.samples import Sample, Tasks, read_prepare, select
 from solver.shards import (
     Block,
     ShardAttrs,
@@ -114,7 +114,7 @@ def extract(
 
     Finished steps wait in `<out>.partial/` (`-rankNNNNN` under torchrun) until
     every step is done, then move into `out`; a rerun with the same code,
-    params and inputs reuses them (`pipeline.resume`), `fresh` discards them.
+    params and inputs reuses them (`pipeline.stages.resume`), `fresh` discards them.
     """
     samples, tasks = read_prepare(prepare_dir, data_root)
     if steps is None or isinstance(steps, str):

@@ -26,7 +26,7 @@ from transformers import (
     ViltProcessor,
 )
 
-from pipeline.demo import data as dd
+from pipeline.fakes import demo_data as dd
 from pipeline.params import DemoParams
 
 log = logging.getLogger(__name__)

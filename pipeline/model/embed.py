@@ -1,7 +1,7 @@
 """The prompted joint embedding of samples: the forward of `pal extract` and
 `pal predict` (DESIGN §5).
 
-Samples are loaded in batches (`pipeline.loader`), embedded by the model of a
+Samples are loaded in batches (`pipeline.data.loader`), embedded by the model of a
 step (`PalModel.features`: the prompted text CLS after the final LayerNorm,
 with PAL's reconstruction for a missing modality) and scored by its BP head.
 ViLT draws the patch order from torch's RNG, so the RNG is reseeded per batch
@@ -19,11 +19,10 @@ import torch
 from tqdm import tqdm
 
 from pipeline import params as pparams
-from pipeline.backbone import autocast
-from pipeline.loader import SampleDataset, WaitClock, make_loader
-from pipeline.model import PalModel
-from pipeline.samples import Sample
-from pipeline.vision import legacy_path
+from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
+from pipeline.data.samples import Sample
+from pipeline.model.backbone import autocast
+from pipeline.model.network import PalModel
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from pipeline.datasets.base import (
+from pipeline.data.datasets.base import (
     DatasetError,
     Listing,
     RawSample,

@@ -48,11 +48,15 @@ from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
 from palcore.params import load_section
 from pipeline import params as pparams
-from pipeline.backbone import load_backbone, resolve_device
-from pipeline.checkpoint import checkpoint_path, load_checkpoint, model_from_checkpoint
-from pipeline.embed import embed_samples
-from pipeline.prepare import unreadable_images
-from pipeline.samples import Sample, text_problem
+from pipeline.data.samples import Sample, text_problem
+from pipeline.model.backbone import load_backbone, resolve_device
+from pipeline.model.checkpoint import (
+    checkpoint_path,
+    load_checkpoint,
+    model_from_checkpoint,
+)
+from pipeline.model.embed import embed_samples
+from pipeline.stages.prepare import unreadable_images
 from solver.backend import get_backend
 from solver.params import SolveParams
 from solver.rls import Expander, upsampling_matrix

@@ -15,7 +15,7 @@ them and wraps them in `Backbone`. The encoder is run as our own loop over
   prompt layer); their key mask lets a prompt be switched off per sample.
 
 On CUDA, batches of images of any sizes are embedded without HF's per-sample
-loops and host syncs (`Backbone.embed_padded`, `pipeline.vision`: patches in
+loops and host syncs (`Backbone.embed_padded`, `pipeline.model.vision`: patches in
 raster order, from the image sizes the loader ships).
 
 With no prompts the loop equals `ViltModel.forward(...).last_hidden_state`
@@ -38,7 +38,8 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from palcore.errors import PalError
-from pipeline import vision
+from pipeline.data.loader import legacy_path
+from pipeline.model import vision
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class Backbone(nn.Module):
         attend). On CUDA, with `sizes`, the sync-free `embed_padded`; else HF's
         `ViltEmbeddings`, which consumes torch's RNG (patch order).
         """
-        if self.fast_embed and sizes is not None and not vision.legacy_path():
+        if self.fast_embed and sizes is not None and not legacy_path():
             if not vision.samples_patches(self.vilt, sizes):
                 return self.embed_padded(input_ids, attention_mask, pixel_values, sizes)
         if pixel_mask is None:

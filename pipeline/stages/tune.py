@@ -1,12 +1,12 @@
 """`pal tune`: train the prompt pools and the BP head task by task (DESIGN §5).
 
-For k = 1..K, `pipeline.train.train_task` trains task k's prompt slices and
+For k = 1..K, `pipeline.model.train.train_task` trains task k's prompt slices and
 head rows; then `step_XX.pt` is written atomically into `<out>.partial/` with
 everything needed to rebuild step k's model. Once every task is done the
 checkpoints move into `<out>`. A rerun with the same code, params and inputs
 resumes after the last finished step with the same result as an
 uninterrupted run, also under `dvc repro`, which deletes `<out>` first
-(`pipeline.resume`).
+(`pipeline.stages.resume`).
 
 Reads params `model`, `prompt`, `tune` and the task split from tasks.json.
 Writes `<out>/step_XX.pt` and `<out>/log.jsonl` (one line per task and epoch:
@@ -28,13 +28,19 @@ import torch
 from palcore.cliutil import clean_errors, file_option, folder_option, run_params_option
 from palcore.outputs import write_bytes_atomic
 from pipeline import params as pparams
-from pipeline.backbone import (
+from pipeline.data.samples import (
+    Sample,
+    Tasks,
+    read_prepare,
+    select,
+)
+from pipeline.model.backbone import (
     Backbone,
     backbone_folder,
     load_backbone,
     resolve_device,
 )
-from pipeline.checkpoint import (
+from pipeline.model.checkpoint import (
     CheckpointError,
     checkpoint_path,
     load_checkpoint,
@@ -42,20 +48,14 @@ from pipeline.checkpoint import (
     restore,
     save_checkpoint,
 )
-from pipeline.model import PalModel
-from pipeline.resume import (
+from pipeline.model.network import PalModel
+from pipeline.model.train import train_task
+from pipeline.stages.resume import (
     PartialRun,
     code_digest,
     folder_digest,
     signature,
 )
-from pipeline.samples import (
-    Sample,
-    Tasks,
-    read_prepare,
-    select,
-)
-from pipeline.train import train_task
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def tune(
     `data_root`: where the images are (`data.root`; tasks.json does not say).
 
     Finished steps wait in `<out>.partial/` until every task is done, then
-    move into `out` (see `pipeline.resume`); `fresh` discards them. Per-epoch
+    move into `out` (see `pipeline.stages.resume`); `fresh` discards them. Per-epoch
     seconds are appended to `timings` (a JSON-lines file), never to `out`.
     """
     samples, tasks = read_prepare(prepare_dir, data_root)

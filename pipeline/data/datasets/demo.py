@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.datasets.base import (
+from pipeline.data.datasets.base import (
     DatasetError,
     Listing,
     RawSample,
     expect,
     read_json,
 )
-from pipeline.samples import SPLITS
+from pipeline.data.samples import SPLITS
 
 FORMAT = "pal-demo"
 
 
 def read(root: Path) -> Listing:
-    """List the demo's samples; see `pipeline.demo.stage` for the file layout."""
+    """List the demo's samples; see `pipeline.stages.demo` for the file layout."""
     if not root.is_dir():
         raise DatasetError(
             f"data.root: dataset folder {root} not found (`pal demo` makes it)"
