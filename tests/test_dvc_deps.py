@@ -274,7 +274,7 @@ def test_a_variant_is_added_in_two_edits_of_params(
         in (stages["tune@long-0"]["cmd"])
     )
     assert STAGES["solve"] == stages["solve"]  # reads the list from params
-    from palcore.params import pipeline_variants, variant_label
+    from palcore.variants import pipeline_variants, variant_label
 
     assert pipeline_variants(tmp_path / "params.yaml", "main")[-1] == "long"
     label = variant_label(tmp_path / "params.yaml", "long")

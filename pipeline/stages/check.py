@@ -38,9 +38,9 @@ from palcore.params import (
     ProtocolParams,
     Source,
     load_section,
-    pipeline_variants,
     read_params_file,
 )
+from palcore.variants import pipeline_variants
 from pipeline.params import SECTIONS, DataParams, ModelParams, PromptParams
 
 # every section a params file may hold
@@ -59,7 +59,7 @@ def check_params(path: Path) -> list[str]:
                 f"did you mean '{near[0]}'?" if near else f"known: {', '.join(KNOWN)}"
             )
             problems.append(f"{path}: unknown section '{section}' ({hint})")
-    from solver.params import EvaluateParams, SolveParams
+    from solver.api import EvaluateParams, SolveParams
 
     sections = {**SECTIONS, "solve": SolveParams, "evaluate": EvaluateParams}
     for section, cls in sections.items():

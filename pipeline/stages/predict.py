@@ -3,9 +3,9 @@
 The model of step k is rebuilt from `step_XX.pt`, its prompted joint
 embedding is computed exactly as `pal extract` does (`embed_samples`, with a
 missing image or text handled by PAL's reconstruction path), and the analytic
-classifier of step k scores it: H = max(X W_up, 0) with the weights file's
-own up-sampling (`solver.rls`), logits = H W_k. So predicting the samples of a
-test shard gives the accuracy `pal-solver evaluate` reports for them.
+classifier of step k scores it (`solver.api.Classifier`): H = max(X W_up, 0)
+with the weights file's own up-sampling, logits = H W_k. So predicting the
+samples of a test shard gives the accuracy `pal-solver evaluate` reports for them.
 
 Input: JSONL (one object per line) or CSV (a header row), each row with
 `image` (a path relative to the input file's folder) and/or `text`, and
@@ -36,6 +36,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +59,7 @@ from pipeline.model.checkpoint import (
 )
 from pipeline.model.embed import embed_samples
 from pipeline.stages.prepare import unreadable_images
-from solver.backend import get_backend
-from solver.params import SolveParams
-from solver.rls import Expander, upsampling_matrix
-from solver.weights import WeightsFile
+from solver.api import Classifier, SolveParams
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +176,7 @@ def predict(
             f"{steps[0]}..{steps[-1]}"
         )
     ckpt = load_checkpoint(checkpoint_path(tune_dir, step))
-    weights = WeightsFile(weights_path, partial=True)
+    weights = Classifier(weights_path, partial=True)
     W = _weights_for(weights, step, ckpt, solve_params)
     dev = resolve_device(device, "--device")
     m = ckpt["params"]["model"]
@@ -193,8 +192,9 @@ def predict(
     predicted: dict[int, list[dict[str, Any]]] = {}
     if good:
         predicted = _scored(
-            model, good, folder, weights, W, names, k, batch_size, device
-        )
+            model, good, folder, partial(weights.logits, step=step, W=W),
+            names, k, batch_size, device,
+        )  # fmt: skip
     ids = {n: _row_id(row) for n, row in raw}
     rows = []
     for n, s in made.items():
@@ -256,15 +256,14 @@ def _scored(
     model: Any,
     good: list[tuple[int, Sample]],
     folder: Path,
-    weights: WeightsFile,
-    W: np.ndarray,
+    score: Callable[[np.ndarray], np.ndarray],
     names: list[str],
     k: int,
     batch_size: int,
     device: str,
 ) -> dict[int, list[dict[str, Any]]]:
-    """Row number -> its top-k classes and scores: extract's forward, then the
-    weights file's own up-sampling and W_k."""
+    """Row number -> its top-k classes and scores: extract's forward, then
+    `score` (the classifier's logits of step k: (n, D) -> (n, C_k))."""
     predicted: dict[int, list[dict[str, Any]]] = {}
     x, _ = embed_samples(
         model,
@@ -273,11 +272,7 @@ def _scored(
         pparams.ExtractParams(batch_size=batch_size, device=device),
         desc="predict",
     )
-    info = weights.info
-    backend = get_backend("cpu")
-    up = upsampling_matrix(info.feature_dim, info.width, info.seed)
-    expand = Expander(backend, up, info.dtype)
-    scores = backend.to_host(expand(x) @ backend.asarray(W))  # (n, C_k)
+    scores = score(x)  # (n, C_k)
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     for i, (n, _) in enumerate(good):
         predicted[n] = [
@@ -287,7 +282,7 @@ def _scored(
 
 
 def _weights_for(
-    weights: WeightsFile, step: int, ckpt: dict, solve_params: SolveParams | None
+    weights: Classifier, step: int, ckpt: dict, solve_params: SolveParams | None
 ) -> np.ndarray:
     """W_step, after checking it fits the checkpoint and the params."""
     where = weights.path
