@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import make_prepare, make_vilt, write_params  # noqa: E402
 
-from pipeline import fakes  # noqa: E402
 from pipeline import params as pparams  # noqa: E402
+from pipeline.fakes import trees as fakes  # noqa: E402
 
 RUNS, CELLS = 3, 2
 
@@ -41,11 +41,11 @@ RUNS, CELLS = 3, 2
 def counted(work: Path, prompt: bool, epochs: int) -> tuple[Counter, Counter, int]:
     """Decodes per image path and frozen rows per call, over one tune and one
     extract of a variant; and the number of samples."""
-    from pipeline.backbone import Backbone
-    from pipeline.extract import extract
-    from pipeline.loader import SampleDataset
-    from pipeline.samples import read_prepare
-    from pipeline.tune import tune
+    from pipeline.data.loader import SampleDataset
+    from pipeline.data.samples import read_prepare
+    from pipeline.model.backbone import Backbone
+    from pipeline.stages.extract import extract
+    from pipeline.stages.tune import tune
 
     decodes: Counter = Counter()
     frozen: Counter = Counter()

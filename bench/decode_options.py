@@ -3,7 +3,7 @@ one CPU core, and on disk for the 83.8k photos a run uses.
 
     .venv/bin/python bench/decode_options.py             # 48 photos, ~30 s
 
-Photos: the photo mix's Food101 shapes (pipeline/fakes.py, JPEG quality 90),
+Photos: the photo mix's Food101 shapes (pipeline/fakes/trees.py, JPEG quality 90),
 brought to ViLT-B/32's processor size (shorter side 384, longer ≤ 640) as
 uint8, which is what the loader ships (`loader.vilt_uint8`). Options, each
 timed from the file to that uint8 array:
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from pipeline import fakes  # noqa: E402
+from pipeline.fakes import trees as fakes  # noqa: E402
 
 FOOD101_PHOTOS = 83_800
 
@@ -48,7 +48,7 @@ class Processor:  # the fields of ViLT-B/32's image processor that matter here
 
 def decode_resize(data: bytes) -> np.ndarray:
     """(h, w, 3) uint8: the loader's draft decode and ViLT resize."""
-    from pipeline.loader import _vilt_resize
+    from pipeline.data.loader import _vilt_resize
 
     with Image.open(io.BytesIO(data)) as im:
         w, h = im.size

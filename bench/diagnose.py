@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.backbone import autocast, load_backbone
-from pipeline.checkpoint import checkpoint_path, load_checkpoint, restore
-from pipeline.loader import SampleDataset, make_loader
-from pipeline.model import PalModel
+from pipeline.data.loader import SampleDataset, make_loader
+from pipeline.data.samples import read_prepare, select
+from pipeline.model.backbone import autocast, load_backbone
+from pipeline.model.checkpoint import checkpoint_path, load_checkpoint, restore
+from pipeline.model.network import PalModel
+from pipeline.model.train import task_seed
 from pipeline.params import PromptParams
-from pipeline.samples import read_prepare, select
-from pipeline.train import task_seed
 from solver.shards import open_features
 
 

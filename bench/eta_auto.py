@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from solver.evaluate import evaluate
-from solver.params import SolveParams
-from solver.solve import solve
+from solver.api import SolveParams, evaluate
+from solver.api import fit as solve
 
 
 def _metrics(features: Path, weights: Path, out: Path) -> dict:

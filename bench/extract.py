@@ -32,14 +32,14 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
-from pipeline.backbone import Backbone, autocast, load_backbone  # noqa: E402
-from pipeline.graphs import capturable_adamw, set_lr  # noqa: E402
-from pipeline.loader import SampleDataset, dummy_image  # noqa: E402
-from pipeline.losses import dummy_segments  # noqa: E402
-from pipeline.model import PalModel, QueryCache  # noqa: E402
+from pipeline.data.loader import SampleDataset, dummy_image  # noqa: E402
+from pipeline.data.samples import Batch  # noqa: E402
+from pipeline.model.backbone import Backbone, autocast, load_backbone  # noqa: E402
+from pipeline.model.graphs import capturable_adamw, set_lr  # noqa: E402
+from pipeline.model.losses import dummy_segments  # noqa: E402
+from pipeline.model.network import PalModel, QueryCache  # noqa: E402
+from pipeline.model.train import make_step  # noqa: E402
 from pipeline.params import PromptParams  # noqa: E402
-from pipeline.samples import Batch  # noqa: E402
-from pipeline.train import make_step  # noqa: E402
 
 N_TASKS = 10
 

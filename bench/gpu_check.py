@@ -117,9 +117,9 @@ def versions() -> dict[str, Any]:
     import torch
     import transformers
 
-    from solver.backend import _cupy_or_reason
+    from solver.api import cupy_or_reason
 
-    cp, why = _cupy_or_reason()
+    cp, why = cupy_or_reason()
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -175,7 +175,7 @@ def solver_check(
     dim: int, width: int, timeout: float,
 ) -> dict[str, Any]:  # fmt: skip
     """`python -m solver solve` on synthetic features; the backend it used."""
-    from solver.synthetic import make_features
+    from solver.api import make_features
 
     per = [rows // steps] * steps
     per[-1] += rows - sum(per)

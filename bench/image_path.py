@@ -6,7 +6,7 @@ device, `Backbone.embed_padded`), on the same photo batches.
     PYTHONPATH=. python3 bench/image_path.py --config vilt-b32 --device cuda
     .venv/bin/python bench/image_path.py --config tiny --device cpu   # smoke
 
-Photos: JPEGs of the photo mix's Food101 shapes (pipeline/fakes.py; at
+Photos: JPEGs of the photo mix's Food101 shapes (pipeline/fakes/trees.py; at
 ViLT-B/32's processor 12×16, 16×12, 12×12 and 12×18 patches), 35 % text and
 35 % image missing, through `SampleDataset` and `Collate` as `pal tune` and
 `pal extract` load them; the batches are collated before timing (the loader
@@ -22,7 +22,7 @@ is timed apart, per image on one core). Per path it prints and returns:
   legacy path's (the same inputs, a different summation order).
 
 Host syncs: on CUDA the warnings of `torch.cuda.set_sync_debug_mode("warn")`;
-on the CPU the ops that would sync on a GPU (`pipeline.vision.SYNC_OPS`,
+on the CPU the ops that would sync on a GPU (`pipeline.model.vision.SYNC_OPS`,
 counted with a TorchDispatchMode; host-side tensors count there too).
 """
 
@@ -47,15 +47,16 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from palcore.codes import Missing  # noqa: E402
-from pipeline import fakes, vision  # noqa: E402
-from pipeline.backbone import autocast, load_backbone  # noqa: E402
-from pipeline.graphs import capturable_adamw, set_lr  # noqa: E402
-from pipeline.loader import Collate, SampleDataset  # noqa: E402
-from pipeline.losses import dummy_segments  # noqa: E402
-from pipeline.model import PalModel, QueryCache  # noqa: E402
+from pipeline.data.loader import Collate, SampleDataset  # noqa: E402
+from pipeline.data.samples import Sample  # noqa: E402
+from pipeline.fakes import trees as fakes  # noqa: E402
+from pipeline.model import vision  # noqa: E402
+from pipeline.model.backbone import autocast, load_backbone  # noqa: E402
+from pipeline.model.graphs import capturable_adamw, set_lr  # noqa: E402
+from pipeline.model.losses import dummy_segments  # noqa: E402
+from pipeline.model.network import PalModel, QueryCache  # noqa: E402
+from pipeline.model.train import make_step  # noqa: E402
 from pipeline.params import PromptParams  # noqa: E402
-from pipeline.samples import Sample  # noqa: E402
-from pipeline.train import make_step  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense TF/s
 FOOD101_SHAPES = fakes.SIZES[:4]  # (w, h) of the photo mix's Food101 photos

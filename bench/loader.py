@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from pipeline.fakes import SIZES, photo
-from pipeline.loader import SampleDataset
-from pipeline.samples import Sample
+from pipeline.data.loader import SampleDataset
+from pipeline.data.samples import Sample
+from pipeline.fakes.trees import SIZES, photo
 
 
 class _Processor:

@@ -10,7 +10,7 @@ process, `--repeat` times: the bookkeeping's cost against the 20 s budget.
 
 Then times prepare's image check (`unreadable_images`: every file decoded,
 JPEGs at 1/8 scale, one thread per core) on `--photos` photo-sized JPEGs (the
-mix of pipeline/fakes.py) and projects it onto Food101's 90,900 photos.
+mix of pipeline/fakes/trees.py) and projects it onto Food101's 90,900 photos.
 
     python bench/prepare.py [--work /tmp/pal-bench-prepare] [--repeat 3] [--photos 300]
 """
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.fakes import tiny_jpeg
+from pipeline.fakes.trees import tiny_jpeg
 
 BUDGET_S = 20.0
 FOOD101_IMAGES = 90_900
@@ -40,8 +40,8 @@ def photo_check_rate(work: Path, n: int, repeat: int) -> float:
     """Images/s of prepare's image check on `n` photo-sized JPEGs (best run)."""
     import numpy as np
 
-    from pipeline.fakes import SIZES, photo
-    from pipeline.prepare import unreadable_images
+    from pipeline.fakes.trees import SIZES, photo
+    from pipeline.stages.prepare import unreadable_images
 
     folder = work / "photos"
     if len(list(folder.glob("*.jpg"))) != n:

@@ -7,7 +7,7 @@ In a scratch folder it builds
 - `data/raw/food101/`: the titles-CSV layout (images/{train,test}/<class>/,
   texts/{train,test}_titles.csv) with `--classes` classes (101 as the real one;
   the last has one training photo fewer and is dropped) of photo-sized JPEGs
-  and titles of the real length (pipeline/fakes.py);
+  and titles of the real length (pipeline/fakes/trees.py);
 - `models/vilt-b32-mlm/`: random weights in the hub layout (`pytorch_model.bin`
   with the MLM head, old preprocessor config, tokenizer files), of ViLT-B/32's
   sizes (`--config vilt-b32`) or a tiny one (`--config tiny`: 8 layers of width
@@ -52,7 +52,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the project importable without installing it
 
-from pipeline.fakes import make_food101_tree, make_hub_vilt  # noqa: E402
+from pipeline.fakes.trees import make_food101_tree, make_hub_vilt  # noqa: E402
 
 # full datasets (after Food101's smallest class is dropped): training and test
 # samples, tasks

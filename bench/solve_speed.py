@@ -49,11 +49,14 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from solver.backend import get_backend  # noqa: E402
-from solver.rls import upsampling_matrix  # noqa: E402
+from solver.api import (  # noqa: E402
+    Classifier,
+    get_backend,
+    make_features,
+    upsampling_matrix,
+    weights_name,
+)
 from solver.shards import open_features  # noqa: E402
-from solver.synthetic import make_features  # noqa: E402
-from solver.weights import WeightsFile, weights_name  # noqa: E402
 
 ETA = 1.0
 SWEEP = (0.01, 0.1, 1.0, 10.0, 100.0)
@@ -100,7 +103,7 @@ def _hwm(path=sys.argv[1]):
         f.write(f"{kb} {pool}")
 atexit.register(_hwm)
 sys.argv = ["pal-solver", *sys.argv[2:]]
-import solver.cli, solver.solve, solver.rls, solver.backend
+import solver.cli, solver.api
 solver.cli.main()
 """
 
@@ -437,7 +440,7 @@ def main() -> None:
         }
         for method in methods:
             best = Run.best(runs[method])
-            W = WeightsFile(out / method / "weights.h5").W(a.steps)
+            W = Classifier(out / method / "weights.h5").W(a.steps)
             row[method] = {
                 **asdict(best),
                 "wall_over_floor": best.wall / fl["floor"].wall,
@@ -453,7 +456,7 @@ def main() -> None:
         if sweep_runs:
             best = Run.best(sweep_runs)
             gram = row["gram"]
-            W = WeightsFile(out / "sweep" / weights_name(ETA, True)).W(a.steps)
+            W = Classifier(out / "sweep" / weights_name(ETA, True)).W(a.steps)
             row["sweep"] = {
                 **asdict(best),
                 "etas": list(SWEEP),

@@ -105,7 +105,9 @@ def _as_run(raw: dict[str, Any], source: Source) -> dict[str, Any]:
     (errors name the key, the caller adds the file)."""
     raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     if source.variant is not None:
-        changes = variant_row(raw, source.variant)[1]
+        from palcore.variants import variant_row  # it reads params files too
+
+        changes = variant_row(raw, source.variant).changes
         for section, values in changes.items():
             raw[section] = {**(raw.get(section) or {}), **values}
     if source.run is not None:
@@ -122,68 +124,6 @@ def _as_run(raw: dict[str, Any], source: Source) -> dict[str, Any]:
                 raw[section] = {**values, key: seed + source.run}
             # else: left as written, for the section's own check to name
     return raw
-
-
-def variant_row(raw: dict[str, Any], name: str) -> tuple[str, dict[str, Any]]:
-    """The (table label, section → changed keys) of variant `name`, the row
-    `ablation.<name>` of the params (errors name the key)."""
-    rows = raw.get("ablation")
-    if not isinstance(rows, Mapping) or name not in rows:
-        known = ", ".join(sorted(rows)) if isinstance(rows, Mapping) else "none"
-        raise ParamsError(f"unknown variant 'ablation.{name}' (known: {known})")
-    row = rows[name]
-    if not isinstance(row, Mapping) or set(row) != {"label", "changes"}:
-        raise ParamsError(
-            f"ablation.{name} must hold a label and the changes it makes: "
-            "{label: TEXT, changes: {section: {key: value}}}"
-        )
-    label, changes = row["label"], row["changes"] or {}
-    if not isinstance(label, str) or not label.strip():
-        raise ParamsError(f"ablation.{name}.label must be a text, got {shown(label)}")
-    if not isinstance(changes, Mapping):
-        raise ParamsError(
-            f"ablation.{name}.changes must map sections to the keys it changes"
-        )
-    for section, values in changes.items():
-        if section in ("protocol", "ablation", "pipelines") or not isinstance(
-            values, Mapping
-        ):
-            raise ParamsError(
-                f"ablation.{name}.changes.{section} must be a mapping of keys of "
-                "a stage's section"
-            )
-    return label, dict(changes)
-
-
-def pipeline_variants(path: str | Path, name: str) -> list[str]:
-    """The variants pipeline `name` runs, in table order: `pipelines.<name>`,
-    each a row of `ablation`."""
-    path = Path(path)
-    raw = read_params_file(path)
-    lists = raw.get("pipelines")
-    try:
-        if not isinstance(lists, Mapping) or name not in lists:
-            known = ", ".join(sorted(lists)) if isinstance(lists, Mapping) else "none"
-            raise ParamsError(f"unknown pipeline 'pipelines.{name}' (known: {known})")
-        names = lists[name]
-        if not isinstance(names, list) or not names:
-            raise ParamsError(f"pipelines.{name} must list at least one variant")
-        for variant in names:
-            variant_row(raw, str(variant))
-        if len(set(names)) != len(names):
-            raise ParamsError(f"pipelines.{name} lists a variant twice")
-    except ParamsError as exc:
-        raise ParamsError(f"{path}: {exc}") from None
-    return [str(v) for v in names]
-
-
-def variant_label(path: str | Path, name: str) -> str:
-    """The table label of variant `name` (`ablation.<name>.label`)."""
-    path = Path(path)
-    try:
-        return variant_row(read_params_file(path), name)[0]
-    except ParamsError as exc:
-        raise ParamsError(f"{path}: {exc}") from None
 
 
 def section_value(source: Source, section: str, key: str) -> Any:

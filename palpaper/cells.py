@@ -47,7 +47,7 @@ def check_cells(root: Path, params: dict[str, Any], cells: Sequence[Cell]) -> No
     """`pal check` on the committed params.yaml, then on each cell's params:
     raises one error line per problem (each naming its cell) before anything
     is queued. Runs from `root`, where the data and backbone are."""
-    from pipeline.check import check_all
+    from pipeline.stages.check import check_all
 
     here = Path.cwd()
     os.chdir(root)

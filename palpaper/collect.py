@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from palcore.outputs import write_bytes_atomic
+from palcore.variants import variant_row
 from palpaper import render
 from palpaper.departures import departures, prepared_classes
 from palpaper.experiments import ExperimentError, Repo
@@ -136,6 +137,22 @@ def collect(
         )
 
 
+def labelled(metrics: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """A cell's metrics.json with each row's label and paper name: as the
+    report wrote them, or (a cell run before the report wrote them) from the
+    params' `ablation` rows, PAL's BP head's from its row's `bp`."""
+    specs = {v: variant_row(params, v) for v in params.get("ablation") or {}}
+    specs |= [("bp", s.bp) for s in list(specs.values()) if s.bp is not None]
+    out = dict(metrics)
+    for name, entry in metrics.items():
+        if isinstance(entry, dict) and "label" not in entry and name in specs:
+            spec = specs[name]
+            out[name] = {**entry, "label": spec.label}
+            if spec.paper is not None:
+                out[name]["paper"] = spec.paper
+    return out
+
+
 def _write(
     repo: Repo,
     rid: str,
@@ -147,6 +164,7 @@ def _write(
     folder: Path,
 ) -> None:
     r = RESULTS[rid]
+    data = {key: labelled(metrics, params) for key, metrics in data.items()}
     dataset = str(get(params, "data.dataset"))
     run_ids = next(d["runs"] for d in data.values() if d)
     departs = departures(params, columns, run_ids, classes)

@@ -24,16 +24,6 @@ class GridError(PalError):
     """A result, a cell or an option of `pal-paper` that does not exist."""
 
 
-# the row keys of a report's metrics.json and how the paper names them
-ROW_NAMES = {
-    "pal": "PAL",
-    "bp": "w/o AL module (BP head)",
-    "init": "prompts never trained",
-    "frozen": "w/o prompt module (ACIL)",
-    "shared": "w/ single prompt pool",
-    "vector": "w/ prompt vector",
-}
-
 RATES = (0.1, 0.3, 0.5, 0.7, 0.9)
 TYPES = ("text", "image", "both")  # the paper's column order within a rate
 STEP_RATES = (0.1, 0.5, 0.7)

@@ -17,24 +17,33 @@ from typing import Any
 
 import yaml
 
-from palpaper.grids import ROW_NAMES, Column, Result
+from palpaper.grids import Column, Result
 
 DATASETS = {"food101": "UPMC-Food101", "n24news": "N24News"}
-# the paper's row name of each of this pipeline's rows, per result
-PAPER_ROWS = {
-    "missing": {"pal": "PAL", "frozen": "ACIL"},
-    "ablation": {
-        "pal": "PAL",
-        "frozen": "w/o prompt module",
-        "bp": "w/o AL module",
-        "shared": "w/ single prompt pool",
-        "vector": "w/ prompt vector",
-    },
-    "stability": {"pal": "PAL", "bp": "w/o AL module"},
-}
-
 Stat = Mapping[str, Any]  # {"mean": float, "std": float | None, ...}
 Value = tuple[Stat | None, float | None]  # measured, published
+
+
+def _row_entry(data: Mapping[str, Any], row: str) -> Mapping[str, Any]:
+    """The row `row` of the first cell whose metrics.json labels it."""
+    for metrics in data.values():
+        entry = (metrics or {}).get(row)
+        if isinstance(entry, Mapping) and "label" in entry:
+            return entry
+    return {}
+
+
+def paper_name(data: Mapping[str, Any], row: str, rid: str) -> str | None:
+    """The paper's name of `row` in result `rid` (params `ablation.<v>.paper`,
+    as the report wrote it into metrics.json); None where the paper has none."""
+    paper = _row_entry(data, row).get("paper")
+    return paper.get(rid) if isinstance(paper, Mapping) else paper
+
+
+def row_name(data: Mapping[str, Any], row: str, rid: str) -> str:
+    """How `row` is shown in result `rid`: the paper's name, else its label
+    (both from the cells' metrics.json), else its key."""
+    return paper_name(data, row, rid) or _row_entry(data, row).get("label") or row
 
 
 def package_yaml(name: str) -> dict[str, Any]:
@@ -189,16 +198,16 @@ def _metric_block(
     result: Result, columns: Sequence[Column], data: Mapping[str, Any], pub: Any
 ) -> Table:
     """Tables 1-2: a block of rows per metric, a column per scenario."""
-    paper_rows = PAPER_ROWS["missing"]
     lines = []
     for metric, word in (("acc", "Acc"), ("fg", "FG")):
         for row in result.rows:
-            paper = (pub or {}).get(metric, {}).get(paper_rows.get(row, ""))
+            name = paper_name(data, row, result.id) or ""
+            paper = (pub or {}).get(metric, {}).get(name)
             values = [
                 (_stat(data[c.key], row, metric), None if paper is None else paper[i])
                 for i, c in enumerate(columns)
             ]
-            lines.append(([word, ROW_NAMES[row]], values))
+            lines.append(([word, row_name(data, row, result.id)], values))
     return Table("", ["Metric", "Method"], [c.label for c in columns], lines)
 
 
@@ -214,7 +223,7 @@ def _steps(
         for row in result.rows:
             steps = (data[c.key].get(row) or {}).get("step_accuracy", [])
             values = [(steps[k] if k < len(steps) else None, None) for k in range(n)]
-            lines.append(([c.label, ROW_NAMES[row]], values))
+            lines.append(([c.label, row_name(data, row, result.id)], values))
     return Table("", ["Scenario", "Method"], [f"step {k + 1}" for k in range(n)], lines)
 
 
@@ -231,9 +240,9 @@ def _rows_of_one_cell(
     )
     lines = []
     for row in result.rows:
-        paper = (pub or {}).get(PAPER_ROWS[result.id].get(row, ""), {})
+        paper = (pub or {}).get(paper_name(data, row, result.id) or "", {})
         values = [(_stat(data[col.key], row, k), paper.get(k)) for k in keys]
-        lines.append(([ROW_NAMES[row]], values))
+        lines.append(([row_name(data, row, result.id)], values))
     return Table("", ["Method"], heads, lines)
 
 
@@ -298,7 +307,9 @@ def figure(
                     continue
                 x = list(range(1, len(stats) + 1))
                 mean = [s["mean"] for s in stats]
-                (line,) = ax.plot(x, mean, marker="o", label=ROW_NAMES[row])
+                (line,) = ax.plot(
+                    x, mean, marker="o", label=row_name(data, row, result.id)
+                )
                 if all(s["std"] is not None for s in stats):
                     lo = [s["mean"] - s["std"] for s in stats]
                     hi = [s["mean"] + s["std"] for s in stats]
@@ -348,7 +359,7 @@ def figure(
                 width,
                 yerr=[(s["std"] or 0.0) if s else 0.0 for s in stats],
                 capsize=3,
-                label=ROW_NAMES[row],
+                label=row_name(data, row, result.id),
             )
         ax.set_xticks(
             [j + width * (len(result.rows) - 1) / 2 for j in range(2)],

@@ -23,25 +23,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 COMMANDS = {
     "backbone": (
-        "pipeline.hub:cli",
+        "pipeline.stages.hub:cli",
         "Link a folder to a hub id's snapshot in the local HF cache.",
     ),
     "check": (
-        "pipeline.check:cli",
+        "pipeline.stages.check:cli",
         "Check params, paths, devices and data before dvc repro.",
     ),
-    "demo": ("pipeline.demo.stage:cli", "Make the offline demo dataset and tiny ViLT."),
+    "demo": (
+        "pipeline.stages.demo:cli",
+        "Make the offline demo dataset and tiny ViLT.",
+    ),
     "prepare": (
-        "pipeline.prepare:cli",
+        "pipeline.stages.prepare:cli",
         "Index a dataset into samples, tasks, missing tables.",
     ),
-    "tune": ("pipeline.tune:cli", "Tune the prompt pools and BP head, task by task."),
+    "tune": (
+        "pipeline.stages.tune:cli",
+        "Tune the prompt pools and BP head, task by task.",
+    ),
     "extract": (
-        "pipeline.extract:cli",
+        "pipeline.stages.extract:cli",
         "Dump prompted joint embeddings into HDF5 shards.",
     ),
     "predict": (
-        "pipeline.predict:cli",
+        "pipeline.stages.predict:cli",
         "Classify new image–text rows with a tuned step and its weights.",
     ),
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from palcore.params import RUN_ONLY, check, load_section
 
@@ -155,11 +155,22 @@ class ModelParams:
         )
 
 
+# the prompt methods: PAL, then the baselines in the paper's order, one a line
+# (`pipeline.methods.registry.METHODS` has one class each)
+MethodName = Literal[
+    "pal",
+    "map",
+    "msp",
+    "rebq",
+]
+
+
 @dataclasses.dataclass(frozen=True)
 class PromptParams:
-    """`prompt:` — the modality-specific prompt pools (CODA-style)."""
+    """`prompt:` — the prompt method and its prompts (PAL: CODA-style pools)."""
 
     enabled: bool = True  # false: frozen features only (the ACIL baseline)
+    method: MethodName = "pal"  # the prompt method (DESIGN §5, pipeline/methods)
     pools: Literal["modality", "shared", "vector"] = "modality"  # ablation variants
     pool_size: int = 20  # components N per pool; N // K per task
     length: int = 8  # prompt tokens L_p per layer (prefix: L_p/2 keys, L_p/2 values)
@@ -167,6 +178,12 @@ class PromptParams:
     position: Literal["prefix", "input"] = "prefix"  # prefix-tuning or input tokens
 
     def __post_init__(self) -> None:
+        names = get_args(MethodName)
+        check(
+            self.method in names,
+            "prompt.method",
+            f"must be one of {', '.join(map(repr, names))}, got {self.method!r}",
+        )
         check(
             self.pool_size > 0, "prompt.pool_size", f"must be > 0, got {self.pool_size}"
         )

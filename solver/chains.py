@@ -19,10 +19,10 @@ from palcore.params import (
     ProtocolParams,
     Source,
     load_section,
-    pipeline_variants,
     section_value,
     shown,
 )
+from palcore.variants import pipeline_variants
 from solver.shards import open_features
 
 

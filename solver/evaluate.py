@@ -24,7 +24,6 @@ in one pass: each test chunk is read and up-sampled once.
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,10 +45,11 @@ from palcore.outputs import write_bytes_atomic
 from palcore.params import Source, load_section
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
+from solver.classifier import Classifier
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar
 from solver.params import EvaluateParams, SolveParams
-from solver.rls import Expander, upsampling_matrix
+from solver.plots import step_plot_png
 from solver.shards import StepShards, open_features, task_group_name
 from solver.weights import WEIGHTS_NAME, WeightsError, WeightsFile, check_solved_by
 
@@ -62,7 +62,7 @@ WEIGHTS_GLOB = "weights-eta*.h5"
 class Evaluation:
     """The counts of one weights file (AL) and of the BP head (None without)."""
 
-    weights: WeightsFile
+    weights: Classifier
     al: Counts
     bp: Counts | None
 
@@ -106,7 +106,8 @@ def evaluate(
     computed before the first output is written.
     """
     steps = open_features(features_dir)
-    files = [WeightsFile(p) for p in resolve_weights(weights_paths)]
+    backend = backend or get_backend("cpu")
+    files = [Classifier(p, backend) for p in resolve_weights(weights_paths)]
     for wf in files:
         _check_compatible(wf, steps)
         if solve_params is not None:
@@ -120,7 +121,6 @@ def evaluate(
     if any(has_bp) and not all(has_bp):
         log.warning("evaluate: bp_logits only in some test shards; BP not scored")
     bp = Counts() if all(has_bp) else None
-    backend = backend or get_backend("cpu")
 
     groups: dict[tuple[int, int, str], list[Evaluation]] = {}
     for e in evals:
@@ -138,7 +138,7 @@ def evaluate(
     return [write_outputs(Path(out_dir), e, plot) for e in evals]
 
 
-def _check_compatible(wf: WeightsFile, steps: list[StepShards]) -> None:
+def _check_compatible(wf: Classifier, steps: list[StepShards]) -> None:
     info, where = wf.info, str(wf.path)
     if info.feature_dim != steps[0].feature_dim:
         raise WeightsError(
@@ -167,10 +167,7 @@ def _score_group(
 ) -> None:
     """Fill the counts of `members` (same width, seed, dtype) and of `bp`."""
     xp = backend.xp
-    info = members[0].weights.info
-    expand = Expander(
-        backend, upsampling_matrix(info.feature_dim, info.width, info.seed), info.dtype
-    )
+    expand = members[0].weights.expand  # the members' one up-sampling
     K = len(steps)
     for shards in steps:
         final = shards.step == K
@@ -244,31 +241,6 @@ def step_csv(al: list[float], bp: list[float] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def step_plot_png(al: list[float], bp: list[float] | None, title: str) -> bytes:
-    """A line plot of accuracy per step (AL vs BP), as PNG bytes without dates."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    steps = list(range(1, len(al) + 1))
-    ax.plot(steps, al, marker="o", label="AL (analytic)")
-    if bp is not None:
-        ax.plot(steps, bp, marker="s", label="BP head")
-    ax.set_xlabel("step")
-    ax.set_ylabel("accuracy over seen tasks (%)")
-    ax.set_xticks(steps)
-    ax.set_ylim(0, 102)  # room for markers at 100 %
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    ax.set_title(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return buf.getvalue()
-
-
 def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
     """Write metrics, both CSVs and (with `plot`) the plot for one evaluation;
     return the metrics file's path.
@@ -308,9 +280,7 @@ def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
     return metrics
 
 
-@click.command("evaluate")
-@folder_option("features", "data/extract", "Features folder with the test shards.")
-@click.option(
+_weights_option = click.option(
     "--weights",
     "weights",
     multiple=True,
@@ -319,6 +289,19 @@ def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
     "solve wrote there: its weights-eta*.h5 files (an η sweep), or else its "
     "weights.h5. Default: the --solve folder.",
 )
+_report_option = click.option(
+    "--report",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="With --pipeline: then write the report over every chain into DIR "
+    "(as `pal-solver report --pipeline NAME --out DIR`).",
+)
+
+
+@click.command("evaluate")
+@folder_option("features", "data/extract", "Features folder with the test shards.")
+@_weights_option
 @folder_option(
     "solve",
     "data/solve",
@@ -328,14 +311,7 @@ def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
 @click.option(
     "--device", metavar=metavar("device"), help="Backend for scoring [evaluate.device]."
 )
-@click.option(
-    "--report",
-    metavar="DIR",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="With --pipeline: then write the report over every chain into DIR "
-    "(as `pal-solver report --pipeline NAME --out DIR`).",
-)
+@_report_option
 @pipeline_option
 @run_params_option
 @clean_errors
@@ -377,20 +353,37 @@ def cli(
         return
     if weights:
         raise PalError("--pipeline reads each chain's weights from --solve")
+    evaluate_pipeline(params_file, pipeline, features, solve, out, params, report)
+
+
+def evaluate_pipeline(
+    params_file: Source,
+    pipeline: str,
+    features: str | Path,
+    solve_dir: str | Path,
+    out: str | Path,
+    params: EvaluateParams,
+    report: str | Path | None = None,
+) -> list[Path]:
+    """`evaluate` of every (variant, run) chain of `pipeline`, on one backend:
+    `features/<v>/<r>` and `solve_dir/<v>/<r>` into `out/<v>/<r>` (no
+    per-chain plot); then, with `report`, the report over them into that
+    folder. Every chain's inputs are checked before the first is scored.
+    Returns the metrics files written."""
     todo = [
         (chain, load_section(src, "solve", SolveParams))
         for src, chain in chains(params_file, pipeline)
     ]
-    # every chain's inputs checked before the first is scored
     check_chain_steps(params_file, pipeline, features)
     for chain, solved in todo:
-        for path in resolve_weights([Path(solve) / chain]):
+        for path in resolve_weights([Path(solve_dir) / chain]):
             check_solved_by(path, WeightsFile(path).info, solved)
     backend = get_backend(params.device)
+    written = []
     for chain, solved in todo:
         log.info("evaluate: chain %s", chain)
-        evaluate(
-            Path(features) / chain, [Path(solve) / chain], Path(out) / chain,
+        written += evaluate(
+            Path(features) / chain, [Path(solve_dir) / chain], Path(out) / chain,
             backend, params.batch_rows, plot=False, solve_params=solved,
         )  # fmt: skip
     if report is not None:
@@ -398,3 +391,4 @@ def cli(
 
         names = list(dict.fromkeys(chain.split("/")[0] for chain, _ in todo))
         protocol_report([Path(out)], names, Path(report), params_file.path)
+    return written

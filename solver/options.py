@@ -4,11 +4,14 @@ section: parsed here so that an error names the option (`--eta`, …)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
+from collections.abc import Callable
+from typing import Any
+
+import click
 
 from palcore.errors import ParamsError
-from solver.params import SolveParams
+from solver.params import SolveParams, check_etas
 
 _FLOAT_OPTIONS = ("eta",)
 _INT_OPTIONS = {"width": 1, "seed": 0, "batch_rows": 1}  # option -> minimum
@@ -37,11 +40,8 @@ def _parse_etas(text: str) -> float | tuple[float, ...] | str:
             eta = float(item)
         except ValueError:
             raise ParamsError(f"--eta: {item.strip()!r} is not a number") from None
-        if not math.isfinite(eta) or eta <= 0:
-            raise ParamsError(f"--eta must be > 0 and finite, got {item.strip()}")
         values.append(eta)
-    if len(set(values)) != len(values):
-        raise ParamsError(f"--eta lists a value twice: {text}")
+    check_etas(values, "--eta", False)
     return values[0] if len(values) == 1 else tuple(values)
 
 
@@ -75,3 +75,50 @@ def apply_overrides(params: SolveParams, **raw: str | None) -> SolveParams:
         else:
             raise AssertionError(name)
     return dataclasses.replace(params, **values)
+
+
+def override_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--eta --width --seed --method --device --dtype --batch-rows`: the
+    `solve:` keys a command line may override (strings, parsed by
+    `apply_overrides`)."""
+    for option in reversed(_OVERRIDES):
+        fn = option(fn)
+    return fn
+
+
+_OVERRIDES = [
+    click.option(
+        "--eta",
+        metavar="X[,X…]|auto",
+        help="Ridge regulariser η > 0 [solve.eta]. Several comma-separated "
+        "values run a sweep: one pass over the shards, one weights file "
+        "per η, named weights-eta<η>.h5. auto: per step, the η of "
+        "solve.eta_grid most accurate on held-out rows of the current task.",
+    ),
+    click.option("--width", metavar="N", help="Up-sampling width d > 0 [solve.width]."),
+    click.option(
+        "--seed", metavar="N", help="Seed of the up-sampling matrix [solve.seed]."
+    ),
+    click.option(
+        "--method",
+        metavar=metavar("method"),
+        help="gram: G += HᵀH, Cholesky per step (fast); woodbury: the paper's "
+        "RLS update per batch [solve.method].",
+    ),
+    click.option(
+        "--device",
+        metavar=metavar("device"),
+        help="cpu: NumPy/SciPy; cuda: CuPy; auto: CuPy when a GPU passes a "
+        "smoke test, else NumPy [solve.device].",
+    ),
+    click.option(
+        "--dtype",
+        metavar=metavar("dtype"),
+        help="Accumulation and solve precision [solve.dtype].",
+    ),
+    click.option(
+        "--batch-rows",
+        metavar="N",
+        help="Rows per streamed chunk and per Woodbury update [solve.batch_rows].",
+    ),
+]

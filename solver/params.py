@@ -6,13 +6,31 @@ Loaded with `palcore.params.load_section(path, "solve", SolveParams)`.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from typing import Literal
 
+from palcore.errors import ParamsError
 from palcore.params import check
 
 SolveMethod = Literal["gram", "woodbury"]
 SolveDevice = Literal["auto", "cpu", "cuda"]
 SolveDtype = Literal["float64", "float32"]
+
+
+def check_etas(etas: Sequence[float], key: str, listed: bool) -> None:
+    """The one check of η values (`solve.eta`, `solve.eta_grid`, `--eta`):
+    at least one, each finite and > 0, none twice. `listed`: the values came
+    as a list, so a bad one is named by its index (`solve.eta[1]`)."""
+    if not etas:
+        raise ParamsError(f"{key} must not be an empty list")
+    for i, eta in enumerate(etas):
+        if not (math.isfinite(eta) and eta > 0):
+            where = f"{key}[{i}]" if listed else key
+            raise ParamsError(f"{where} must be > 0 and finite, got {eta!r}")
+    dupes = sorted({e for e in etas if list(etas).count(e) > 1})
+    if dupes:
+        raise ParamsError(f"{key} lists {dupes[0]!r} twice")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,14 +53,8 @@ class SolveParams:
     def __post_init__(self) -> None:
         if self.eta == "auto":
             check(self.method == "gram", "solve.eta", "auto needs solve.method gram")
-        elif isinstance(self.eta, tuple):
-            check(len(self.eta) > 0, "solve.eta", "must not be an empty list")
-            for i, eta in enumerate(self.eta):
-                check(eta > 0, f"solve.eta[{i}]", f"must be > 0, got {eta}")
-            dupes = sorted({e for e in self.eta if self.eta.count(e) > 1})
-            check(not dupes, "solve.eta", f"lists {dupes[0] if dupes else ''} twice")
         else:
-            check(self.eta > 0, "solve.eta", f"must be > 0, got {self.eta}")
+            check_etas(self.etas, "solve.eta", isinstance(self.eta, tuple))
         check(self.width > 0, "solve.width", f"must be > 0, got {self.width}")
         check(self.seed >= 0, "solve.seed", f"must be >= 0, got {self.seed}")
         check(
@@ -50,9 +62,7 @@ class SolveParams:
             "solve.batch_rows",
             f"must be > 0, got {self.batch_rows}",
         )
-        check(len(self.eta_grid) > 0, "solve.eta_grid", "must not be an empty list")
-        for i, eta in enumerate(self.eta_grid):
-            check(eta > 0, f"solve.eta_grid[{i}]", f"must be > 0, got {eta}")
+        check_etas(self.eta_grid, "solve.eta_grid", True)
         check(
             0.0 < self.holdout < 1.0,
             "solve.holdout",

@@ -17,11 +17,10 @@ Rows: each variant's analytic classifier, and for `pal` also its BP head
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,42 +29,25 @@ import click
 from palcore.cliutil import clean_errors, folder_option, params_option
 from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
-from palcore.params import (
-    ProtocolParams,
-    load_section,
-    pipeline_variants,
-    variant_label,
-)
+from palcore.params import ProtocolParams, load_section
+from palcore.variants import VariantRow, pipeline_variants, variant_rows
 from solver.metrics import matrix_csv, metrics_json
+from solver.plots import matrix_png, steps_png
+from solver.tables import (
+    GROUPS,
+    SCALARS,
+    caption,
+    cell,
+    steps_csv,
+    table_csv,
+    table_md,
+)
 
 log = logging.getLogger(__name__)
 
-# the row of PAL's BP head; every variant's label is its params row's
-# (`ablation.<variant>.label`)
-BP_LABEL = "w/o AL module (BP head)"
-SCALARS = ("acc", "fg", "fg_diag", "aia", "last")
-MISSING = ("complete", "image_missing", "text_missing")
-TASKS = ("first", "later")
-# the per-run dicts of metrics.json that a row aggregates key by key
-GROUPS = {"acc_by_missing": MISSING, "acc_by_task": TASKS}
-COLUMNS = {
-    "acc": "Acc",
-    "fg": "FG",
-    "fg_diag": "FG_diag",
-    "aia": "AIA",
-    "last": "Last",
-    "complete": "complete",
-    "image_missing": "image missing",
-    "text_missing": "text missing",
-    "first": "first task",
-    "later": "later tasks",
-}
-SEED_WORDS = {
-    "class_order": "class order",
-    "missing": "missing tables",
-    "prompts": "prompt init and batch order",
-    "upsampling": "up-sampling",
-}
+# the row of a variant's BP head (PAL's "w/o AL module"), whose label and
+# paper name are the variant's params row's `bp` (`ablation.pal.bp`)
+BP_ROW = "bp"
 
 
 class ReportError(PalError):
@@ -174,14 +156,20 @@ def build(
     evaluations: Path | Sequence[Path],
     variants: Sequence[str],
     protocol: ProtocolParams,
-    labels: dict[str, str] | None = None,
+    params_rows: Mapping[str, VariantRow] | None = None,
 ) -> dict[str, Any]:
-    """The report's content: runs, which seeds vary, one entry per row and
-    each row's label (`labels`, default: the row's name)."""
+    """The report's content: runs, which seeds vary, one entry per row, and
+    each row's label and paper name from its params row (`params_rows`;
+    without one, the variant's name labels its analytic row). A variant
+    whose params row holds `bp` is followed by its BP head's row, `bp`."""
+    params_rows = params_rows or {}
     rows: dict[str, Any] = {}
+    names: dict[str, VariantRow] = {}
     for variant in variants:
+        spec = params_rows.get(variant) or VariantRow(variant, {})
         per_run = read_runs(evaluations, variant, protocol.runs)
-        rows[variant] = aggregate(per_run)
+        rows[variant] = aggregate(_head(per_run, spec.head, variant, protocol))
+        names[variant] = spec
         n_steps = len(rows[variant]["step_accuracy"])
         first = next(iter(rows.values()))
         if n_steps != len(first["step_accuracy"]):
@@ -189,155 +177,52 @@ def build(
                 f"variant {variant} has {n_steps} steps, but "
                 f"{next(iter(rows))} has {len(first['step_accuracy'])}"
             )
-        if variant == "pal" and all(m.get("bp") for m in per_run):
-            rows["bp"] = aggregate([m["bp"] for m in per_run])
-    labels = {**{name: name for name in rows}, **(labels or {}), "bp": BP_LABEL}
+        if spec.bp is not None and all(m.get("bp") for m in per_run):
+            if BP_ROW in rows:
+                raise ReportError(
+                    f"two variants' params rows hold bp, the row '{BP_ROW}': "
+                    f"{_bp_owner(names)} and {variant}"
+                )
+            rows[BP_ROW] = aggregate([m["bp"] for m in per_run])
+            names[BP_ROW] = spec.bp
     return {
         "runs": list(protocol.runs),
         "vary": list(protocol.vary),
         "rows": rows,
-        "labels": {name: labels[name] for name in rows},
+        "labels": {name: names[name].label for name in rows},
+        "paper": {name: names[name].paper for name in rows},
     }
 
 
-def _cell(stat: dict[str, Any] | None) -> str:
-    if stat is None:
-        return ""
-    if stat["std"] is None:
-        return f"{stat['mean']:.2f}"
-    return f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+def _head(
+    per_run: list[dict[str, Any]], head: str, variant: str, protocol: ProtocolParams
+) -> list[dict[str, Any]]:
+    """The per-run metrics of the head a variant's row reports: the analytic
+    classifier's, or (`head: bp`) the BP head's that evaluate scored."""
+    if head == "analytic":
+        return per_run
+    for run, m in zip(protocol.runs, per_run, strict=True):
+        if not m.get("bp"):
+            raise ReportError(
+                f"variant {variant} reports its BP head (head: bp), but run {run}'s "
+                "metrics hold no bp (its test shards have no bp_logits)"
+            )
+    return [m["bp"] for m in per_run]
 
 
-def _stats(row: dict[str, Any]) -> list[dict[str, Any] | None]:
-    """The row's statistics in COLUMNS order (None where a group lacks one)."""
-    stats = [row[k] for k in SCALARS]
-    for group, keys in GROUPS.items():
-        stats += [row.get(group, {}).get(k) for k in keys]
-    return stats
+def _bp_owner(names: Mapping[str, VariantRow]) -> str:
+    return next(v for v, spec in names.items() if spec.bp is not None)
 
 
-def _cells(row: dict[str, Any]) -> list[str]:
-    return [_cell(stat) for stat in _stats(row)]
-
-
-def caption(report: dict[str, Any]) -> str:
-    """Which runs the table averages and which seeds differ between them."""
-    runs = ", ".join(str(r) for r in report["runs"])
-    n = len(report["runs"])
-    varied = [SEED_WORDS[v] for v in report["vary"]]
-    seeds = (
-        f"run r adds r to the seeds of: {', '.join(varied)}"
-        if varied
-        else "no seed differs between runs"
-    )
-    if n == 1:
-        return f"one run ({runs}), no spread; {seeds}."
-    return f"mean ± sample std over {n} runs ({runs}); {seeds}."
-
-
-def table_md(report: dict[str, Any]) -> str:
-    """The rows as a Markdown table, accuracies in %."""
-    header = ["", *COLUMNS.values()]
-    lines = [
-        f"Accuracy (%) of each variant, {caption(report)}",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
-    for name, row in report["rows"].items():
-        lines.append(f"| {report['labels'][name]} | " + " | ".join(_cells(row)) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def table_csv(report: dict[str, Any]) -> str:
-    """One line per row: name, then mean and std of each column."""
-    cols = [f"{k}_{s}" for k in COLUMNS for s in ("mean", "std")]
-    lines = ["row," + ",".join(cols)]
-    for name, row in report["rows"].items():
-        cells = []
-        for stat in _stats(row):
-            for s in ("mean", "std"):
-                value = None if stat is None else stat[s]
-                cells.append("" if value is None else f"{value:.4f}")
-        lines.append(f"{name}," + ",".join(cells))
-    return "\n".join(lines) + "\n"
-
-
-def steps_csv(report: dict[str, Any]) -> str:
-    """step, then <row>_mean and <row>_std for each row."""
-    rows = report["rows"]
-    names = list(rows)
-    lines = ["step," + ",".join(f"{n}_{s}" for n in names for s in ("mean", "std"))]
-    n_steps = len(next(iter(rows.values()))["step_accuracy"])
-    for k in range(n_steps):
-        cells = []
-        for n in names:
-            stat = rows[n]["step_accuracy"][k]
-            cells.append(f"{stat['mean']:.4f}")
-            cells.append("" if stat["std"] is None else f"{stat['std']:.4f}")
-        lines.append(f"{k + 1}," + ",".join(cells))
-    return "\n".join(lines) + "\n"
-
-
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return buf.getvalue()
-
-
-def steps_png(report: dict[str, Any]) -> bytes:
-    """Mean accuracy over seen tasks per step, each row shaded mean ± std."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for name, row in report["rows"].items():
-        stats = row["step_accuracy"]
-        steps = list(range(1, len(stats) + 1))
-        mean = [s["mean"] for s in stats]
-        (line,) = ax.plot(steps, mean, marker="o", label=report["labels"][name])
-        if all(s["std"] is not None for s in stats):
-            lo = [s["mean"] - s["std"] for s in stats]
-            hi = [s["mean"] + s["std"] for s in stats]
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("step")
-    ax.set_ylabel("accuracy over seen tasks (%)")
-    ax.set_xticks(steps)
-    ax.set_ylim(0, 102)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(caption(report), fontsize=7, wrap=True)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def matrix_png(matrix: list[list[float]], title: str) -> bytes:
-    """The accuracy matrix (step × task) as an annotated heatmap."""
-    import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    K = len(matrix)
-    grid = np.full((K, K), np.nan)
-    for k, row in enumerate(matrix):
-        grid[k, : len(row)] = row
-    fig = Figure(figsize=(5, 4.2), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis")
-    for k, row in enumerate(matrix):
-        for i, a in enumerate(row):
-            ax.text(i, k, f"{a:.0f}", ha="center", va="center", fontsize=8, color="w")
-    ax.set_xticks(range(K), [str(i) for i in range(1, K + 1)])
-    ax.set_yticks(range(K), [str(k) for k in range(1, K + 1)])
-    ax.set_xlabel("task")
-    ax.set_ylabel("after step")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(image, ax=ax, label="accuracy (%)")
-    fig.tight_layout()
-    return _png(fig)
+def _persisted(report: dict[str, Any], name: str) -> dict[str, Any]:
+    """A row as metrics.json holds it: its statistics but the mean matrix
+    (in accuracy_matrix.csv), with its label and, when the params give one,
+    the paper's name of the row (text, or result id -> text)."""
+    row = {k: v for k, v in report["rows"][name].items() if k != "matrix"}
+    row["label"] = report["labels"][name]
+    if report["paper"][name] is not None:
+        row["paper"] = report["paper"][name]
+    return row
 
 
 def write_report(out_dir: Path, report: dict[str, Any]) -> None:
@@ -345,10 +230,7 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
     metrics = {
         "runs": report["runs"],
         "vary": report["vary"],
-        **{
-            name: {k: v for k, v in row.items() if k != "matrix"}
-            for name, row in report["rows"].items()
-        },
+        **{name: _persisted(report, name) for name in report["rows"]},
     }
     first = next(iter(report["rows"]))
     files = {
@@ -360,7 +242,7 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
     }
     data = {name: text.encode() for name, text in files.items()}
     try:
-        data["step_accuracy.png"] = steps_png(report)
+        data["step_accuracy.png"] = steps_png(report, caption(report))
         n = len(report["runs"])
         over = f"mean over {n} runs" if n > 1 else f"run {report['runs'][0]}"
         title = f"{report['labels'][first]}: {over}"
@@ -430,8 +312,7 @@ def protocol_report(
     protocol = load_section(params_file, "protocol", ProtocolParams)
     if not names:
         raise ReportError("--variants: name at least one variant")
-    labels = {name: variant_label(params_file, name) for name in names}
-    report = build(evaluations, names, protocol, labels)
+    report = build(evaluations, names, protocol, variant_rows(params_file, names))
     write_report(out, report)
     pal = report["rows"][names[0]]["acc"]
     log.info(
@@ -440,5 +321,5 @@ def protocol_report(
         len(protocol.runs),
         out,
         names[0],
-        _cell(pal),
+        cell(pal),
     )

@@ -65,6 +65,14 @@ class Expander:
         return H
 
 
+def make_expander(
+    backend: Backend, feature_dim: int, width: int, seed: int, dtype: Any
+) -> Expander:
+    """The Expander of `upsampling_matrix(feature_dim, width, seed)`: the one
+    place the solve stage and every classifier build it."""
+    return Expander(backend, upsampling_matrix(feature_dim, width, seed), dtype)
+
+
 def one_hot(labels: Any, n_classes: int, xp: Any, dtype: Any) -> Any:
     """Y: (r, n_classes) with Y[j, labels[j]] = 1. labels: (r,) int on the backend."""
     Y = xp.zeros((labels.shape[0], n_classes), dtype=dtype)
@@ -77,7 +85,8 @@ class RidgeRLS:
 
     `partial_fit(H, labels, classes_seen)` absorbs one chunk of rows;
     `weights(classes_seen)` returns W_k for every η as host arrays
-    (d, classes_seen), in the order of `etas`.
+    (d, classes_seen), in the order of `etas` (gram: or of the `etas` it is
+    given, e.g. the one η that `solve.eta: auto` chose for the step).
     """
 
     method = ""
@@ -104,7 +113,9 @@ class RidgeRLS:
         """Absorb rows H (r, d) with labels (r,); X (r, D): the rows H came from."""
         raise NotImplementedError
 
-    def weights(self, classes_seen: int) -> list[np.ndarray]:
+    def weights(
+        self, classes_seen: int, etas: tuple[float, ...] | None = None
+    ) -> list[np.ndarray]:
         raise NotImplementedError
 
     def export_state(self, classes_seen: int) -> dict[str, np.ndarray]:
@@ -161,19 +172,21 @@ class GramRLS(RidgeRLS):
                 self._X.append(np.asarray(X))
                 self._y.append(self.backend.to_host(labels))
 
-    def _dual_pays(self, classes_seen: int) -> bool:
+    def _dual_pays(self, classes_seen: int, n_etas: int) -> bool:
         """True when the dual form needs fewer flops than d×d Choleskys."""
         if not self._X:
             return False
         n, D, d = self.n_rows_, self._X[0].shape[1], self.width
-        c, e = classes_seen, len(self.etas)
+        c, e = classes_seen, n_etas
         # two passes regenerating H, K = H Hᵀ, then per η: N×N Cholesky + solves
         dual = (
             4 * n * D * d + n * n * d + e * (n**3 / 3 + 2 * n * n * c + 2 * n * d * c)
         )
         return dual < e * (d**3 / 3 + 2 * d * d * c)
 
-    def _dual_weights(self, classes_seen: int) -> list[np.ndarray]:
+    def _dual_weights(
+        self, classes_seen: int, etas: tuple[float, ...]
+    ) -> list[np.ndarray]:
         """W = Hᵀ(H Hᵀ + ηI)⁻¹Y over the kept rows, equal to (G + ηI)⁻¹Q."""
         assert self._X is not None and self._expand is not None
         b, xp, dt, blk = self.backend, self.xp, self.dtype, self.dual_block
@@ -189,12 +202,12 @@ class GramRLS(RidgeRLS):
             b.syrk_(K, columns(lo))  # K += H_c H_cᵀ
         Y = one_hot(b.asarray(np.concatenate(self._y)), classes_seen, xp, dt)
         M, alphas = b.sym_empty(n, dt), []
-        for eta in self.etas:
+        for eta in etas:
             xp.copyto(M, K)
             b.add_diag_(M, eta)
             L = self._cholesky(M, eta, "H Hᵀ")
             alphas.append(b.cho_solve(L, Y))  # (N, C) = (H Hᵀ + ηI)⁻¹Y
-        Ws = [xp.empty((d, classes_seen), dtype=dt) for _ in self.etas]
+        Ws = [xp.empty((d, classes_seen), dtype=dt) for _ in etas]
         for lo in range(0, d, blk):
             Hc = columns(lo)
             for W, alpha in zip(Ws, alphas, strict=True):
@@ -233,13 +246,16 @@ class GramRLS(RidgeRLS):
         Q = self.Q_[:, :classes_seen] - Q_out[:, :classes_seen]
         return self.backend.cho_solve(self._cholesky(M, eta, "G - G_out"), Q)
 
-    def weights(self, classes_seen: int) -> list[np.ndarray]:
-        if self._dual_pays(classes_seen):
+    def weights(
+        self, classes_seen: int, etas: tuple[float, ...] | None = None
+    ) -> list[np.ndarray]:
+        etas = self.etas if etas is None else etas
+        if self._dual_pays(classes_seen, len(etas)):
             self.dual_steps_ += 1
-            return self._dual_weights(classes_seen)
+            return self._dual_weights(classes_seen, etas)
         b, out = self.backend, []
         Q = self.Q_[:, :classes_seen]
-        for eta in self.etas:
+        for eta in etas:
             self.xp.copyto(self._M, self.G_)
             b.add_diag_(self._M, eta)
             L = self._cholesky(self._M, eta, "G")  # (G + ηI) = L Lᵀ
@@ -289,7 +305,11 @@ class WoodburyRLS(RidgeRLS):
             Wk = W[:, :classes_seen]  # new classes: zero columns
             Wk += K @ (Y - H @ Wk)  # W ← W + R_new Hᵀ (Y − H W)
 
-    def weights(self, classes_seen: int) -> list[np.ndarray]:
+    def weights(
+        self, classes_seen: int, etas: tuple[float, ...] | None = None
+    ) -> list[np.ndarray]:
+        # each η's W is updated row by row: no other η can be solved for here
+        assert etas is None or tuple(etas) == self.etas
         return [self.backend.to_host(W[:, :classes_seen]).copy() for W in self.W_]
 
     def export_state(self, classes_seen: int) -> dict[str, np.ndarray]:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -26,15 +29,26 @@ from palcore.errors import PalError
 from palcore.params import Source, load_section
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
-from solver.options import apply_overrides, metavar
+from solver.options import apply_overrides, override_options
 from solver.params import SolveParams
-from solver.rls import Expander, RidgeRLS, make_rls, upsampling_matrix
+from solver.rls import Expander, RidgeRLS, make_expander, make_rls
 from solver.select import EtaSelector
 from solver.shards import StepShards, open_features
 from solver.state import SolverState, StateInfo, check_state, load_state, save_state
 from solver.weights import WeightsInfo, WeightsWriter, weights_name
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Fit:
+    """One chain's fitting machinery: up-sampling, RLS state, η chooser."""
+
+    params: SolveParams
+    backend: Backend
+    expand: Expander
+    rls: RidgeRLS
+    selector: EtaSelector | None  # solve.eta: auto only
 
 
 def solve(
@@ -61,119 +75,24 @@ def solve(
     start_from = load_state(state) if state is not None else None
     first = start_from.info.step + 1 if start_from else 1
     steps = open_features(features_dir, first=first)
-    backend = backend or get_backend(params.device)
     feature_dim = steps[0].feature_dim
-    etas = params.etas
     if start_from is not None:
-        check_state(
-            state,
-            start_from.info,
-            {
-                "method": params.method,
-                "width": params.width,
-                "seed": params.seed,
-                "dtype": params.dtype,
-                "feature_dim": feature_dim,
-                "etas": etas,
-            },
-        )
-    expand = Expander(
-        backend, upsampling_matrix(feature_dim, params.width, params.seed), params.dtype
-    )
-    rls = make_rls(
-        params.method,
-        backend,
-        params.width,
-        etas,
-        max_classes=steps[-1].classes_seen,
-        dtype=params.dtype,
-        expand=expand,
-    )
-    selector = (
-        EtaSelector(
-            backend,
-            params.width,
-            steps[-1].classes_seen,
-            params.dtype,
-            params.eta_grid,
-            params.holdout,
-            params.seed,
-        )
-        if params.is_auto
-        else None
-    )
+        check_state(state, start_from.info, _state_keys(params, feature_dim))
+    fit = _build(params, backend or get_backend(params.device), steps)
     # W_k of the steps before `first`, per η, when the state has them for these η
-    known: list[dict[int, np.ndarray]] = [{} for _ in etas]
+    known: list[dict[int, np.ndarray]] = [{} for _ in params.etas]
     if start_from is not None:
-        rls.import_state(start_from.arrays, start_from.info.n_rows)
-        if start_from.info.etas == etas:
+        fit.rls.import_state(start_from.arrays, start_from.info.n_rows)
+        if start_from.info.etas == params.etas:
             known = start_from.weights
-    out_dir = Path(out_dir)
-    infos = [
-        WeightsInfo(
-            eta=0.0 if params.is_auto else eta,
-            width=params.width,
-            seed=params.seed,
-            feature_dim=feature_dim,
-            method=params.method,
-            dtype=params.dtype,
-        )
-        for eta in etas
-    ]
-    n_rows = sum(s.train.n_rows for s in steps)
-    log.info(
-        "solve: steps %d-%d, %d training rows, D=%d -> d=%d, method %s, eta %s, %s%s",
-        first,
-        steps[-1].step,
-        n_rows,
-        feature_dim,
-        params.width,
-        params.method,
-        "auto" if params.is_auto else ",".join(f"{e:g}" for e in etas),
-        backend.name,
-        f", from the state after step {first - 1} ({state})" if start_from else "",
-    )
+    _log_start(fit, steps, first, state if start_from else None)
     start = time.perf_counter()
     writers: list[WeightsWriter] = []
     try:
-        for info, earlier in zip(infos, known, strict=True):
-            name = weights_name(info.eta, params.is_sweep)
-            writer = WeightsWriter(out_dir / name, info, min(earlier, default=first))
-            for k in sorted(earlier):
-                writer.add_step(k, earlier[k])
-            writers.append(writer)
-        with tqdm(total=n_rows, unit="row", desc="solve", disable=None) as bar:
-            for shards in steps:
-                bar.set_postfix(step=shards.step)
-                if selector is not None:
-                    selector.start_step(shards.step, shards.train.n_rows)
-                for X, y, _, _ in shards.train.iter_chunks(params.batch_rows):
-                    H = expand(X)  # (r, d), freed before the next chunk's
-                    rls.partial_fit(H, backend.asarray(y), shards.classes_seen, X=X)
-                    if selector is not None:
-                        selector.absorb(H, X, y)
-                    del H
-                    bar.update(len(y))
-                chosen = None
-                if selector is not None:
-                    chosen, accs = selector.choose(rls, shards.classes_seen, expand)
-                    rls.etas = (chosen,)
-                    log.info(
-                        "solve: step %d: eta %g (held-out accuracy %s)",
-                        shards.step,
-                        chosen,
-                        ", ".join(
-                            f"{e:g}: {a:.1f}%"
-                            for e, a in zip(params.eta_grid, accs, strict=False)
-                        ),
-                    )
-                for writer, earlier, W in zip(
-                    writers, known, rls.weights(shards.classes_seen), strict=True
-                ):
-                    writer.add_step(shards.step, W, eta=chosen)
-                    earlier[shards.step] = W
+        writers = _open_writers(Path(out_dir), params, feature_dim, known, first)
+        _stream(fit, steps, writers, known)
         if save_state is not None:
-            _save_state(save_state, rls, params, feature_dim, steps[-1], known)
+            _save_state(save_state, fit.rls, params, feature_dim, steps[-1], known)
         paths = [w.commit() for w in writers]
     finally:
         for w in writers:
@@ -184,6 +103,144 @@ def solve(
         time.perf_counter() - start,
     )
     return paths
+
+
+def _state_keys(params: SolveParams, feature_dim: int) -> dict[str, Any]:
+    """What a solver state must have been written with to be continued."""
+    return {
+        "method": params.method,
+        "width": params.width,
+        "seed": params.seed,
+        "dtype": params.dtype,
+        "feature_dim": feature_dim,
+        "etas": params.etas,
+    }
+
+
+def _build(params: SolveParams, backend: Backend, steps: list[StepShards]) -> _Fit:
+    """The up-sampling, the RLS state sized for the last step's classes and,
+    for `eta: auto`, the η chooser."""
+    max_classes = steps[-1].classes_seen
+    expand = make_expander(
+        backend, steps[0].feature_dim, params.width, params.seed, params.dtype
+    )
+    rls = make_rls(
+        params.method,
+        backend,
+        params.width,
+        params.etas,
+        max_classes=max_classes,
+        dtype=params.dtype,
+        expand=expand,
+    )
+    selector = None
+    if params.is_auto:
+        selector = EtaSelector(
+            backend,
+            params.width,
+            max_classes,
+            params.dtype,
+            params.eta_grid,
+            params.holdout,
+            params.seed,
+        )
+    return _Fit(params, backend, expand, rls, selector)
+
+
+def _log_start(
+    fit: _Fit, steps: list[StepShards], first: int, state: str | Path | None
+) -> None:
+    p = fit.params
+    log.info(
+        "solve: steps %d-%d, %d training rows, D=%d -> d=%d, method %s, eta %s, %s%s",
+        first,
+        steps[-1].step,
+        sum(s.train.n_rows for s in steps),
+        steps[0].feature_dim,
+        p.width,
+        p.method,
+        "auto" if p.is_auto else ",".join(f"{e:g}" for e in p.etas),
+        fit.backend.name,
+        f", from the state after step {first - 1} ({state})" if state else "",
+    )
+
+
+def _open_writers(
+    out_dir: Path,
+    params: SolveParams,
+    feature_dim: int,
+    known: list[dict[int, np.ndarray]],
+    first: int,
+) -> list[WeightsWriter]:
+    """One weights writer per η, holding the W_k already `known` for it."""
+    writers = []
+    for eta, earlier in zip(params.etas, known, strict=True):
+        info = WeightsInfo(
+            eta=0.0 if params.is_auto else eta,
+            width=params.width,
+            seed=params.seed,
+            feature_dim=feature_dim,
+            method=params.method,
+            dtype=params.dtype,
+        )
+        name = weights_name(info.eta, params.is_sweep)
+        writer = WeightsWriter(out_dir / name, info, min(earlier, default=first))
+        writers.append(writer)  # discarded by the caller if the next lines fail
+        for k in sorted(earlier):
+            writer.add_step(k, earlier[k])
+    return writers
+
+
+def _stream(
+    fit: _Fit,
+    steps: list[StepShards],
+    writers: list[WeightsWriter],
+    known: list[dict[int, np.ndarray]],
+) -> None:
+    """Absorb every step's training rows chunk by chunk; after each step,
+    solve W_k (for the chosen η with `auto`) and add it to each writer."""
+    n_rows = sum(s.train.n_rows for s in steps)
+    with tqdm(total=n_rows, unit="row", desc="solve", disable=None) as bar:
+        for shards in steps:
+            bar.set_postfix(step=shards.step)
+            _absorb_step(fit, shards, bar)
+            chosen = _choose_eta(fit, shards)
+            etas = None if chosen is None else (chosen,)
+            Ws = fit.rls.weights(shards.classes_seen, etas=etas)
+            for writer, earlier, W in zip(writers, known, Ws, strict=True):
+                writer.add_step(shards.step, W, eta=chosen)
+                earlier[shards.step] = W
+
+
+def _absorb_step(fit: _Fit, shards: StepShards, bar: tqdm) -> None:
+    """Stream one step's training rows into the RLS state (and the chooser's
+    held-out statistics)."""
+    if fit.selector is not None:
+        fit.selector.start_step(shards.step, shards.train.n_rows)
+    for X, y, _, _ in shards.train.iter_chunks(fit.params.batch_rows):
+        H = fit.expand(X)  # (r, d), freed before the next chunk's
+        fit.rls.partial_fit(H, fit.backend.asarray(y), shards.classes_seen, X=X)
+        if fit.selector is not None:
+            fit.selector.absorb(H, X, y)
+        del H
+        bar.update(len(y))
+
+
+def _choose_eta(fit: _Fit, shards: StepShards) -> float | None:
+    """`eta: auto`: the η of the grid best on this step's held-out rows;
+    None otherwise (every η of `solve.eta` is solved)."""
+    if fit.selector is None:
+        return None
+    chosen, accs = fit.selector.choose(fit.rls, shards.classes_seen, fit.expand)
+    log.info(
+        "solve: step %d: eta %g (held-out accuracy %s)",
+        shards.step,
+        chosen,
+        ", ".join(
+            f"{e:g}: {a:.1f}%" for e, a in zip(fit.params.eta_grid, accs, strict=False)
+        ),
+    )
+    return chosen
 
 
 def _save_state(
@@ -209,6 +266,37 @@ def _save_state(
     log.info("solve: wrote the solver state after step %d to %s", last.step, path)
 
 
+def solve_pipeline(
+    params_file: Source,
+    pipeline: str,
+    features: str | Path,
+    out: str | Path,
+    overrides: Mapping[str, str | None] | None = None,
+) -> list[Path]:
+    """`solve` for every (variant, run) chain of `pipeline`, on one backend:
+    `features/<v>/<r>` into `out/<v>/<r>`. `overrides`: the CLI's option
+    strings over each chain's `solve:` section. Every chain's params and
+    shards are checked before the first is fitted."""
+    todo = [
+        (
+            chain,
+            apply_overrides(
+                load_section(src, "solve", SolveParams), **(overrides or {})
+            ),
+        )
+        for src, chain in chains(params_file, pipeline)
+    ]
+    check_chain_steps(params_file, pipeline, features)
+    backend = get_backend(todo[0][1].device)
+    paths = []
+    for chain, params in todo:
+        log.info("solve: chain %s", chain)
+        paths += solve(
+            Path(features) / chain, Path(out) / chain, params, backend=backend
+        )
+    return paths
+
+
 @click.command("solve")
 @folder_option(
     "features", "data/extract", "Features folder: step_01/train.h5, test.h5, …"
@@ -216,40 +304,7 @@ def _save_state(
 @folder_option(
     "out", "data/solve", "Output folder for weights.h5 (weights-eta<η>.h5 for a sweep)."
 )
-@click.option(
-    "--eta",
-    metavar="X[,X…]|auto",
-    help="Ridge regulariser η > 0 [solve.eta]. Several comma-separated "
-    "values run a sweep: one pass over the shards, one weights file "
-    "per η, named weights-eta<η>.h5. auto: per step, the η of "
-    "solve.eta_grid most accurate on held-out rows of the current task.",
-)
-@click.option("--width", metavar="N", help="Up-sampling width d > 0 [solve.width].")
-@click.option(
-    "--seed", metavar="N", help="Seed of the up-sampling matrix [solve.seed]."
-)
-@click.option(
-    "--method",
-    metavar=metavar("method"),
-    help="gram: G += HᵀH, Cholesky per step (fast); woodbury: the paper's "
-    "RLS update per batch [solve.method].",
-)
-@click.option(
-    "--device",
-    metavar=metavar("device"),
-    help="cpu: NumPy/SciPy; cuda: CuPy; auto: CuPy when a GPU passes a "
-    "smoke test, else NumPy [solve.device].",
-)
-@click.option(
-    "--dtype",
-    metavar=metavar("dtype"),
-    help="Accumulation and solve precision [solve.dtype].",
-)
-@click.option(
-    "--batch-rows",
-    metavar="N",
-    help="Rows per streamed chunk and per Woodbury update [solve.batch_rows].",
-)
+@override_options
 @file_option(
     "state",
     None,
@@ -293,13 +348,4 @@ def cli(
         return
     if state is not None or save_state is not None:
         raise PalError("--pipeline does not combine with --state or --save-state")
-    todo = [
-        (chain, apply_overrides(load_section(src, "solve", SolveParams), **overrides))
-        for src, chain in chains(params_file, pipeline)
-    ]  # every chain's params checked before the first is fitted
-    # and every chain's shards, with all its steps
-    check_chain_steps(params_file, pipeline, features)
-    backend = get_backend(todo[0][1].device)
-    for chain, params in todo:
-        log.info("solve: chain %s", chain)
-        solve(Path(features) / chain, Path(out) / chain, params, backend=backend)
+    solve_pipeline(params_file, pipeline, features, out, overrides)

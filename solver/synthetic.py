@@ -93,18 +93,26 @@ def make_features(
                 [f"s{step:02d}-test-{j:06d}" for j in range(test_rows)],
             )
         )
-        blocks = {}
-        for task, block in enumerate(tests, start=1):
-            logits = None
-            if bp_logits:
-                margin = 3.0 / (1 + step - task)  # older tasks: smaller margin
-                logits = rng.standard_normal((len(block.labels), seen)).astype(
-                    np.float32
-                )
-                logits[np.arange(len(block.labels)), block.labels] += margin
-            blocks[task] = Block(
-                block.features, block.labels, block.missing, block.sample_ids, logits
-            )
-        write_test(out_dir / step_dir_name(step) / "test.h5", blocks, attrs)
+        blocks = _with_logits(rng, tests, step, seen) if bp_logits else tests
+        write_test(
+            out_dir / step_dir_name(step) / "test.h5", dict(enumerate(blocks, 1)), attrs
+        )
         first = seen
     return out_dir
+
+
+def _with_logits(
+    rng: np.random.Generator, tests: list[Block], step: int, seen: int
+) -> list[Block]:
+    """The test blocks of tasks 1..step with BP logits (n, seen) float32 that
+    favour the true class, less so for older tasks."""
+    out = []
+    for task, block in enumerate(tests, start=1):
+        margin = 3.0 / (1 + step - task)  # older tasks: smaller margin
+        n = len(block.labels)
+        logits = rng.standard_normal((n, seen)).astype(np.float32)
+        logits[np.arange(n), block.labels] += margin
+        out.append(
+            Block(block.features, block.labels, block.missing, block.sample_ids, logits)
+        )
+    return out

@@ -42,7 +42,7 @@ def tiny_prepare(tmp_path_factory) -> Path:
 def tuned(tmp_path_factory, tiny_vilt, tiny_prepare):
     """(params file, prepare folder, tune folder) of one complete `tune` run."""
     from pipeline import params as pparams
-    from pipeline.tune import tune
+    from pipeline.stages.tune import tune
 
     folder = tmp_path_factory.mktemp("tuned")
     params = write_params(folder / "params.yaml", tiny_vilt)

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from pipeline import params as pparams
 from pipeline.cli import main as pal
-from pipeline.extract import extract
+from pipeline.stages.extract import extract
 from solver.cli import main as pal_solver
 
 D = 12  # synthetic feature width
@@ -93,7 +93,7 @@ def dead_pid() -> int:
 
 def interrupted_extract(scene: Scene, out: Path) -> None:
     """`pal extract` stopped when it reaches step 3 (steps 1-2 finished)."""
-    import pipeline.extract as module
+    import pipeline.stages.extract as module
 
     params, prepare, tune_dir = scene.tuned
     real = module._extract_step
@@ -110,7 +110,7 @@ def interrupted_extract(scene: Scene, out: Path) -> None:
 
 def interrupted_tune(scene: Scene, out: Path) -> None:
     """`pal tune` stopped when it reaches task 3 (steps 1-2 finished)."""
-    import pipeline.tune as module
+    import pipeline.stages.tune as module
 
     params, prepare, _ = scene.tuned
     real = module.train_task

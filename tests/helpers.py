@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pipeline.fakes import WORDS, make_hub_vilt, tiny_config  # noqa: F401
+from pipeline.fakes.trees import WORDS, make_hub_vilt, tiny_config  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -184,7 +184,7 @@ def make_model(backbone, tasks, steps: int = 1, **prompt):
     first `steps` tasks added."""
     import torch
 
-    from pipeline.model import PalModel
+    from pipeline.model.network import PalModel
     from pipeline.params import PromptParams
 
     params = {**PROMPT, "layers": tuple(PROMPT["layers"]), **prompt}

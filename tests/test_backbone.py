@@ -8,8 +8,8 @@ import torch
 from helpers import make_vilt
 from PIL import Image
 
-from pipeline import vision
-from pipeline.backbone import BackboneError, LayerPrompt, load_backbone
+from pipeline.model import vision
+from pipeline.model.backbone import BackboneError, LayerPrompt, load_backbone
 
 
 def _inputs(backbone, texts, sizes):

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers import committed
 
 from pipeline.cli import main
-from pipeline.fakes import make_food101_tree, make_hub_vilt
+from pipeline.fakes.trees import make_food101_tree, make_hub_vilt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_every_mistake_is_one_line(project):
     assert r.stderr.splitlines() == [
         "Error: params.yaml: unknown section 'protocl' (did you mean 'protocol'?)",
         "Error: params.yaml: unknown key 'tune.epoch' (did you mean 'tune.epochs'?)",
-        "Error: params.yaml: solve.eta must be > 0, got -1.0",
+        "Error: params.yaml: solve.eta must be > 0 and finite, got -1.0",
         "Error: params.yaml: missing section 'protocol'",
         "Error: params.yaml: 'protocol.vary' is missing (dvc.yaml declares it)",
         "Error: params.yaml: 'tune.epochs' is missing (dvc.yaml declares it)",

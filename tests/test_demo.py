@@ -13,9 +13,9 @@ import yaml
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from pipeline.demo import data as demo_data
-from pipeline.demo import stage as demo
+from pipeline.fakes import demo_data as demo_data
 from pipeline.params import DemoParams
+from pipeline.stages import demo
 
 SMALL = {
     "seed": 0,

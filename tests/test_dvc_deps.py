@@ -3,7 +3,7 @@
 Code, an import-boundary check: a stage's command (`pal tune`) names its
 module through the command group's table (`pipeline.cli.COMMANDS`); the
 stage's code is that module and every project module it imports, transitively
-(`pipeline.resume.code_closure`, the same closure the resume signature
+(`pipeline.stages.resume.code_closure`, the same closure the resume signature
 hashes). Every file of it must lie under a code dep of the stage (a file, or a
 folder such as `palcore` or `solver` declared whole), and every declared file,
 and at least one file of every declared folder, must be imported: no
@@ -36,7 +36,7 @@ from helpers import committed_params
 from palcore.params import ProtocolParams, outcome_keys
 from pipeline import cli as pipeline_cli
 from pipeline.params import SECTIONS
-from pipeline.resume import ROOT, code_closure, imported_modules
+from pipeline.stages.resume import ROOT, code_closure, imported_modules
 from solver import cli as solver_cli
 from solver.params import EvaluateParams, SolveParams
 
@@ -51,7 +51,7 @@ CODE = ("palcore", "pipeline/", "solver")
 
 
 def stage_module(cmd: str) -> str:
-    """`pal tune --x` → `pipeline.tune`."""
+    """`pal tune --x` → `pipeline.stages.tune`."""
     group, command = cmd.split()[:2]
     return GROUPS[group][command][0].split(":")[0]
 
@@ -188,11 +188,11 @@ def test_command_groups_only_dispatch(group: str) -> None:
 
 
 def test_an_undeclared_import_is_caught(tmp_path: Path) -> None:
-    """A copy of the code where pipeline.demo.stage imports solver.synthetic inside a
+    """A copy of the code where pipeline.stages.demo imports solver.synthetic inside a
     function: the demo stage's deps no longer match."""
     for package in ("palcore", "pipeline", "solver"):
         shutil.copytree(ROOT / package, tmp_path / package)
-    demo = tmp_path / "pipeline" / "demo" / "stage.py"
+    demo = tmp_path / "pipeline" / "stages" / "demo.py"
     demo.write_text(
         demo.read_text() + "\n\ndef _extra() -> None:\n    import solver.synthetic\n"
     )
@@ -220,9 +220,9 @@ def test_an_undeclared_params_section_is_caught() -> None:
 
 def test_closure_follows_imports_inside_functions_and_packages() -> None:
     closure = {
-        p.relative_to(ROOT).as_posix() for p in code_closure("pipeline.demo.stage")
+        p.relative_to(ROOT).as_posix() for p in code_closure("pipeline.stages.demo")
     }
-    assert "pipeline/demo/model.py" in closure  # imported inside write_backbone
+    assert "pipeline/fakes/demo_model.py" in closure  # imported inside write_backbone
     assert {"pipeline/__init__.py", "palcore/__init__.py"} <= closure
     assert not any(p.startswith("solver/") for p in closure)  # torch-free solver apart
 
@@ -274,7 +274,7 @@ def test_a_variant_is_added_in_two_edits_of_params(
         in (stages["tune@long-0"]["cmd"])
     )
     assert STAGES["solve"] == stages["solve"]  # reads the list from params
-    from palcore.params import pipeline_variants, variant_label
+    from palcore.variants import pipeline_variants, variant_label
 
     assert pipeline_variants(tmp_path / "params.yaml", "main")[-1] == "long"
     label = variant_label(tmp_path / "params.yaml", "long")

@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline import params as pparams
-from pipeline.checkpoint import checkpoint_path
-from pipeline.extract import cli, extract, parse_steps
-from pipeline.samples import read_prepare, select
+from pipeline.data.samples import read_prepare, select
+from pipeline.model.checkpoint import checkpoint_path
+from pipeline.stages.extract import cli, extract, parse_steps
 from solver.shards import open_features
 
 
@@ -80,7 +80,7 @@ def test_same_checkpoint_same_bytes(extracted, tuned, tmp_path):
 
 def _extract_interrupted(monkeypatch, params, prepare, tune_dir, out, at):
     """An extract run that stops (KeyboardInterrupt) when it reaches step `at`."""
-    import pipeline.extract as extract_module
+    import pipeline.stages.extract as extract_module
 
     real = extract_module._extract_step
 
@@ -109,7 +109,7 @@ def test_interrupted_run_resumes_to_the_same_bytes(
         "step_02/test.h5",
         "step_02/train.h5",
     ]
-    with caplog.at_level("INFO", logger="pipeline.extract"):
+    with caplog.at_level("INFO", logger="pipeline.stages.extract"):
         extract(prepare, tune_dir, out, pparams.load(params, "extract"))
     assert (
         "reused steps 1,2 of an interrupted run with the same code, params and "
@@ -291,9 +291,9 @@ def test_a_model_without_prompts_embeds_each_test_set_once(
     import h5py
     from helpers import write_params
 
-    from pipeline.backbone import load_backbone
-    from pipeline.checkpoint import load_checkpoint, model_from_checkpoint
-    from pipeline.tune import tune
+    from pipeline.model.backbone import load_backbone
+    from pipeline.model.checkpoint import load_checkpoint, model_from_checkpoint
+    from pipeline.stages.tune import tune
 
     params = write_params(
         tmp_path / "p.yaml", tiny_vilt, prompt={"enabled": False}, tune={"epochs": 0}

@@ -50,7 +50,7 @@ from fault_scenes import (
 )
 
 from pipeline import params as pparams
-from pipeline.extract import extract
+from pipeline.stages.extract import extract
 from solver.synthetic import make_features
 
 

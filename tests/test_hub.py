@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.fakes import make_food101_tree, make_hub_vilt
+from pipeline.fakes.trees import make_food101_tree, make_hub_vilt
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -56,7 +56,7 @@ def test_link_makes_a_folder_of_the_cached_snapshot(tmp_path: Path) -> None:
         p.name for p in snapshot.iterdir()
     )
     assert (
-        "INFO pipeline.hub: backbone: models/vilt -> snapshot 0123abcd of "
+        "INFO pipeline.stages.hub: backbone: models/vilt -> snapshot 0123abcd of "
         f"{HUB_ID}; set model.backbone: models/vilt"
     ) in r.stderr.splitlines()
     # a newer snapshot: the link moves to it

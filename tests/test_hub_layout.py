@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from helpers import PROMPT, make_hub_vilt
 from PIL import Image
 
-from pipeline.backbone import backbone_folder, load_backbone
-from pipeline.extract import cli as extract_cli
-from pipeline.prepare import cli as prepare_cli
-from pipeline.tune import cli as tune_cli
+from pipeline.model.backbone import backbone_folder, load_backbone
+from pipeline.stages.extract import cli as extract_cli
+from pipeline.stages.prepare import cli as prepare_cli
+from pipeline.stages.tune import cli as tune_cli
 from solver.evaluate import evaluate
 from solver.params import SolveParams
 from solver.solve import solve
@@ -120,7 +120,7 @@ def test_hub_id_resolves_offline_from_the_hf_cache(tmp_path):
     (cache / "models--dandelin--vilt-b32-mlm" / "refs").mkdir()
     (cache / "models--dandelin--vilt-b32-mlm" / "refs" / "main").write_text("0123abcd")
     code = (
-        "from pipeline.backbone import backbone_folder, load_backbone; "
+        "from pipeline.model.backbone import backbone_folder, load_backbone; "
         "b = load_backbone('dandelin/vilt-b32-mlm', 40); "
         "print(b.hidden_size, backbone_folder('dandelin/vilt-b32-mlm'))"
     )

@@ -10,9 +10,9 @@ import pytest
 from helpers import make_hub_vilt
 from PIL import Image
 
-from pipeline.backbone import load_backbone
-from pipeline.loader import SampleDataset, WaitClock, vilt_pixels
-from pipeline.samples import Sample
+from pipeline.data.loader import SampleDataset, WaitClock, vilt_pixels
+from pipeline.data.samples import Sample
+from pipeline.model.backbone import load_backbone
 
 
 def _photo(size: tuple[int, int], seed: int = 0) -> Image.Image:

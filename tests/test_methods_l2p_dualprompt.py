@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from palcore.errors import ParamsError
-from pipeline.backbone import load_backbone
-from pipeline.loader import SampleDataset, make_loader
+from pipeline.model.backbone import load_backbone
+from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.methods.dualprompt import DualPromptPrompts
 from pipeline.methods.l2p import L2PPrompts
-from pipeline.model import TaskHead
-from pipeline.samples import read_prepare, select
-from pipeline.vision import batch_inputs
+from pipeline.model.network import TaskHead
+from pipeline.data.samples import read_prepare, select
+from pipeline.model.vision import batch_inputs
 
 EYE = torch.eye(4)
 

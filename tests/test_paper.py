@@ -19,8 +19,9 @@ import yaml
 from helpers import committed, committed_params, pal_paper
 
 from palpaper.cli import tunings
+from palpaper.collect import labelled
 from palpaper.grids import RESULTS, Cell, make_cell
-from palpaper.render import build, cell
+from palpaper.render import build, cell, row_name
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -77,7 +78,17 @@ def metrics(acc: float, runs: list[int]) -> dict:
         "acc_by_task": {"first": stat(acc - 2, std), "later": stat(acc + 2, std)},
         "step_accuracy": [stat(acc + 10, std), stat(acc, std)],
     }
-    return {"runs": runs, "vary": [], "pal": row, "bp": row, "frozen": row, "init": row}
+    # each row's label and paper name, as the report writes them from params
+    names = {
+        "pal": {"label": "PAL (prompts + AL)", "paper": "PAL"},
+        "bp": {"label": "w/o AL module (BP head)", "paper": "w/o AL module"},
+        "frozen": {
+            "label": "w/o prompt module (ACIL on frozen features)",
+            "paper": {"missing": "ACIL", "ablation": "w/o prompt module"},
+        },
+        "init": {"label": "prompts at init, never trained + AL"},
+    }
+    return {"runs": runs, "vary": [], **{k: {**row, **v} for k, v in names.items()}}
 
 
 def test_cells_with_the_papers_numbers_beside() -> None:
@@ -126,10 +137,10 @@ def test_tables_1_2_in_the_papers_layout() -> None:
         "60.00 ± 1.50 (83.50) | 60.00 ± 1.50 (76.80) |"
     )
     assert lines[4].endswith("| 60.00 ± 1.50 (69.69) |")
-    assert lines[5].startswith(
-        "| Acc | w/o prompt module (ACIL) | 60.00 ± 1.50 (78.62) |"
-    )
-    assert lines[6].startswith("| Acc | w/o AL module (BP head) | 60.00 ± 1.50 |")
+    # each row by its paper name for this table (params `paper`), else its label
+    assert lines[5].startswith("| Acc | ACIL | 60.00 ± 1.50 (78.62) |")
+    assert lines[6].startswith("| Acc | w/o AL module | 60.00 ± 1.50 |")
+    assert lines[7].startswith("| Acc | prompts at init, never trained + AL | 60.00")
     assert lines[8].endswith("| 6.00 ± 1.50 (5.32) |")  # FG, PAL, 90 % both
     assert len(lines) == 4 + 2 * len(r.rows)
 
@@ -150,7 +161,7 @@ def test_the_demo_says_there_is_nothing_to_compare() -> None:
         "| Method | first task (stability) | later tasks (plasticity) |",
         "|---|---|---|",
         "| PAL | 48.00 | 52.00 |",
-        "| w/o AL module (BP head) | 48.00 | 52.00 |",
+        "| w/o AL module | 48.00 | 52.00 |",
     ]
 
 
@@ -394,7 +405,7 @@ def test_run_checks_every_cell_before_queuing_anything(
 ) -> None:
     """A committed typo stops `pal-paper run` at once in one line; so does a
     cell whose params the backbone cannot take, each line naming its cell."""
-    from pipeline.fakes import make_hub_vilt
+    from pipeline.fakes.trees import make_hub_vilt
 
     repo, _ = project
     text = (repo / "params.yaml").read_text()
@@ -556,3 +567,35 @@ def test_collect_names_the_rev_the_cells_ran_on(project: tuple[Path, str]) -> No
     md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
     assert "Partial: 1 cell not run yet (marked –)." in md[0]
     assert md[8] == "| 1365 (20k), η 1 | – | – |"
+
+
+def test_rows_are_named_from_the_cells_metrics_or_else_the_params() -> None:
+    """A row's name comes from its cell's metrics.json (the report writes each
+    row's label and paper name there from params); a cell run before that
+    gets them from the params' ablation rows, the BP row from pal's `bp`."""
+    r = RESULTS["ablation"]
+    (col,) = r.columns(PARAMS, [0])
+    old = {
+        k: {key: v for key, v in row.items() if key not in ("label", "paper")}
+        for k, row in metrics(50.0, [0]).items()
+        if isinstance(row, dict)
+    }
+    old |= {"runs": [0], "vary": [], "shared": old["pal"], "vector": old["pal"]}
+    filled = labelled(old, PARAMS)
+    rows = PARAMS["ablation"]
+    assert filled["pal"]["label"] == rows["pal"]["label"]
+    assert filled["bp"]["label"] == rows["pal"]["bp"]["label"]
+    assert filled["frozen"]["paper"] == rows["frozen"]["paper"]
+    assert "paper" not in filled["init"]
+    md = build(r, [col], {col.key: filled}, "demo", "x").markdown().splitlines()
+    assert [line.split(" | ")[0] for line in md[4:]] == [
+        "| PAL",
+        "| w/o prompt module",
+        "| w/o AL module",
+        "| w/ single prompt pool",
+        "| w/ prompt vector",
+    ]
+    # a label without a paper name is shown as it is; no label: the row's key
+    data = {col.key: {"pal": {"label": "the PAL row"}, "bp": {}}}
+    assert row_name(data, "pal", "ablation") == "the PAL row"
+    assert row_name(data, "bp", "ablation") == "bp"

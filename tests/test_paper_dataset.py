@@ -16,7 +16,7 @@ import yaml
 from scratch_project import BIN, scratch_env
 
 from palpaper.grids import RESULTS
-from pipeline.fakes import make_food101_tree, make_hub_vilt
+from pipeline.fakes.trees import make_food101_tree, make_hub_vilt
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -37,8 +37,8 @@ def test_unknown_key_names_section_and_key(tmp_path):
 @pytest.mark.parametrize(
     "body, match",
     [
-        ("eta: 0", r"solve\.eta must be > 0, got 0\.0"),
-        ("eta: -1", r"solve\.eta must be > 0"),
+        ("eta: 0", r"solve\.eta must be > 0 and finite, got 0\.0"),
+        ("eta: -1", r"solve\.eta must be > 0 and finite"),
         ("eta: abc", r"solve\.eta must be a number, got 'abc'"),
         ("width: 0", r"solve\.width must be > 0, got 0"),
         ("width: 1.5", r"solve\.width must be an integer, got 1\.5"),

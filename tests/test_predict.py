@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline import params as pparams
-from pipeline.extract import extract
-from pipeline.predict import cli, predict
-from pipeline.samples import read_prepare
+from pipeline.data.samples import read_prepare
+from pipeline.stages.extract import extract
+from pipeline.stages.predict import cli, predict
 from solver.evaluate import evaluate
 from solver.params import SolveParams
 from solver.solve import solve
@@ -156,7 +156,7 @@ def test_errors_are_one_line(solved, tmp_path):
 def test_rows_are_numbered_from_one_in_both_formats(tmp_path):
     """A CSV row may span lines (a quoted line break); its header and blank
     JSONL lines are no rows."""
-    from pipeline.predict import read_rows
+    from pipeline.stages.predict import read_rows
 
     path = tmp_path / "in.csv"
     path.write_text('image,text\n,"two\nlines"\n,third\n')
@@ -174,7 +174,7 @@ def test_rows_are_numbered_from_one_in_both_formats(tmp_path):
 
 
 def test_input_that_is_not_utf8_is_one_line(tmp_path):
-    from pipeline.predict import read_rows
+    from pipeline.stages.predict import read_rows
 
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"text": "caf\xe9"}\n')
@@ -200,7 +200,7 @@ def test_hostile_rows_are_refused_per_row_and_the_others_predicted(
     rows[2]["image"] = "../" + rows[2]["image"]
     rows[3]["image"] = "gone.png"
     path = _jsonl(outside / "in.jsonl", rows)
-    with caplog.at_level("WARNING", logger="pipeline.predict"):
+    with caplog.at_level("WARNING", logger="pipeline.stages.predict"):
         preds, summary = predict(path, tune_dir, weights)
     assert summary["errors"] == 3 and [p["row"] for p in preds] == [1, 2, 3, 4, 5]
     assert preds[0]["error"] == "text holds \\udcff at character 4, not valid Unicode"

@@ -394,7 +394,7 @@ def test_prepare_does_not_import_torch(tmp_path, food_a):
     code = (
         "import sys\n"
         "from pipeline.params import load\n"
-        "from pipeline.prepare import prepare, write_outputs\n"
+        "from pipeline.stages.prepare import prepare, write_outputs\n"
         f"rows, doc = prepare(load({str(params)!r}, 'data'))\n"
         f"write_outputs(rows, doc, {str(tmp_path / 'out')!r})\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
@@ -439,7 +439,10 @@ def test_sample_lacking_both_modalities_is_dropped_and_reported(tmp_path):
 def test_prepare_and_the_samples_contract_never_import_torch():
     """The data layer's contract (samples.jsonl, tasks.json, Batch) and the
     prepare stage load without torch: `pal prepare` runs on a machine without it."""
-    assert heavy_modules_after("import pipeline.samples, pipeline.prepare") == []
+    assert (
+        heavy_modules_after("import pipeline.data.samples, pipeline.stages.prepare")
+        == []
+    )
 
 
 def test_a_copy_of_the_data_elsewhere_gives_the_same_bytes(tmp_path, food_a):

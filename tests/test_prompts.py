@@ -5,8 +5,13 @@ import torch
 import torch.nn.functional as F
 
 from palcore.errors import ParamsError
+from pipeline.model.prompts import (
+    PromptPool,
+    Prompts,
+    check_prompt_params,
+    orthogonal_rows,
+)
 from pipeline.params import PromptParams
-from pipeline.prompts import PromptPool, Prompts, check_prompt_params, orthogonal_rows
 
 
 def test_orthogonal_rows_against_non_orthogonal_earlier_rows():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from palcore.errors import ParamsError
-from pipeline import protocol
+from pipeline.data import protocol
 
 
 def test_class_order_is_a_seeded_permutation_of_the_sorted_names():

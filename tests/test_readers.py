@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.datasets import DatasetError, FileIndex, read_dataset
-from pipeline.datasets.food101 import class_of_file
-from pipeline.datasets.n24news import text_fields
-from pipeline.fakes import tiny_jpeg
+from pipeline.data.datasets import DatasetError, FileIndex, read_dataset
+from pipeline.data.datasets.food101 import class_of_file
+from pipeline.data.datasets.n24news import text_fields
+from pipeline.fakes.trees import tiny_jpeg
 from pipeline.params import DataParams
 
 N_FOOD = 101

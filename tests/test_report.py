@@ -10,7 +10,8 @@ import yaml
 from click.testing import CliRunner
 
 from palcore.errors import ParamsError
-from palcore.params import ProtocolParams, Source, load_section, pipeline_variants
+from palcore.params import ProtocolParams, Source, load_section
+from palcore.variants import VariantRow, pipeline_variants
 from solver.cli import main
 from solver.params import SolveParams
 from solver.report import ReportError, build, mean_std, table_md, write_report
@@ -46,6 +47,20 @@ def write_runs(root: Path, variant: str, accs: list[float], with_bp=False) -> No
         (folder / "metrics.json").write_text(json.dumps(metrics(acc, bp=bp)))
 
 
+# the params rows of the reported variants: PAL's declares its BP head's row
+ROWS = {
+    "pal": VariantRow(
+        "PAL (prompts + AL)",
+        {},
+        paper="PAL",
+        bp=VariantRow("w/o AL module (BP head)", {}, paper="w/o AL module"),
+    ),
+    "frozen": VariantRow(
+        "w/o prompt module", {}, paper={"missing": "ACIL", "ablation": "w/o prompt"}
+    ),
+}
+
+
 @pytest.fixture
 def evaluations(tmp_path: Path) -> Path:
     root = tmp_path / "evaluate"
@@ -60,7 +75,7 @@ def test_mean_and_sample_std_in_closed_form() -> None:
 
 
 def test_report_rows_means_and_stds(evaluations: Path) -> None:
-    report = build(evaluations, ["pal", "frozen"], ProtocolParams(runs=(0, 1, 2)))
+    report = build(evaluations, ["pal", "frozen"], ProtocolParams(runs=(0, 1, 2)), ROWS)
     assert list(report["rows"]) == ["pal", "bp", "frozen"]  # bp: PAL's BP head
     pal, bp, frozen = (report["rows"][k] for k in ("pal", "bp", "frozen"))
     assert pal["acc"] == {
@@ -86,10 +101,7 @@ def test_report_rows_means_and_stds(evaluations: Path) -> None:
 
 
 def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
-    labels = {"pal": "PAL (prompts + AL)", "frozen": "w/o prompt module"}
-    report = build(
-        evaluations, ["pal", "frozen"], ProtocolParams(runs=(0, 1, 2)), labels
-    )
+    report = build(evaluations, ["pal", "frozen"], ProtocolParams(runs=(0, 1, 2)), ROWS)
     out = tmp_path / "results"
     write_report(out, report)
     assert sorted(p.name for p in out.iterdir()) == [
@@ -122,6 +134,12 @@ def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
     )
     m = json.loads((out / "metrics.json").read_text())
     assert m["runs"] == [0, 1, 2] and m["pal"]["acc"]["mean"] == 63.0
+    # each row's label, and its paper name where params give one
+    assert {r: (m[r]["label"], m[r].get("paper")) for r in ("pal", "bp", "frozen")} == {
+        "pal": ("PAL (prompts + AL)", "PAL"),
+        "bp": ("w/o AL module (BP head)", "w/o AL module"),
+        "frozen": ("w/o prompt module", {"missing": "ACIL", "ablation": "w/o prompt"}),
+    }
     first = {p.name: p.read_bytes() for p in out.iterdir()}
     write_report(out, report)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first  # same bytes
@@ -146,6 +164,7 @@ def test_cli_writes_the_report_and_names_a_missing_run(
 ) -> None:
     params = tmp_path / "params.yaml"
     rows = {v: {"label": f"the {v} row", "changes": {}} for v in ("pal", "frozen")}
+    rows["pal"]["bp"] = {"label": "the BP head's row"}
     params.write_text(
         yaml.safe_dump({"protocol": {"runs": [0, 1, 2, 3]}, "ablation": rows})
     )
@@ -162,12 +181,56 @@ def test_cli_writes_the_report_and_names_a_missing_run(
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     table = (tmp_path / "out" / "table.md").read_text().splitlines()
-    # labels from params, the BP head's own
+    # every label from params, the BP head's from ablation.pal.bp
     assert [row.split(" | ")[0] for row in table[4:]] == [
         "| the pal row",
-        "| w/o AL module (BP head)",
+        "| the BP head's row",
         "| the frozen row",
     ]
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert [m[r]["label"] for r in ("pal", "bp", "frozen")] == [
+        "the pal row",
+        "the BP head's row",
+        "the frozen row",
+    ]
+    assert "paper" not in m["pal"]  # absent from params: absent here
+
+
+def test_a_row_of_head_bp_reports_its_bp_metrics(
+    evaluations: Path, tmp_path: Path
+) -> None:
+    """`head: bp`: the variant's row holds the BP metrics evaluate wrote for
+    it, as PAL's own `bp` row does from the same runs."""
+    protocol = ProtocolParams(runs=(0, 1, 2))
+    rows = {**ROWS, "init": VariantRow("BP baseline", {}, paper="MAP", head="bp")}
+    write_runs(evaluations, "init", [60.0, 62.0, 67.0], with_bp=True)
+    report = build(evaluations, ["pal", "init"], protocol, rows)
+    assert list(report["rows"]) == ["pal", "bp", "init"]
+    assert report["rows"]["init"] == report["rows"]["bp"]  # the same BP runs
+    assert report["rows"]["init"]["acc"] == {
+        "mean": 31.5,
+        "std": round(math.sqrt(13) / 2, 6),
+        "runs": [30.0, 31.0, 33.5],
+    }
+    assert report["labels"]["init"] == "BP baseline"
+    assert report["paper"]["init"] == "MAP"
+    with pytest.raises(
+        ReportError,
+        match=r"^variant frozen reports its BP head \(head: bp\), but run 0's "
+        r"metrics hold no bp \(its test shards have no bp_logits\)$",
+    ):
+        build(evaluations, ["frozen"], protocol, {"frozen": rows["init"]})
+
+
+def test_two_rows_of_bp_are_refused(evaluations: Path) -> None:
+    write_runs(evaluations, "init", [60.0, 62.0, 67.0], with_bp=True)
+    rows = {**ROWS, "init": ROWS["pal"]}
+    with pytest.raises(
+        ReportError,
+        match=r"^two variants' params rows hold bp, the row 'bp': "
+        r"pal and init$",
+    ):
+        build(evaluations, ["pal", "init"], ProtocolParams(runs=(0, 1, 2)), rows)
 
 
 # ------------------------------------------------ runs and variants of params
@@ -249,6 +312,20 @@ def test_bad_run_params_are_one_line(tmp_path: Path) -> None:
     rows = (
         ([1, 2], "ablation.bad must hold a label and the changes it makes: "
                  "{label: TEXT, changes: {section: {key: value}}}"),
+        ({"label": "b", "changes": {}, "lable": "c"},
+         "ablation.bad.lable: unknown key (did you mean 'label'?)"),
+        ({"label": "b", "changes": {}, "head": "ridge"},
+         "ablation.bad.head must be one of analytic, bp, got 'ridge'"),
+        ({"label": "b", "changes": {}, "paper": ""},
+         "ablation.bad.paper must be a text, got ''"),
+        ({"label": "b", "changes": {}, "paper": [1]},
+         "ablation.bad.paper must be a text or map result ids to texts, got [1]"),
+        ({"label": "b", "changes": {}, "paper": {"ablation": 3}},
+         "ablation.bad.paper.ablation must be a text, got 3"),
+        ({"label": "b", "changes": {}, "bp": {"paper": "x"}},
+         "ablation.bad.bp must hold a label: {label: TEXT, paper: TEXT}"),
+        ({"label": "b", "changes": {}, "bp": {"label": "x", "head": "bp"}},
+         "ablation.bad.bp.head: unknown key (known: label, paper)"),
         ({"label": "", "changes": {}}, "ablation.bad.label must be a text, got ''"),
         ({"label": "b", "changes": [1]},
          "ablation.bad.changes must map sections to the keys it changes"),

@@ -206,8 +206,12 @@ def test_eta_labels_are_exact_and_short():
 def test_solve_params_eta_list_and_errors():
     assert params(eta=(0.1, 1.0)).etas == (0.1, 1.0)
     assert params(eta=2.0).etas == (2.0,) and not params(eta=2.0).is_sweep
-    with pytest.raises(PalError, match=r"solve\.eta\[1\] must be > 0, got -1"):
+    with pytest.raises(
+        PalError, match=r"solve\.eta\[1\] must be > 0 and finite, got -1\.0$"
+    ):
         params(eta=(0.1, -1.0))
+    with pytest.raises(PalError, match=r"solve\.eta must be > 0 and finite, got inf$"):
+        params(eta=float("inf"))
     with pytest.raises(PalError, match=r"solve\.eta lists 1\.0 twice"):
         params(eta=(1.0, 1.0))
     with pytest.raises(PalError, match=r"solve\.eta must not be an empty list"):

@@ -236,11 +236,11 @@ def test_bad_features_keep_the_earlier_metrics(run, how, message):
 @pytest.mark.parametrize(
     "option, value, message",
     [
-        ("--eta", "0", "--eta must be > 0 and finite, got 0"),
-        ("--eta", "-1", "--eta must be > 0 and finite, got -1"),
+        ("--eta", "0", "--eta must be > 0 and finite, got 0.0"),
+        ("--eta", "-1", "--eta must be > 0 and finite, got -1.0"),
         ("--eta", "abc", "--eta: 'abc' is not a number"),
         ("--eta", "0.1,x", "--eta: 'x' is not a number"),
-        ("--eta", "1,1", "--eta lists a value twice: 1,1"),
+        ("--eta", "1,1", "--eta lists 1.0 twice"),
         ("--width", "0", "--width must be >= 1, got 0"),
         ("--width", "8.5", "--width must be an integer, got '8.5'"),
         ("--seed", "-2", "--seed must be >= 0, got -2"),
@@ -258,10 +258,10 @@ def test_bad_option_values_name_the_option(run, option, value, message):
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("eta: 0", "solve.eta must be > 0, got 0.0"),
-        ("eta: -0.5", "solve.eta must be > 0, got -0.5"),
+        ("eta: 0", "solve.eta must be > 0 and finite, got 0.0"),
+        ("eta: -0.5", "solve.eta must be > 0 and finite, got -0.5"),
         ("eta: abc", "solve.eta must be a number, got 'abc'"),
-        ("eta: [0.1, -1]", "solve.eta[1] must be > 0, got -1.0"),
+        ("eta: [0.1, -1]", "solve.eta[1] must be > 0 and finite, got -1.0"),
         ("width: 0", "solve.width must be > 0, got 0"),
         ("width: -3", "solve.width must be > 0, got -3"),
         ("method: cg", "solve.method must be one of 'gram', 'woodbury', got 'cg'"),
@@ -330,7 +330,7 @@ def test_subprocess_error_is_one_line_without_traceback(tmp_path):
         timeout=120,
     )
     assert r.returncode == 1
-    assert r.stderr == "Error: --eta must be > 0 and finite, got -1\n"
+    assert r.stderr == "Error: --eta must be > 0 and finite, got -1.0\n"
 
 
 def test_solver_cli_never_imports_torch_or_transformers():
@@ -365,7 +365,10 @@ protocol:
   runs: [0, 1]
   vary: [upsampling]
 ablation:
-  pal: {label: PAL, changes: {}}
+  pal:
+    label: PAL
+    bp: {label: w/o AL module (BP head)}
+    changes: {}
   wide: {label: wider, changes: {solve: {width: 64}}}
 pipelines:
   main: [pal, wide]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pipeline import params as pparams
-from pipeline.extract import extract
+from pipeline.stages.extract import extract
 from solver.shards import open_features
 
 pytestmark = pytest.mark.slow  # two fresh interpreters load torch: ~20 s

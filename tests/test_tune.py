@@ -8,9 +8,9 @@ from click.testing import CliRunner
 from helpers import make_prepare, write_params
 
 from pipeline import params as pparams
-from pipeline.checkpoint import checkpoint_path, load_checkpoint
-from pipeline.train import lr_factor
-from pipeline.tune import cli, tune
+from pipeline.model.checkpoint import checkpoint_path, load_checkpoint
+from pipeline.model.train import lr_factor
+from pipeline.stages.tune import cli, tune
 
 
 def _run(params, prepare, out, **kw):
@@ -69,7 +69,7 @@ def test_checkpoints_log_and_frozen_earlier_slices(tuned):
 
 def _run_interrupted(monkeypatch, params, prepare, out, task):
     """A tune run that stops (KeyboardInterrupt) when it reaches `task`."""
-    import pipeline.tune as tune_module
+    import pipeline.stages.tune as tune_module
 
     real = tune_module.train_task
 
@@ -98,7 +98,7 @@ def test_interrupted_run_resumes_to_the_same_bytes(
         "step_01.pt",
         "step_02.pt",
     ]
-    with caplog.at_level("INFO", logger="pipeline.tune"):
+    with caplog.at_level("INFO", logger="pipeline.stages.tune"):
         _run(params, prepare, half)
     assert (
         "reusing steps 1-2 of an interrupted run with the same code, params and "
@@ -168,7 +168,7 @@ def test_changed_params_or_fresh_discard_unfinished_work(
         pparams.load(params, "model").backbone,
         prompt={"length": 2},
     )
-    with caplog.at_level("INFO", logger="pipeline.resume"):
+    with caplog.at_level("INFO", logger="pipeline.stages.resume"):
         code, output = _cli("--params", changed, "--prepare", prepare, "--out", out)
     assert code == 0, output
     assert (
@@ -178,7 +178,7 @@ def test_changed_params_or_fresh_discard_unfinished_work(
     assert load_checkpoint(checkpoint_path(out, 3))["params"]["prompt"]["length"] == 2
     _run_interrupted(monkeypatch, changed, prepare, out, 2)
     caplog.clear()
-    with caplog.at_level("INFO", logger="pipeline.resume"):
+    with caplog.at_level("INFO", logger="pipeline.stages.resume"):
         _run(changed, prepare, out, fresh=True)
     assert f"{out}.partial: discarding unfinished work (--fresh)" in caplog.messages
 
@@ -319,10 +319,10 @@ def test_zero_epochs_keep_prompts_and_head_at_their_init(
 ):
     """The "never trained" ablation (tune.epochs 0): step k holds exactly the
     model that k calls of add_task with tune's per-task seeds build."""
-    from pipeline.backbone import load_backbone
-    from pipeline.model import PalModel
-    from pipeline.samples import read_prepare
-    from pipeline.train import task_seed
+    from pipeline.data.samples import read_prepare
+    from pipeline.model.backbone import load_backbone
+    from pipeline.model.network import PalModel
+    from pipeline.model.train import task_seed
 
     params = write_params(tmp_path / "p.yaml", tiny_vilt, tune={"epochs": 0, "seed": 3})
     _run(params, tiny_prepare, tmp_path / "tune")

@@ -1,4 +1,4 @@
-"""Images on the device (pipeline/vision.py): mixed-size batches embedded from
+"""Images on the device (pipeline/model/vision.py): mixed-size batches embedded from
 the image sizes equal HF's embedding up to patch order, without host syncs;
 uint8 pixels normalised on the device equal the loader's float pixels bit for
 bit."""
@@ -13,11 +13,11 @@ from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from palcore.codes import Missing
-from pipeline import vision
-from pipeline.backbone import load_backbone
-from pipeline.loader import SampleDataset, make_loader, vilt_pixels
-from pipeline.losses import static_inputs
-from pipeline.samples import Sample, read_prepare, select
+from pipeline.data.loader import SampleDataset, make_loader, vilt_pixels
+from pipeline.data.samples import Sample, read_prepare, select
+from pipeline.model import vision
+from pipeline.model.backbone import load_backbone
+from pipeline.model.losses import static_inputs
 
 SIZES = [(32, 32), (32, 48), (48, 32), (40, 64)]  # raw photo sizes (h, w)
 

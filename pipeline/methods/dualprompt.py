@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.backbone import LayerPrompt
+from pipeline.model.backbone import LayerPrompt
 from pipeline.methods.l2p import as_layer_prompts, check_layers, cosine, uniform
 
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.backbone import LayerPrompt
+from pipeline.model.backbone import LayerPrompt
 
 
 def uniform(shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:

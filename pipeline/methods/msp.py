@@ -1,0 +1,93 @@
+"""MSP (Jang, Wang and Kim, ICASSP 2024): modality-specific prompts.
+
+One prompt set per modality — text and image — each (J, L_p, D) over the
+prompt layers; a sample's prompts are those of the modalities it has (a
+complete sample gets both, a sample missing its text only the image set), so
+two sets cover the three missing cases that MAP needs three for. An
+orthogonality loss keeps the two sets apart: per layer j, the mean squared
+cosine between the rows of P_t[j] and of P_v[j],
+
+    L_o = mean_j ‖P̂_t[j] P̂_v[j]ᵀ‖²_F / L_p²   (P̂: rows scaled to unit norm),
+
+weighted by `tune.recon_weight`. Like MAP it has no continual-learning
+mechanism: the sets and every head row train task after task, the CE over
+every class seen so far.
+
+MSP's code is not public; its paper gives none of length, layers, insertion or
+loss weight. What is inferred here (DESIGN §5): MAP's prompt placement
+(input tokens accumulating over the prompt layers, or prefix), MAP's init
+(zeros with a row of ones, a different row per modality, so the sets start
+orthogonal) and the cosine form of the orthogonality term.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from palcore.codes import Missing
+from pipeline.methods import Method, Out, View, layer_prompts
+from pipeline.model.backbone import Backbone
+from pipeline.params import PromptParams
+
+
+class Msp(Method):
+    """Two prompt sets P (2, J, L_p, D): [text, image]."""
+
+    masked = False
+    aux_name = "ortho"
+
+    def __init__(self, params: PromptParams, n_tasks: int, dim: int, depth: int):
+        super().__init__()
+        self.layers, self.position = tuple(params.layers), params.position
+        self.P = nn.Parameter(torch.zeros(2, len(self.layers), params.length, dim))
+        self.n_tasks = 0
+
+    def add_task(self, generator: torch.Generator) -> None:
+        """First task: the init (a row of ones per modality); later tasks
+        keep training the same sets."""
+        if self.n_tasks == 0:
+            L = self.P.shape[2]
+            with torch.no_grad():
+                self.P.zero_()
+                for m in range(2):
+                    self.P[m, :, m % L].fill_(1.0)
+        self.n_tasks += 1
+
+    def prompts(self, missing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts (J, B, 2 L_p, D) float32 — text set, then image set — and
+        their mask (B, 2 L_p) bool: a set is on where its modality is present."""
+        J, L, D = self.P.shape[1:]
+        code = missing.to(self.P.device)
+        B = len(code)
+        P = self.P.float()
+        text_on, image_on = (
+            (code != Missing.TEXT)[:, None],
+            (code != Missing.IMAGE)[:, None],
+        )
+        if self.position == "prefix":  # keys: both sets' first halves; values: rest
+            h = L // 2
+            parts = [(P[0, :, :h], text_on, h), (P[1, :, :h], image_on, h)]
+            parts += [(P[0, :, h:], text_on, L - h), (P[1, :, h:], image_on, L - h)]
+        else:
+            parts = [(P[0], text_on, L), (P[1], image_on, L)]
+        joint = torch.cat([p for p, _, _ in parts], 1)  # (J, 2L, D)
+        mask = torch.cat([on.expand(B, n) for _, on, n in parts], 1)
+        return joint[:, None].expand(J, B, 2 * L, D), mask
+
+    def orthogonality(self) -> torch.Tensor:
+        """L_o (scalar float32): mean squared cosine between the two sets' rows."""
+        P = F.normalize(self.P.float(), dim=-1)  # (2, J, L, D)
+        gram = P[0] @ P[1].transpose(1, 2)  # (J, L, L)
+        return gram.pow(2).mean()
+
+    def features(self, backbone: Backbone, view: View) -> Out:
+        P, mask = self.prompts(view.missing)
+        prompts = layer_prompts(P, self.layers, self.position, mask, keep=True)
+        x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+        rows = torch.full((), len(x), device=x.device)
+        return Out(x, self.orthogonality(), rows)
+
+
+METHOD = Msp

@@ -1,0 +1,443 @@
+"""The frozen ViLT backbone, run as an explicit loop so prompts can be inserted.
+
+`load_backbone(model.backbone, model.max_text_len)` loads `ViltModel` and its
+`ViltProcessor` from a local folder or a hub id in the local HF cache, freezes
+them and wraps them in `Backbone`. The encoder is run as our own loop over
+`embeddings` → `encoder.layer[i]` → `layernorm` (DESIGN §5):
+
+* token layout `[text CLS, text…, image CLS, patches…]`, T = text length;
+* each layer is pre-LN: `h += attn(LN(h)); h += MLP(LN(h))`, computed from the
+  layer's own HF submodules with a fused QKV projection and
+  `F.scaled_dot_product_attention`;
+* prompts enter a layer either as prefix keys/values (`LayerPrompt.keys` /
+  `values`, prepended to that layer's keys and values only) or as input tokens
+  (`LayerPrompt.tokens`, prepended to the sequence and replaced at each
+  prompt layer); their key mask lets a prompt be switched off per sample.
+
+On CUDA, batches of images of any sizes are embedded without HF's per-sample
+loops and host syncs (`Backbone.embed_padded`, `pipeline.model.vision`: patches in
+raster order, from the image sizes the loader ships).
+
+With no prompts the loop equals `ViltModel.forward(...).last_hidden_state`
+(a test holds this to 1e-6; ViLT shuffles patch order with torch's RNG, so seed
+before comparing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from palcore.errors import PalError
+from pipeline.data.loader import legacy_path
+from pipeline.model import vision
+
+log = logging.getLogger(__name__)
+
+SMALL_MODEL_WIDTH = 256  # CPU: below this hidden size, run single-threaded
+
+
+class BackboneError(PalError):
+    """The backbone folder/hub id is missing, not a ViLT, or unreadable."""
+
+
+@dataclass
+class LayerPrompt:
+    """Prompts for one encoder layer, for a batch of B samples.
+
+    Prefix style: `keys` and `values` (B, L_k, D), prepended to the layer's
+    keys and values. Input style: `tokens` (B, L_i, D), prepended to the
+    sequence. `mask` (B, L_k or L_i) bool: False switches a prompt token off
+    for that sample (it is then ignored as a key). Input tokens replace the
+    earlier layers' prompt tokens, or with `keep` go in front of them, so they
+    accumulate over the prompt layers (MAP's input prompts).
+    """
+
+    mask: torch.Tensor
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    keep: bool = False
+
+
+class Backbone(nn.Module):
+    """A frozen `ViltModel` with a prompt-aware encoder loop.
+
+    Attributes: `vilt` (the HF model, eval mode, no gradients), `processor`
+    (its `ViltProcessor`), `hidden_size` D, `num_layers`, `max_text_len` T,
+    `image_side` (the side of the square dummy image in pixels), `name`.
+    """
+
+    def __init__(self, vilt: nn.Module, processor, name: str, max_text_len: int):
+        super().__init__()
+        self.vilt = vilt.eval().requires_grad_(False)
+        self.processor = processor
+        self.name = name
+        cfg = vilt.config
+        self.hidden_size = int(cfg.hidden_size)
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.num_heads = int(cfg.num_attention_heads)
+        self.max_text_len = int(max_text_len)
+        self.fused_attention = False  # True: F.scaled_dot_product_attention
+        self.fast_embed = False  # True: `embed_full` for batches of full images
+        self.attention_backends: list | None = None  # SDPA kernels allowed
+        self._positions = vision.PositionTables()  # per patch grid, for embed_padded
+        if self.max_text_len > cfg.max_position_embeddings:
+            interpolate_text_positions(vilt, self.max_text_len)
+        ip = processor.image_processor if processor is not None else None
+        side = _shortest_edge(ip)
+        divisor = int(getattr(ip, "size_divisor", None) or 1)
+        self.image_side = side // divisor * divisor if side else int(cfg.image_size)
+        # Fused QKV projection per layer: one GEMM instead of three.
+        for i, layer in enumerate(vilt.encoder.layer):
+            a = layer.attention.attention
+            w = torch.cat([a.query.weight, a.key.weight, a.value.weight], 0)
+            b = torch.cat([_bias(a.query), _bias(a.key), _bias(a.value)], 0)
+            self.register_buffer(f"qkv_w{i}", w.detach().clone(), persistent=False)
+            self.register_buffer(f"qkv_b{i}", b.detach().clone(), persistent=False)
+
+    def train(self, mode: bool = True) -> Backbone:
+        """The backbone stays in eval mode (frozen)."""
+        return super().train(False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.vilt.layernorm.weight.device
+
+    def place(self, device: torch.device) -> Backbone:
+        """Move to `device`. On CUDA the frozen weights are stored in bf16 (no
+        per-call autocast casts) and attention uses the fused SDPA kernels; on
+        the CPU everything stays float32 with HF's exact arithmetic."""
+        if device.type == "cuda":
+            self.to(device=device, dtype=torch.bfloat16)
+            # LayerNorm runs in float32 under autocast: float32 parameters
+            # spare two casts per LayerNorm call (and keep the residual exact)
+            for module in self.modules():
+                if isinstance(module, nn.LayerNorm):
+                    module.float()
+            self.fused_attention = True
+            # cuDNN attention builds a plan for every new shape (batches vary
+            # in rows and text length): the efficient/flash kernels do not
+            self.attention_backends = [
+                SDPBackend.FLASH_ATTENTION,
+                SDPBackend.EFFICIENT_ATTENTION,
+                SDPBackend.MATH,
+            ]
+            self.fast_embed = True
+        else:
+            self.to(device=device)
+            # Small matrices gain nothing from threads, and spinning OpenMP
+            # threads slow down badly when other processes share the cores.
+            if self.hidden_size < SMALL_MODEL_WIDTH:
+                torch.set_num_threads(1)
+        return self
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pixel_values: torch.Tensor,
+        pixel_mask: torch.Tensor | None,
+        sizes: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token embeddings and key mask.
+
+        input_ids, attention_mask: (B, T) int64; pixel_values: (B, 3, H, W)
+        float; pixel_mask: (B, H, W) int64 (None: built from `sizes`); sizes:
+        (B, 2) int64 image heights and widths on the host (`Batch.image_sizes`).
+        Returns h (B, T + 1 + P, D) and mask (B, T + 1 + P) bool (True =
+        attend). On CUDA, with `sizes`, the sync-free `embed_padded`; else HF's
+        `ViltEmbeddings`, which consumes torch's RNG (patch order).
+        """
+        if self.fast_embed and sizes is not None and not legacy_path():
+            if not vision.samples_patches(self.vilt, sizes):
+                return self.embed_padded(input_ids, attention_mask, pixel_values, sizes)
+        if pixel_mask is None:
+            H, W = pixel_values.shape[2:]
+            pixel_mask = vision.pixel_mask(sizes.to(pixel_values.device), H, W)
+        elif self.fast_embed and vision.full_images(self.vilt, pixel_mask):
+            return self.embed_full(input_ids, attention_mask, pixel_values)
+        h, mask = self.vilt.embeddings(
+            input_ids,
+            attention_mask,
+            None,
+            pixel_values,
+            pixel_mask,
+            None,
+            None,
+            image_token_type_idx=1,
+        )
+        return h, mask.bool()
+
+    def embed_padded(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pixel_values: torch.Tensor,
+        sizes: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`embed` of a padded batch of images of (B, 2) host `sizes`, without
+        host syncs (`vision.image_embeddings`): each image's patches in raster
+        order, then masked padding up to the batch's largest patch count.
+        Same tokens as `ViltEmbeddings.forward` up to patch order; the encoder
+        is permutation-equivariant over the patch tokens, so the CLS outputs
+        are the same up to summation order."""
+        emb = self.vilt.embeddings
+        type_w = emb.token_type_embeddings.weight  # (types, D)
+        text = emb.text_embeddings(input_ids=input_ids) + type_w[0]
+        image, image_mask = vision.image_embeddings(
+            emb, self._positions, pixel_values, sizes
+        )
+        h = torch.cat([text, image + type_w[1]], 1)
+        return h, torch.cat([attention_mask.bool(), image_mask], 1)
+
+    def embed_full(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pixel_values: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`embed_padded` of a batch whose images all fill pixel_values."""
+        B, _, H, W = pixel_values.shape
+        sizes = torch.tensor([[H, W]], dtype=torch.int64).expand(B, 2)
+        return self.embed_padded(input_ids, attention_mask, pixel_values, sizes)
+
+    def encode(
+        self,
+        h: torch.Tensor,
+        mask: torch.Tensor,
+        prompts: dict[int, LayerPrompt] | None = None,
+    ) -> torch.Tensor:
+        """Run the encoder layers and the final LayerNorm.
+
+        h: (B, N, D) from `embed`; mask: (B, N) bool; prompts: layer index →
+        `LayerPrompt` (None or {}: prompt-free). Returns (B, N, D): the output
+        at the input's token positions (input-style prompt tokens are dropped).
+        """
+        if self.fused_attention and self.attention_backends:
+            with sdpa_kernel(self.attention_backends):
+                return self._encode(h, mask, prompts or {})
+        return self._encode(h, mask, prompts or {})
+
+    def _encode(
+        self, h: torch.Tensor, mask: torch.Tensor, prompts: dict[int, LayerPrompt]
+    ) -> torch.Tensor:
+        n_input = 0  # input-style prompt tokens currently at the front of h
+        mask_in = None
+        biases: dict[tuple[int, int], torch.Tensor] = {}  # one per distinct key mask
+        for i, layer in enumerate(self.vilt.encoder.layer):
+            p = prompts.get(i)
+            if p is not None and p.tokens is not None and p.keep and n_input:
+                h = torch.cat([p.tokens.to(h.dtype), h], 1)
+                n_input += p.tokens.shape[1]
+                mask_in = torch.cat([p.mask, mask_in], 1)
+            elif p is not None and p.tokens is not None:
+                h = torch.cat([p.tokens.to(h.dtype), h[:, n_input:]], 1)
+                n_input, mask_in = p.tokens.shape[1], p.mask
+            prefix = (
+                (p.keys, p.values) if p is not None and p.keys is not None else None
+            )
+            key = (id(p.mask) if prefix else 0, 0 if mask_in is None else id(mask_in))
+            if key not in biases:
+                parts = [p.mask] if prefix else []
+                parts += [mask_in, mask] if mask_in is not None else [mask]
+                biases[key] = self._bias(torch.cat(parts, 1), h.dtype)
+            h = self._layer(i, layer, h, biases[key], prefix)
+        h = self.vilt.layernorm(h)
+        return h[:, n_input:]
+
+    def _bias(self, key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Additive attention mask (B, 1, 1, K): 0 to attend, dtype's min not to."""
+        if torch.is_autocast_enabled(key_mask.device.type):
+            dtype = torch.get_autocast_dtype(key_mask.device.type)
+        bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device)
+        return bias.masked_fill_(~key_mask, torch.finfo(dtype).min)[:, None, None, :]
+
+    def _layer(
+        self,
+        i: int,
+        layer: nn.Module,
+        h: torch.Tensor,
+        bias: torch.Tensor,
+        prefix: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        B, N, D = h.shape
+        H = self.num_heads
+        x = layer.layernorm_before(h)
+        w, b = getattr(self, f"qkv_w{i}"), getattr(self, f"qkv_b{i}")
+        q, k, v = F.linear(x, w, b).split(D, dim=-1)  # 3 × (B, N, D)
+        if prefix is not None:
+            k = torch.cat([prefix[0].to(k.dtype), k], 1)  # (B, L_k + N, D)
+            v = torch.cat([prefix[1].to(v.dtype), v], 1)
+        q = q.view(B, N, H, -1).transpose(1, 2)  # (B, H, N, d_h)
+        k = k.view(B, k.shape[1], H, -1).transpose(1, 2)
+        v = v.view(B, v.shape[1], H, -1).transpose(1, 2)
+        if self.fused_attention:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
+        else:  # HF's eager arithmetic, bit for bit
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
+            ctx = scores.softmax(-1) @ v
+        ctx = ctx.transpose(1, 2).reshape(B, N, D)
+        h = layer.attention.output.dense(ctx) + h
+        return layer.output.dense(layer.intermediate(layer.layernorm_after(h))) + h
+
+    def queries(
+        self, h: torch.Tensor, mask: torch.Tensor, text_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt-free pass: (q_t, q_v), each (B, D) float32 — the final-LN
+        output at the text CLS (0) and at the image CLS (T)."""
+        out = self.encode(h, mask)
+        return out[:, 0].float(), out[:, text_len].float()
+
+
+def _bias(linear: nn.Linear) -> torch.Tensor:
+    if linear.bias is not None:
+        return linear.bias
+    return torch.zeros(linear.out_features, dtype=linear.weight.dtype)
+
+
+def _shortest_edge(image_processor) -> int | None:
+    size = getattr(image_processor, "size", None)
+    if size is None:
+        return None
+    value = (
+        size.get("shortest_edge")
+        if isinstance(size, dict)
+        else getattr(size, "shortest_edge", None)
+    )
+    return int(value) if value else None
+
+
+def interpolate_text_positions(vilt: nn.Module, length: int) -> None:
+    """Stretch the text position table (40, D) to (length, D) by linear
+    interpolation, as the missing-modality literature does for long texts."""
+    te = vilt.embeddings.text_embeddings
+    old = te.position_embeddings.weight.detach()  # (P, D)
+    new = F.interpolate(old.T[None], size=length, mode="linear", align_corners=False)
+    table = nn.Embedding(length, old.shape[1]).to(old.device, old.dtype)
+    table.weight.data.copy_(new[0].T)
+    table.requires_grad_(False)
+    te.position_embeddings = table
+    te.position_ids = torch.arange(length, device=old.device).expand(1, -1)
+    te.token_type_ids = torch.zeros(1, length, dtype=torch.long, device=old.device)
+
+
+def resolve_device(name: str, key: str) -> torch.device:
+    """`auto` → cuda when available, else cpu; `cuda` without a GPU is an error
+    naming `key` (e.g. `tune.device`)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PalError(
+            f"{key} is 'cuda' but torch sees no CUDA GPU here; for a CPU run set "
+            "tune.device and extract.device to cpu (or auto), see the README's "
+            "CPU smoke run"
+        )
+    return torch.device(name)
+
+
+def autocast(device: torch.device, cache_enabled: bool = True):
+    """bf16 autocast on CUDA, a no-op (float32) on the CPU. A CUDA-graph
+    capture needs `cache_enabled=False`."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache_enabled)
+    return contextlib.nullcontext()
+
+
+def backbone_folder(name: str) -> Path:
+    """The folder `model.backbone` loads from: itself, or for a hub id its
+    snapshot in the local HF cache."""
+    if Path(name).exists():
+        return Path(name)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not cached, or not a valid id
+        raise BackboneError(
+            f"model.backbone '{name}': no such folder, and no hub model of that id "
+            "in the local HF cache"
+        ) from None
+
+
+def load_backbone(name: str, max_text_len: int) -> Backbone:
+    """Load a frozen ViLT and its processor from a folder or a cached hub id.
+
+    Raises `BackboneError` naming `model.backbone` when the folder does not
+    exist (and no cached hub model has that id), is not a ViLT, or fails to
+    load.
+    """
+    from transformers import AutoConfig, ViltModel, ViltProcessor
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    where = f"model.backbone '{name}'"
+    path = Path(name)
+    if path.exists():
+        if not path.is_dir():
+            raise BackboneError(f"{where}: is a file, expected a ViLT folder")
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise BackboneError(f"{where}: not a ViLT folder (no config.json)")
+        try:
+            model_type = json.loads(config_file.read_text()).get("model_type")
+        except (json.JSONDecodeError, OSError) as exc:
+            raise BackboneError(f"{where}: unreadable config.json ({exc})") from None
+        if model_type != "vilt":
+            raise BackboneError(
+                f"{where}: not a ViLT (config.json model_type is {model_type!r})"
+            )
+    else:
+        try:
+            model_type = AutoConfig.from_pretrained(name).model_type
+        except (OSError, ValueError):
+            raise BackboneError(
+                f"{where}: no such folder, and no hub model of that id in the local "
+                "HF cache"
+            ) from None
+        if model_type != "vilt":
+            raise BackboneError(f"{where}: not a ViLT (model_type {model_type!r})")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its multi-line load report: one line below
+    try:
+        vilt, info = ViltModel.from_pretrained(name, output_loading_info=True)
+        processor = ViltProcessor.from_pretrained(name)
+    except Exception as exc:  # OSError, SafetensorError, ValueError…: a damaged folder
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
+        raise BackboneError(
+            f"{where}: cannot load the ViLT model or processor ({first})"
+        ) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    n = sum(1 for _ in vilt.state_dict())
+    log.info(
+        "loaded ViLT %s: %d layers, hidden %d, %d tensors; ignored %s; "
+        "randomly initialised %s",
+        name,
+        vilt.config.num_hidden_layers,
+        vilt.config.hidden_size,
+        n,
+        _key_groups(info.get("unexpected_keys", [])),
+        _key_groups(info.get("missing_keys", [])),
+    )
+    return Backbone(vilt, processor, name, max_text_len)
+
+
+def _key_groups(keys) -> str:
+    """'mlm_score (6 tensors)' for a list of state-dict keys; 'nothing' if none."""
+    groups: dict[str, int] = {}
+    for key in keys:
+        head = key.split(".")[0] if not key.startswith("vilt.") else key.split(".")[1]
+        groups[head] = groups.get(head, 0) + 1
+    if not groups:
+        return "nothing"
+    return ", ".join(f"{k} ({v} tensors)" for k, v in sorted(groups.items()))

@@ -1,0 +1,265 @@
+"""The training loss of one batch, and its static-shape form for CUDA graphs.
+
+`loss` is the definition (DESIGN §5): the batch's embedded samples, their
+frozen queries (from the `QueryCache`) and, for a method that asks for them
+(PAL), the text-dropped and image-dropped copies of its complete samples that
+the loader appended on the host (`Collate` with `copies`), go to the prompt
+method (`pipeline.methods`), and
+
+    loss = CE(the task's classes, or every class seen: `train_range`)
+           + λ · the method's auxiliary loss (PAL: mean over complete
+             samples of ‖q̂_t − q_t‖² + ‖q̂_v − q_v‖², stop-gradient targets)
+
+with λ = `tune.recon_weight`.
+
+`static_loss` computes the same loss with shapes fixed by the batch's shape,
+so a GPU step can be captured and replayed as a CUDA graph
+(`pipeline.model.graphs`): text padded to `model.max_text_len` (`static_inputs`),
+the copies spliced on the device from the embedded dummy inputs
+(`DummySegments`), masks in place of host-side counts. It is an optimisation
+of `loss` for graphable methods (PAL), held to it by
+tests/test_static_step.py (loss parts and every gradient, for every prompt
+variant). On the CPU it is slower than `loss` (measured in bench/README.md),
+so `pal tune` uses it only on CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from palcore.codes import Missing
+from pipeline.data.samples import Batch
+from pipeline.methods import Copies, Out, View
+from pipeline.model.backbone import Backbone, autocast
+from pipeline.model.network import PalModel, QueryCache
+from pipeline.model.vision import batch_inputs
+
+Parts = dict[str, torch.Tensor]
+
+
+def loss(
+    model: PalModel,
+    batch: Batch,
+    cache: QueryCache,
+    task: int,
+    recon_weight: float,
+) -> tuple[torch.Tensor, Parts]:
+    """Training loss of one batch (with its copies) for `task`: CE over the
+    classes `model.train_range(task)` + `recon_weight` × the method's auxiliary
+    loss.
+
+    Returns the loss (scalar, with graph) and detached parts: ce, aux,
+    aux_rows (the rows aux is a mean over; PAL: complete samples), correct
+    (argmax hits within the CE's classes). No host synchronisation, so a GPU
+    can run ahead.
+    """
+    dev = model.backbone.device
+    n = batch.n
+    idx = batch.index.to(dev)
+    q = cache.q[idx]  # (n, 2, D)
+    lo, hi = model.train_range(task)
+    labels = batch.labels.to(dev) - lo
+    if model.prompts is None:
+        zero = torch.zeros((), device=dev)
+        out = Out(q[:, 0], zero, zero)
+    else:
+        ids, am, px, pm = batch_inputs(batch, dev)
+        h, mask = model.backbone.embed(ids, am, px, pm, batch.image_sizes)
+        view = View(h[:n], mask[:n], ids.shape[1], q[:, 0], q[:, 1], batch.missing)
+        view.task = task
+        if len(batch.complete) and model.prompts.copies:
+            view.copies = _copies(h, mask, n, idx, batch.complete.to(dev), cache)
+        out = model.prompts.features(model.backbone, view)
+    logits = model.head(out.x)[:, lo:hi]
+    ce = F.cross_entropy(logits, labels)
+    return ce + recon_weight * out.aux, {
+        "ce": ce.detach(),
+        "aux": out.aux.detach(),
+        "aux_rows": out.aux_rows,
+        "correct": (logits.argmax(-1) == labels).sum(),
+    }
+
+
+def _copies(
+    h: torch.Tensor,
+    mask: torch.Tensor,
+    n: int,
+    idx: torch.Tensor,
+    comp: torch.Tensor,
+    cache: QueryCache,
+) -> Copies:
+    """The copies the loader appended after a batch's n samples (rows n: of h
+    and mask), with their frozen queries from the cache."""
+    qc = cache.copies[idx[comp]]  # (c, 2, D): [q_t img-dropped, q_v txt-dropped]
+    zeros = torch.zeros_like(qc[:, 0])
+    return Copies(
+        h[n:],
+        mask[n:],
+        torch.cat([zeros, qc[:, 0]]),
+        torch.cat([qc[:, 1], zeros]),
+        comp,
+    )
+
+
+def static_inputs(
+    model: PalModel, batch: Batch, rows: int | None = None, min_tokens: int = 0
+) -> dict[str, torch.Tensor]:
+    """The inputs of `static_loss` for a batch (without copies), on the
+    device: h (rows, N, D) and mask (rows, N), the samples embedded with
+    their text padded to `max_text_len`; index, missing, labels (rows,).
+    With `rows`, the batch is padded to `rows` rows by repeating its first
+    sample with label −1; with `min_tokens`, h and mask get masked tokens up
+    to N = min_tokens (a batch of very wide photos has fewer image tokens than
+    the square dummy image its copies need; masked tokens change nothing).
+    Call under `autocast`."""
+    dev = model.backbone.device
+    n = batch.n
+    rows = rows or n
+    ids, am, px, pm = (None if t is None else t[:n] for t in batch_inputs(batch, dev))
+    sizes = None if batch.image_sizes is None else batch.image_sizes[:n]
+    index, missing, labels = (
+        t.to(dev, non_blocking=True) for t in (batch.index, batch.missing, batch.labels)
+    )
+    if rows > n:  # repeat the first sample; its copies get label −1
+        sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
+        sizes = None if sizes is None else sizes[sel]  # host rows, no transfer
+        sel = sel.to(dev, non_blocking=True)
+        ids, am, px, pm, index, missing, labels = (
+            None if t is None else t[sel]
+            for t in (ids, am, px, pm, index, missing, labels)
+        )
+        labels[n:] = -1
+    pad = model.backbone.max_text_len - ids.shape[1]
+    ids, am = F.pad(ids, (0, pad)), F.pad(am, (0, pad))
+    with torch.no_grad():
+        h, mask = model.backbone.embed(ids, am, px, pm, sizes)
+    if h.shape[1] < min_tokens:
+        extra = min_tokens - h.shape[1]
+        h, mask = F.pad(h, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
+    return {
+        "h": h,
+        "mask": mask,
+        "index": index,
+        "missing": missing,
+        "labels": labels,
+    }
+
+
+@dataclass
+class DummySegments:
+    """The embedded dummy inputs, for building reconstruction copies on the device.
+
+    text (T, D) and text_mask (T,) bool: the empty string's token embeddings;
+    image (1 + P, D): the all-white image's CLS and patch embeddings.
+    """
+
+    text: torch.Tensor
+    text_mask: torch.Tensor
+    image: torch.Tensor
+
+
+@torch.no_grad()
+def dummy_segments(
+    backbone: Backbone,
+    empty_ids: torch.Tensor,
+    empty_mask: torch.Tensor,
+    dummy_image: torch.Tensor,
+) -> DummySegments:
+    """Embed the dummy text (empty_ids, empty_mask: (T,) int64) and the dummy
+    image ((3, S, S) float) once; no RNG is consumed."""
+    dev = backbone.device
+    ids, am = empty_ids[None].to(dev), empty_mask[None].to(dev)
+    with autocast(dev):
+        h, mask = backbone.embed_full(ids, am, dummy_image[None].to(dev))
+    T = ids.shape[1]
+    return DummySegments(h[0, :T], mask[0, :T], h[0, T:])
+
+
+def splice_copies(
+    h: torch.Tensor,
+    mask: torch.Tensor,
+    T: int,
+    complete: torch.Tensor,
+    dummy: DummySegments,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Text-dropped and image-dropped versions of rows (B, N, D), built on the
+    device: where `complete` (B,) bool, the text (image) segment is replaced by
+    the dummy's, padded with masked tokens to the batch's image length; other
+    rows are returned unchanged. Returns h_a, mask_a (text dropped), h_b,
+    mask_b (image dropped)."""
+    B, N, D = h.shape
+    n_img = N - T
+    if dummy.image.shape[0] > n_img:
+        raise ValueError(
+            f"batch image tokens ({n_img}) fewer than the dummy image's "
+            f"({dummy.image.shape[0]})"
+        )
+    pad = n_img - dummy.image.shape[0]
+    img = F.pad(dummy.image.to(h.dtype), (0, 0, 0, pad))  # (N - T, D)
+    img_mask = torch.arange(n_img, device=h.device) < dummy.image.shape[0]
+    c = complete[:, None]
+    h_a = torch.cat(
+        [torch.where(c[..., None], dummy.text.to(h.dtype), h[:, :T]), h[:, T:]], 1
+    )
+    mask_a = torch.cat([torch.where(c, dummy.text_mask, mask[:, :T]), mask[:, T:]], 1)
+    h_b = torch.cat([h[:, :T], torch.where(c[..., None], img, h[:, T:])], 1)
+    mask_b = torch.cat([mask[:, :T], torch.where(c, img_mask, mask[:, T:])], 1)
+    return h_a, mask_a, h_b, mask_b
+
+
+def static_loss(
+    model: PalModel,
+    inputs: Mapping[str, torch.Tensor],
+    cache: QueryCache,
+    dummy: DummySegments | None,
+    task: int,
+    recon_weight: float,
+) -> tuple[torch.Tensor, Parts]:
+    """`loss` with shapes that depend only on the input shapes (a graphable
+    method's `static_features`), for a CUDA-graph capture: masks stand in
+    for counts and host-side row selection.
+
+    inputs (from `static_inputs`): h (B, N, D), mask (B, N): embedded
+    samples, text length T = `model.backbone.max_text_len`; index, missing,
+    labels (B,) int64 on the device, label −1 marking a padding row.
+    `dummy` None: no copies (no reconstruction loss). Returns the loss and
+    the parts of `loss`.
+    """
+    index, missing, labels = inputs["index"], inputs["missing"], inputs["labels"]
+    q = cache.q[index]  # (B, 2, D)
+    lo, hi = model.train_range(task)
+    valid = labels >= 0
+    target = torch.where(valid, labels - lo, -100)
+    complete = (missing == Missing.COMPLETE) & valid
+    h, mask, T = inputs["h"], inputs["mask"], model.backbone.max_text_len
+    if dummy is None:
+        complete = torch.zeros_like(complete)
+        copies = (h, mask, h, mask)
+    else:
+        copies = splice_copies(h, mask, T, complete, dummy)
+    view = {
+        "h": h,
+        "mask": mask,
+        "T": T,
+        "copies": copies,
+        "q_t": q[:, 0],
+        "q_v": q[:, 1],
+        "qc": cache.copies[
+            index
+        ],  # [q_t of the image-dropped, q_v of the text-dropped]
+        "missing": missing,
+        "complete": complete,
+    }
+    out = model.prompts.static_features(model.backbone, view)
+    logits = model.head(out.x)[:, lo:hi]
+    ce = F.cross_entropy(logits, target, ignore_index=-100)
+    return ce + recon_weight * out.aux, {
+        "ce": ce.detach(),
+        "aux": out.aux.detach(),
+        "aux_rows": out.aux_rows,
+        "correct": ((logits.argmax(-1) == target) & valid).sum(),
+    }

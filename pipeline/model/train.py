@@ -1,0 +1,394 @@
+"""One task's prompt tuning (DESIGN §5), as `pal tune` runs it for k = 1..K.
+
+`train_task` adds task k's prompt slices (Gram–Schmidt init, earlier slices
+frozen) and head rows, caches the frozen queries of the task's training
+samples and of their reconstruction copies, then trains with AdamW (betas
+0.9/0.98, linear warm-up then cosine decay over the task's steps) on
+CE(task k's classes) + λ·L_r. Every task reseeds its own RNG streams
+(`task_seed`), so a resumed run gives the bytes of an uninterrupted one.
+
+`make_step` runs one optimiser step of `losses.loss` or, on a GPU
+(`tune.cuda_graphs`), of `losses.static_loss` replayed as a CUDA graph per
+batch shape (`pipeline.model.graphs`): a batch-4 step is otherwise bound by kernel
+launches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from pipeline import params as pparams
+from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
+from pipeline.data.samples import Batch, Sample, Tasks
+from pipeline.model.backbone import autocast
+from pipeline.model.checkpoint import CheckpointError
+from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
+from pipeline.model.losses import (
+    DummySegments,
+    Parts,
+    dummy_segments,
+    loss,
+    static_inputs,
+    static_loss,
+)
+from pipeline.model.network import PalModel, QueryCache, build_cache
+
+log = logging.getLogger(__name__)
+
+BETAS = (0.9, 0.98)
+CACHE_BATCH = 64  # samples per batch of the frozen query pass
+
+
+def task_seed(seed: int, task: int) -> int:
+    """The seed of task `task`'s RNG streams (init, batch order, patch order)."""
+    return seed * 1_000_003 + task
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+@dataclass
+class Stepper:
+    """One optimiser step per batch: `step(batch)` → its parts. `graphs`: the
+    CUDA graphs it replays (their counts for the log), None without."""
+
+    run: Callable[[Batch], Parts]
+    graphs: GraphedSteps | None = None
+
+    def __call__(self, batch: Batch) -> Parts:
+        return self.run(batch)
+
+
+@dataclass
+class Session:
+    """What one task's training loop needs, built in `_session`."""
+
+    loader: Iterable[Batch]
+    optimiser: torch.optim.Optimizer
+    base_lrs: list[float]
+    step: Stepper
+    per_epoch: int
+    labels: torch.Tensor  # (n,) int64: the training labels (head-only batches)
+    seed: int
+
+    def schedule(self, epochs: int, warmup: float) -> Callable[[int], float]:
+        """The lr factor of the i-th step of the task (`lr_factor`)."""
+        total = self.per_epoch * epochs
+        return lambda i: lr_factor(i, total, int(warmup * total))
+
+
+def train_task(
+    model: PalModel,
+    task: int,
+    train: list[Sample],
+    tasks: Tasks,
+    tune_p: pparams.TuneParams,
+) -> list[dict]:
+    """Train step `task` in place; returns its log entries (one per epoch,
+    with `seconds`)."""
+    if not train:
+        raise CheckpointError(f"task {task} has no training samples")
+    seed = task_seed(tune_p.seed, task)
+    torch.manual_seed(seed)  # patch order of the ViLT embeddings
+    model.add_task(torch.Generator().manual_seed(seed))
+    model.to(model.backbone.device)
+    if tune_p.epochs == 0:  # the "never trained" ablation: init prompts and head
+        log.info("task %d: tune.epochs 0, prompts and head stay at their init", task)
+        model.eval()
+        return []
+    session = _session(model, task, train, tasks, tune_p, seed)
+    model.train()
+    entries = [
+        _epoch(model, session, task, epoch, tune_p)
+        for epoch in range(1, tune_p.epochs + 1)
+    ]
+    if session.step.graphs is not None:
+        replay, steps = session.step.graphs, session.per_epoch * tune_p.epochs
+        log.info(
+            "task %d: %d of %d steps replayed a CUDA graph (%d graphs, captured "
+            "in %.1f s)",
+            task,
+            steps - replay.eager_steps,
+            steps,
+            len(replay.graphs),
+            replay.capture_seconds,
+        )
+    model.eval()
+    return entries
+
+
+def _session(
+    model: PalModel,
+    task: int,
+    train: list[Sample],
+    tasks: Tasks,
+    tune_p: pparams.TuneParams,
+    seed: int,
+) -> Session:
+    """Dataset, frozen queries, optimiser, step and loader of one task."""
+    backbone, method = model.backbone, model.prompts
+    device = backbone.device
+    dataset = SampleDataset(
+        train,
+        tasks.root,
+        backbone.processor,
+        backbone.max_text_len,
+        backbone.image_side,
+        uint8=not legacy_path(),  # normalised on the device, same bits
+    )
+    if method is not None and 0 < tune_p.prompt_tasks < task:
+        log.info("task %d: tune.prompt_tasks %d, prompts stay at their init",
+                 task, tune_p.prompt_tasks)  # fmt: skip
+        method.requires_grad_(False)
+    prompted = method is not None and any(p.requires_grad for p in method.parameters())
+    copies = prompted and method.copies and tune_p.recon_weight > 0
+    cache = _query_cache(model, dataset, task, copies, tune_p.num_workers)
+    graphed = (
+        device.type == "cuda"
+        and method is not None
+        and method.graphable
+        and tune_p.cuda_graphs
+    )
+    optimiser, base_lrs = _optimiser(model, tune_p, capturable=graphed)
+    dummy = None
+    if graphed and copies:
+        dummy = dummy_segments(
+            backbone, dataset.empty_ids, dataset.empty_mask, dataset.dummy_image()
+        )
+    step = make_step(
+        model, optimiser, cache, task, tune_p.recon_weight, graphed, dummy, graphed
+    )
+    loader = make_loader(
+        dataset,
+        tune_p.batch_size,
+        copies=copies and not graphed,  # graphed steps splice them on the GPU
+        shuffle=True,
+        seed=seed,
+        num_workers=tune_p.num_workers,
+        device=device,
+    )
+    per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
+    labels = torch.tensor([s.label for s in train])
+    return Session(loader, optimiser, base_lrs, step, per_epoch, labels, seed)
+
+
+def _epoch(
+    model: PalModel, s: Session, task: int, epoch: int, tune_p: pparams.TuneParams
+) -> dict:
+    """One epoch over the task's batches; returns its log entry."""
+    t0 = time.perf_counter()
+    batches = s.loader
+    if model.prompts is None:
+        batches = _index_batches(s.labels, tune_p.batch_size, s.seed, epoch)
+    clock = WaitClock(batches)
+    bar = tqdm(
+        clock,
+        total=s.per_epoch,
+        desc=f"task {task} epoch {epoch}",
+        unit="batch",
+        disable=None,
+        leave=False,
+    )
+    factor = s.schedule(tune_p.epochs, tune_p.warmup)
+    sums = torch.zeros(4, dtype=torch.float64, device=model.backbone.device)
+    n_seen = 0
+    for i, batch in enumerate(bar):
+        f = factor((epoch - 1) * s.per_epoch + i)
+        set_lr(s.optimiser, [lr * f for lr in s.base_lrs])
+        p = s.step(batch)
+        row = [p["ce"] * batch.n, p["aux"] * p["aux_rows"], p["correct"], p["aux_rows"]]
+        sums += torch.stack(row).double()
+        n_seen += batch.n
+        if i % 20 == 19 or i == s.per_epoch - 1:
+            bar.set_postfix(loss=f"{sums[0].item() / n_seen:.4f}")
+    bar.close()
+    aux_name = "recon" if model.prompts is None else model.prompts.aux_name
+    weight = tune_p.recon_weight
+    entry = _entry(task, epoch, s.per_epoch, n_seen, sums, weight, aux_name)
+    entry["seconds"] = round(time.perf_counter() - t0, 1)
+    entry["data_wait"] = round(clock.seconds, 1)
+    log.info(
+        "task %d epoch %d: ce %.4f %s %.4f train acc %.1f%% (%.1f s, %.1f s of it "
+        "waiting for data)",
+        task,
+        epoch,
+        entry["ce"],
+        aux_name,
+        entry[aux_name],
+        entry["train_acc"],
+        entry["seconds"],
+        entry["data_wait"],
+    )
+    return entry
+
+
+def _entry(
+    task: int,
+    epoch: int,
+    steps: int,
+    n_seen: int,
+    sums: torch.Tensor,
+    weight: float,
+    aux_name: str,
+) -> dict:
+    """One epoch's log entry from its sums (ce·n, aux·rows, correct, rows);
+    the auxiliary loss under the method's name (PAL: recon)."""
+    ce, aux, correct, rows = sums.tolist()
+    entry = {
+        "task": task,
+        "epoch": epoch,
+        "steps": steps,
+        "samples": n_seen,
+        "ce": round(ce / n_seen, 6),
+        aux_name: round(aux / rows, 6) if rows else 0.0,
+        "train_acc": round(100.0 * correct / n_seen, 4),
+    }
+    entry["loss"] = round(entry["ce"] + weight * entry[aux_name], 6)
+    return entry
+
+
+def _query_cache(
+    model: PalModel,
+    dataset: SampleDataset,
+    task: int,
+    copies: bool,
+    num_workers: int,
+) -> QueryCache:
+    """The frozen queries of `dataset`'s samples (and of their copies)."""
+    device = model.backbone.device
+    t0 = time.perf_counter()
+    batches = make_loader(
+        dataset, CACHE_BATCH, copies=copies, num_workers=num_workers, device=device
+    )
+    with (
+        autocast(device),
+        tqdm(
+            total=len(dataset),
+            desc=f"task {task} queries",
+            unit="sample",
+            disable=None,
+            leave=False,
+        ) as bar,
+    ):
+        cache = build_cache(model, batches, len(dataset), bar)
+    log.info(
+        "task %d: frozen queries of %d samples in %.1f s",
+        task,
+        len(dataset),
+        time.perf_counter() - t0,
+    )
+    return cache
+
+
+def _optimiser(
+    model: PalModel, tune_p: pparams.TuneParams, capturable: bool
+) -> tuple[torch.optim.Optimizer, list[float]]:
+    """AdamW over the head rows (`tune.head_lr`) and prompt slices (`tune.lr`)
+    being trained; returns it and the groups' base learning rates."""
+    device = model.backbone.device
+    head = [p for p in model.head.parameters() if p.requires_grad]
+    prompts = [p for p in model.trainable_parameters() if all(p is not h for h in head)]
+    groups = [{"params": head, "lr": tune_p.head_lr or tune_p.lr}]
+    if prompts:
+        groups.append({"params": prompts, "lr": tune_p.lr})
+    base_lrs = [g["lr"] for g in groups]
+    opt_args = {"betas": BETAS, "weight_decay": tune_p.weight_decay}
+    if capturable:
+        return capturable_adamw(groups, device, **opt_args), base_lrs
+    # fused: one kernel for all parameters
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(groups, fused=fused, **opt_args), base_lrs
+
+
+def make_step(
+    model: PalModel,
+    optimiser: torch.optim.Optimizer,
+    cache: QueryCache,
+    task: int,
+    recon_weight: float,
+    static: bool = False,
+    dummy: DummySegments | None = None,
+    graphs: bool = False,
+) -> Stepper:
+    """One optimiser step per batch.
+
+    static=False: `loss` on the batch as the loader made it (with copies).
+    static=True: `static_loss`; the loader must not add copies, they are
+    spliced from `dummy` (None: no reconstruction loss), and a short last
+    batch is padded to a full one with rows labelled −1, which count for
+    nothing. graphs=True (CUDA): each static step is replayed as a CUDA graph
+    per batch shape (`GraphedSteps`).
+    """
+    device = model.backbone.device
+    if not static:
+
+        def eager(batch: Batch) -> Parts:
+            with autocast(device):
+                value, parts = loss(model, batch, cache, task, recon_weight)
+            optimiser.zero_grad(set_to_none=True)
+            value.backward()
+            optimiser.step()
+            return parts
+
+        return Stepper(eager)
+
+    def step(inputs: Mapping[str, torch.Tensor]) -> Parts:
+        with autocast(device, cache_enabled=False):
+            value, parts = static_loss(model, inputs, cache, dummy, task, recon_weight)
+        value.backward()
+        optimiser.step()
+        return parts
+
+    def unrecorded(inputs: Mapping[str, torch.Tensor]) -> Parts:
+        optimiser.zero_grad(set_to_none=True)
+        return step(inputs)
+
+    replay = GraphedSteps(step, optimiser) if graphs else unrecorded
+    rows = None
+    # room for the dummy image's tokens in the copies of a batch of wide photos
+    T = model.backbone.max_text_len
+    min_tokens = T + dummy.image.shape[0] if dummy is not None else 0
+
+    def run(batch: Batch) -> Parts:
+        nonlocal rows
+        rows = rows or batch.n  # the first batch is a full one
+        with autocast(device):
+            inputs = static_inputs(model, batch, rows, min_tokens)
+        return replay(inputs)
+
+    return Stepper(run, replay if graphs else None)
+
+
+def _index_batches(
+    labels: torch.Tensor, batch_size: int, seed: int, epoch: int
+) -> Iterator[Batch]:
+    """Batches of indices and labels only (the head-only run of
+    `prompt.enabled: false` trains on cached queries, no images needed)."""
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = torch.randperm(len(labels), generator=g)
+    empty = torch.zeros(0, dtype=torch.int64)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        yield Batch(
+            input_ids=empty,
+            attention_mask=empty,
+            pixel_values=empty,
+            pixel_mask=empty,
+            index=idx,
+            missing=torch.zeros_like(idx),
+            labels=labels[idx],
+            complete=empty,
+            ids=[""] * len(idx),
+        )

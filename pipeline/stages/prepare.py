@@ -1,0 +1,394 @@
+"""`pal prepare`: index a dataset into samples, tasks and missing-modality tables.
+
+Writes two files (torch-free, byte-identical for the same params and dataset):
+
+`samples.jsonl`, one JSON object per sample, ordered by task, split (train, val,
+test), then id, with exactly the keys
+    id          str, unique
+    split       "train" | "val" | "test"
+    task        int, 1-based
+    label       int, incremental class index (task k owns a contiguous range)
+    class_name  str
+    image       str, path relative to `data.root`; null when there is none
+    text        str; "" when there is none
+    missing     int, 0 complete, 1 text missing, 2 image missing
+
+`image` and `text` say what the dataset has; `missing` says what the model may
+see: a consumer replaces the missing modality by its dummy (empty text, white
+image) whatever the row holds. Only a naturally absent modality is null / "".
+
+`tasks.json`:
+    class_order      class names by label
+    tasks            per task: `task`, `labels`, `classes`, and `counts` per split:
+                     {"total": n, "by_missing": [n_code0, n_code1, n_code2]}
+    dropped_classes  classes the reader dropped (Food101's smallest)
+    absent           samples the dataset lacks a modality of, per `data.absent`:
+                     {"image"|"text"|"both"|"unreadable": {"count", "first_ids"}}
+    data             the `data` params used, but `root` (where the data is kept
+                     does not change the outputs; the readers resolve `image`
+                     paths under their own params' `data.root`)
+    images           sha256 of the image files' bytes (path and content): later
+                     stages depend on the images' content through this file
+
+Naturally absent modalities (an image listed but not on disk or not decoding,
+an empty text) follow `data.absent`: `missing` keeps the sample with its code
+set (a sample lacking both is dropped, and reported), `reject` stops with an
+error. How the protocol counts them is described in `pipeline.data.protocol`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import click
+import numpy as np
+
+from palcore.cliutil import clean_errors, folder_option, run_params_option
+from palcore.codes import Missing
+from palcore.outputs import write_bytes_atomic
+from pipeline.data import protocol
+from pipeline.data.datasets import DatasetError, FileIndex, Listing, read_dataset
+from pipeline.data.samples import (
+    SAMPLE_KEYS,
+    SAMPLES_FILE,
+    SPLITS,
+    TASKS_FILE,
+    text_problem,
+)
+from pipeline.params import DataParams, load
+
+log = logging.getLogger(__name__)
+
+FIRST_IDS = 5  # ids quoted in absent-modality reports
+
+
+@dataclasses.dataclass
+class _Absent:
+    ids: list[str] = dataclasses.field(default_factory=list)
+
+    def report(self) -> dict:
+        return {"count": len(self.ids), "first_ids": sorted(self.ids)[:FIRST_IDS]}
+
+
+def unreadable_images(
+    root: Path, rels: list[str], workers: int | None = None
+) -> list[str]:
+    """The files of `rels` (paths under `root`) that do not decode as images,
+    in the order given (`scan_images`' first half)."""
+    return scan_images(root, rels, workers)[0]
+
+
+def scan_images(
+    root: Path, rels: list[str], workers: int | None = None
+) -> tuple[list[str], str]:
+    """(the files of `rels` that do not decode, in the order given; the
+    sha256 of every file's bytes, by path). JPEGs decode at 1/8 scale (a
+    truncated or foreign file still fails), in `workers` threads (default:
+    one per core), with a progress bar. The digest is what tune and extract
+    depend on through tasks.json: the images' content, not their folder."""
+    if not rels:
+        return [], hashlib.sha256().hexdigest()
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    def scan(rel: str) -> tuple[bool, str]:
+        from PIL import Image
+
+        try:
+            blob = (root / rel).read_bytes()
+        except OSError:
+            return True, ""
+        try:
+            with Image.open(io.BytesIO(blob)) as im:
+                if im.format == "JPEG":
+                    im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
+                im.load()
+        except Exception:  # OSError, SyntaxError, DecompressionBombError…
+            return True, hashlib.sha256(blob).hexdigest()
+        return False, hashlib.sha256(blob).hexdigest()
+
+    workers = workers or min(16, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(
+            tqdm(
+                pool.map(scan, rels),
+                total=len(rels),
+                desc="prepare: images",
+                unit="image",
+                disable=None,
+                leave=False,
+            )
+        )
+    digest = hashlib.sha256()
+    for rel, (_, file_hash) in zip(rels, results, strict=True):
+        digest.update(f"{rel}\0{file_hash}\n".encode())
+    bad = [rel for rel, (flag, _) in zip(rels, results, strict=True) if flag]
+    return bad, digest.hexdigest()
+
+
+def natural_codes(listing: Listing, params: DataParams) -> tuple[list, dict]:
+    """Resolve absent images and texts per `data.absent`; an image file that
+    does not decode counts as absent too (`unreadable`).
+
+    Returns:
+        (kept, report, images): kept is a list of (RawSample, natural code,
+        image or None, text), report the `absent` entry of tasks.json and
+        images the sha256 of the image files' bytes (`scan_images`).
+    """
+    index = FileIndex(listing.root)
+    absent = {
+        "image": _Absent(),
+        "text": _Absent(),
+        "both": _Absent(),
+        "unreadable": _Absent(),
+    }
+    on_disk = [s.image for s in listing.samples if s.image and index.exists(s.image)]
+    unreadable, content = scan_images(listing.root, on_disk)
+    bad = set(unreadable)
+    kept = []
+    for s in listing.samples:
+        on_file = s.image is not None and index.exists(s.image)
+        unreadable = on_file and s.image in bad
+        has_image = on_file and not unreadable
+        has_text = s.text is not None and s.text.strip() != ""
+        if not has_image and not has_text:
+            absent["both"].ids.append(s.id)
+            continue
+        if not has_image:
+            absent["unreadable" if unreadable else "image"].ids.append(s.id)
+            kept.append((s, Missing.IMAGE, None, s.text))
+        elif not has_text:
+            absent["text"].ids.append(s.id)
+            kept.append((s, Missing.TEXT, s.image, ""))
+        else:
+            kept.append((s, Missing.COMPLETE, s.image, s.text))
+    if bad and params.absent == "reject":
+        names = ", ".join(sorted(bad))
+        raise DatasetError(
+            f"{listing.root}: {len(bad)} image file{'s' * (len(bad) != 1)} do"
+            f"{'es' * (len(bad) == 1)} not decode: {names}; set data.absent: "
+            "missing to keep those samples with the image missing"
+        )
+    report = {k: v.report() for k, v in absent.items()}
+    for kind, what, then in (
+        ("unreadable", "an image file that does not decode", "keep them"),
+        ("image", "no image file", "keep them"),
+        ("text", "no text", "keep them"),
+        ("both", "neither image nor text", "drop them"),
+    ):
+        r = report[kind]
+        if not r["count"]:
+            continue
+        first = ", ".join(r["first_ids"])
+        n = r["count"]
+        samples = f"{n} sample{'s' * (n != 1)} {'has' if n == 1 else 'have'}"
+        if params.absent == "reject" and kind != "unreadable":
+            raise DatasetError(
+                f"{listing.root}: {samples} {what} (first: {first}); "
+                f"set data.absent: missing to {then}"
+            )
+        if kind == "unreadable":
+            log.warning(
+                "%s %s, kept with the image missing (first: %s)", samples, what, first
+            )
+        elif kind == "both":
+            log.warning(
+                "dropping %s neither image nor text (first: %s)",
+                samples.replace(" has", " with").replace(" have", " with"),
+                first,
+            )
+        else:
+            log.warning(
+                "%s %s, kept with that modality missing (first: %s)",
+                samples,
+                what,
+                first,
+            )
+    return kept, report, content
+
+
+def split_protocol(params: DataParams, split: str) -> tuple[str, float]:
+    """(missing type, missing rate) of `split`; test_missing_* apply to test only."""
+    if split != "test":
+        return params.missing_type, params.missing_rate
+    mtype = params.test_missing_type or params.missing_type
+    rate = params.test_missing_rate
+    return mtype, params.missing_rate if rate is None else rate
+
+
+def per_class(listing: Listing, n: int) -> Listing:
+    """The listing with at most `n` samples of each (class, split), the first
+    by id (`data.per_class`)."""
+    chosen: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for s in listing.samples:
+        chosen[(s.class_name, s.split)].append(s.id)
+    keep = {i for ids in chosen.values() for i in sorted(ids)[:n]}
+    samples = [s for s in listing.samples if s.id in keep]
+    log.info(
+        "data.per_class %d: %d of %d samples kept",
+        n,
+        len(samples),
+        len(listing.samples),
+    )
+    return dataclasses.replace(listing, samples=samples)
+
+
+def _check_unique_ids(listing: Listing) -> None:
+    """Ids listed once, and every text field valid Unicode (one line naming
+    the file and the row, not a traceback when samples.jsonl is written)."""
+    seen: set[str] = set()
+    for row, s in enumerate(listing.samples, 1):
+        for key in ("id", "class_name", "image", "text"):
+            problem = text_problem(getattr(s, key))
+            if problem:
+                raise DatasetError(
+                    f"{listing.source}: sample {row} ({ascii(s.id)}): {key} {problem}"
+                )
+        if s.id in seen:
+            raise DatasetError(f"{listing.source}: sample id {s.id!r} is listed twice")
+        seen.add(s.id)
+
+
+def prepare(params: DataParams) -> tuple[list[dict], dict]:
+    """Read the dataset and apply the protocol.
+
+    Returns:
+        (rows, tasks): the samples.jsonl rows in file order and the tasks.json
+        document.
+    """
+    listing = read_dataset(params)
+    _check_unique_ids(listing)
+    if params.per_class is not None:
+        listing = per_class(listing, params.per_class)
+    kept, absent, images = natural_codes(listing, params)
+
+    order = protocol.class_order(listing.classes, params.class_order_seed)
+    sizes = protocol.task_sizes(len(order), params.tasks, params.allow_uneven)
+    label_of = {name: i for i, name in enumerate(order)}
+    task_of = protocol.task_of_label(sizes)
+
+    groups: dict[tuple[int, str], list] = defaultdict(list)
+    for s, code, image, text in kept:
+        label = label_of[s.class_name]
+        groups[(task_of[label], s.split)].append((s.id, label, s, code, image, text))
+
+    rows = []
+    tasks = []
+    first_label = 0
+    for task, size in enumerate(sizes, start=1):
+        counts = {}
+        for split in SPLITS:
+            group = sorted(groups.get((task, split), []), key=lambda g: g[0])
+            mtype, rate = split_protocol(params, split)
+            natural = np.array([g[3] for g in group], dtype=np.int8)
+            codes = protocol.missing_table(
+                natural, mtype, rate, params.seed, task, split
+            )
+            t1, t2 = protocol.missing_targets(len(group), mtype, rate)
+            over = (
+                int(np.sum(codes == Missing.TEXT)) > t1,
+                int(np.sum(codes == Missing.IMAGE)) > t2,
+            )
+            if any(over):
+                log.warning(
+                    "task %d %s: naturally missing samples exceed the table's %d/%d "
+                    "(text/image missing); got %d/%d",
+                    task,
+                    split,
+                    t1,
+                    t2,
+                    int(np.sum(codes == Missing.TEXT)),
+                    int(np.sum(codes == Missing.IMAGE)),
+                )
+            for (sid, label, s, _, image, text), code in zip(group, codes, strict=True):
+                rows.append(
+                    {
+                        "id": sid,
+                        "split": split,
+                        "task": task,
+                        "label": label,
+                        "class_name": s.class_name,
+                        "image": image,
+                        "text": text,
+                        "missing": int(code),
+                    }
+                )
+            counts[split] = {
+                "total": len(group),
+                "by_missing": np.bincount(codes, minlength=len(Missing)).tolist(),
+            }
+        labels = list(range(first_label, first_label + size))
+        first_label += size
+        tasks.append(
+            {
+                "task": task,
+                "labels": labels,
+                "classes": [order[i] for i in labels],
+                "counts": counts,
+            }
+        )
+    doc = {
+        "class_order": order,
+        "tasks": tasks,
+        "dropped_classes": listing.dropped_classes,
+        "absent": absent,
+        # where the dataset is kept is no part of the output (tune and extract
+        # take it from their params file): a byte-identical copy elsewhere
+        # leaves tasks.json, and so every later stage, as it was
+        "data": {k: v for k, v in dataclasses.asdict(params).items() if k != "root"},
+        "images": images,
+    }
+    return rows, doc
+
+
+def write_outputs(rows: list[dict], doc: dict, out: str | Path) -> None:
+    """Write samples.jsonl and tasks.json into `out`, each via a temp file + rename."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    encode = json.JSONEncoder(ensure_ascii=False).encode  # one encoder for all rows
+    files = {
+        SAMPLES_FILE: "".join(
+            encode({k: r[k] for k in SAMPLE_KEYS}) + "\n" for r in rows
+        ),
+        TASKS_FILE: json.dumps(doc, indent=2, ensure_ascii=False) + "\n",
+    }
+    for name, text in files.items():
+        write_bytes_atomic(out / name, text.encode("utf-8"))
+
+
+@click.command("prepare")
+@run_params_option
+@folder_option("out", "data/prepare", "Output folder for samples.jsonl and tasks.json.")
+@clean_errors
+def cli(params_file: str, out: str) -> None:
+    """Index a dataset into samples, tasks and missing-modality tables.
+
+    Reads the `data` section: which dataset (demo, food101, n24news) at which
+    root, the number of tasks, the class-order seed and the missing-modality
+    protocol (type none/text/image/both, rate, seed; test_missing_* for test).
+    Writes <out>/samples.jsonl (one row per sample: id, split, task, label,
+    class_name, image, text, missing) and <out>/tasks.json (class order, labels
+    and counts per task, the params used). Every listed image file is decoded
+    once (JPEGs at 1/8 scale, one thread per core); one that is absent or does
+    not decode, or an empty text, is kept as naturally missing or rejected
+    (every such file named at once), per data.absent. Same params, same bytes.
+    """
+    params = load(params_file, "data")
+    rows, doc = prepare(params)
+    write_outputs(rows, doc, out)
+    n_tasks = len(doc["tasks"])
+    log.info(
+        "wrote %d samples of %d classes in %d tasks to %s",
+        len(rows),
+        len(doc["class_order"]),
+        n_tasks,
+        out,
+    )
