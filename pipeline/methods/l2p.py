@@ -1,10 +1,10 @@
 """L2P (Wang et al., CVPR 2022) on the frozen ViLT: a keyed prompt pool.
 
-A pool of M prompts P_m (J, L_p, D), one per prompt layer j, each with a key
-K_m (D,). A sample's frozen query q (D,) picks the N prompts whose keys are
-nearest by cosine (per sample, no batch-wise vote: a vote assumes a batch
-holds one task, which a test set does not), and their tokens go to the
-prompt layers side by side:
+A pool of M = `prompt.pool_size` prompts P_m (J, L_p, D), one per prompt
+layer j, each with a key K_m (D,). A sample's frozen query q (D,) picks the
+N = `prompt.top_n` prompts whose keys are nearest by cosine (per sample, no
+batch-wise vote: a vote assumes a batch holds one task, which a test set
+does not), and their tokens go to the prompt layers side by side:
 
     idx = top-N_m cos(q, K_m)                              (B, N)
     prefix (`position: prefix`, CODA-Prompt's L2P++): per layer, the first
@@ -18,7 +18,8 @@ frozen model's summary of the whole pair, as ViT's CLS is of an image in L2P.
 A sample missing a modality is queried with the frozen output on what it has
 (the dummy in place of the missing part); nothing is reconstructed.
 
-The pull loss draws the chosen keys toward the query:
+The pull loss (the method's auxiliary loss, weight `tune.recon_weight`)
+draws the chosen keys toward the query:
 
     pull = mean_b Σ_{m ∈ idx_b} (1 − cos(q_b, K_m))
 
@@ -26,8 +27,8 @@ The pull loss draws the chosen keys toward the query:
 gradient). Selection is not differentiable: keys learn by the pull loss only,
 prompts by the classification loss only. The pool is shared by all tasks and
 keeps training in every task (L2P freezes no prompt); the head's earlier
-rows are frozen and its CE is over the current task's classes, which is
-L2P's −inf mask of the other tasks' logits.
+rows are frozen and its CE is over the current task's classes (`masked`),
+which is L2P's −inf mask of the other tasks' logits.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.model.backbone import LayerPrompt
+from pipeline.methods import Method, Out, View, check_layers, layer_prompts
+from pipeline.model.backbone import Backbone
+from pipeline.params import PromptParams
 
 
 def uniform(shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
@@ -53,72 +56,44 @@ def cosine(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return F.normalize(q.float(), dim=-1) @ F.normalize(keys.float(), dim=-1).T
 
 
-def as_layer_prompts(
-    tokens: dict[int, torch.Tensor], on: torch.Tensor, position: str
-) -> dict[int, LayerPrompt]:
-    """Per-layer prompt tokens (B, L, D) → `LayerPrompt`s for the backbone.
+def side_by_side(chosen: torch.Tensor, position: str) -> torch.Tensor:
+    """Chosen prompts (J, B, N, L_p, D) → (J, B, N·L_p, D) for `layer_prompts`.
 
-    prefix: the first half of each chosen prompt's tokens are keys, the
-    second half values; `tokens[layer]` is (B, N, L_p, D) for N chosen
-    prompts. input: all tokens, flattened to (B, N·L_p, D). on: (B,) bool,
-    False switches a sample's prompts off.
+    prefix: every prompt's first L_p/2 tokens (its keys) first, then every
+    prompt's last L_p/2 (its values), so that `layer_prompts`' split at the
+    middle pairs each prompt's keys with its own values; input: prompt after
+    prompt.
     """
-    out = {}
-    for layer, t in tokens.items():
-        B, N, L, D = t.shape
-        if position == "prefix":
-            h = L // 2
-            keys = t[:, :, :h].reshape(B, N * h, D)
-            values = t[:, :, h:].reshape(B, N * h, D)
-            mask = on[:, None].expand(B, N * h)
-            out[layer] = LayerPrompt(mask=mask, keys=keys, values=values)
-        else:
-            mask = on[:, None].expand(B, N * L)
-            out[layer] = LayerPrompt(mask=mask, tokens=t.reshape(B, N * L, D))
-    return out
+    J, B, N, L, D = chosen.shape
+    if position == "prefix":
+        h = L // 2
+        keys = chosen[:, :, :, :h].reshape(J, B, N * h, D)
+        values = chosen[:, :, :, h:].reshape(J, B, N * h, D)
+        return torch.cat([keys, values], 2)
+    return chosen.reshape(J, B, N * L, D)
 
 
-def check_layers(key: str, layers: Sequence[int], depth: int) -> None:
-    """ParamsError naming `key` when a layer is beyond the backbone's depth."""
-    too_deep = [layer for layer in layers if layer >= depth]
-    if too_deep:
-        raise ParamsError(
-            f"{key} {list(layers)}: layer {too_deep[0]} is beyond the "
-            f"backbone's {depth} layers (0..{depth - 1})"
-        )
+class L2P(Method):
+    """The pool P (M, J, L_p, D) and its keys K (M, D)."""
 
+    aux_name = "pull"
 
-class L2PPrompts(nn.Module):
-    """L2P's prompt pool: `pool_size` prompts (J, `length`, D) with keys (D,).
-
-    forward(q_t, q_v, text_on, image_on, task) → {layer: LayerPrompt};
-    `pull_loss(q_t, q_v, task)` is the key–query term. `task` (1-based, or
-    None at test) changes nothing in L2P: the key match picks the prompts in
-    training and test alike.
-    """
-
-    def __init__(
-        self,
-        *,
-        pool_size: int,
-        length: int,
-        top_n: int,
-        layers: Sequence[int],
-        position: str,
-        dim: int,
-        depth: int,
-    ):
-        super().__init__()
-        check_layers("prompt.layers", layers, depth)
-        if not 0 < top_n <= pool_size:
+    @classmethod
+    def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
+        check_layers(params, depth)
+        if params.top_n > params.pool_size:
             raise ParamsError(
-                f"prompt.top_n {top_n}: must be in 1..prompt.pool_size ({pool_size})"
+                f"prompt.top_n {params.top_n}: L2P picks at most "
+                f"prompt.pool_size ({params.pool_size}) prompts"
             )
-        self.layers, self.position = tuple(layers), position
-        self.top_n, self.length = top_n, length
-        J = len(self.layers)
-        self.P = nn.Parameter(torch.zeros(pool_size, J, length, dim))
-        self.K = nn.Parameter(torch.zeros(pool_size, dim))
+
+    def __init__(self, params: PromptParams, n_tasks: int, dim: int, depth: int):
+        super().__init__()
+        self.layers, self.position = tuple(params.layers), params.position
+        self.top_n = params.top_n
+        M, J = params.pool_size, len(self.layers)
+        self.P = nn.Parameter(torch.zeros(M, J, params.length, dim))
+        self.K = nn.Parameter(torch.zeros(M, dim))
         self.n_tasks = 0
 
     def add_task(self, generator: torch.Generator) -> None:
@@ -137,24 +112,21 @@ class L2PPrompts(nn.Module):
             idx = cos.detach().topk(self.top_n, dim=-1).indices
             return idx, cos.gather(1, idx)
 
-    def forward(
-        self,
-        q_t: torch.Tensor,
-        q_v: torch.Tensor,
-        text_on: torch.Tensor,
-        image_on: torch.Tensor,
-        task: int | None = None,
-    ) -> dict[int, LayerPrompt]:
-        """q_t, q_v (B, D) frozen queries (q_v unused); text_on, image_on (B,)
-        bool: a sample's prompts are on where it has either modality on."""
-        idx, _ = self.select(q_t)
-        chosen = self.P.float()[idx]  # (B, N, J, L_p, D)
-        tokens = {layer: chosen[:, :, j] for j, layer in enumerate(self.layers)}
-        return as_layer_prompts(tokens, text_on | image_on, self.position)
+    def prompts(self, idx: torch.Tensor) -> torch.Tensor:
+        """The chosen prompts of idx (B, N), side by side: (J, B, N·L_p, D)."""
+        chosen = self.P.float()[idx].permute(2, 0, 1, 3, 4)  # (J, B, N, L_p, D)
+        return side_by_side(chosen, self.position)
 
-    def pull_loss(
-        self, q_t: torch.Tensor, q_v: torch.Tensor, task: int | None = None
-    ) -> torch.Tensor:
-        """mean over the batch of Σ over the chosen keys of (1 − cos), scalar."""
-        _, cos = self.select(q_t)
+    @staticmethod
+    def pull(cos: torch.Tensor) -> torch.Tensor:
+        """The pull loss from the chosen keys' cosines (B, N): scalar."""
         return (1 - cos).sum(-1).mean()
+
+    def features(self, backbone: Backbone, view: View) -> Out:
+        idx, cos = self.select(view.q_t)
+        prompts = layer_prompts(self.prompts(idx), self.layers, self.position)
+        x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+        return Out(x, self.pull(cos), torch.full((), len(x), device=x.device))
+
+
+METHOD = L2P
