@@ -2,6 +2,8 @@
 losses on hand-made vectors, and training on the tiny ViLT through the
 project's loss (CE and pull fall, frozen parts stay bit-identical)."""
 
+import json
+
 import pytest
 import torch
 
@@ -233,3 +235,40 @@ def test_a_checkpoint_rebuilds_the_same_model(backbone, tiny_prepare, row):
     assert again.prompts.n_tasks == 2
     state = again.tuned_state()
     assert all(torch.equal(state[k], v) for k, v in model.tuned_state().items())
+
+
+@pytest.mark.parametrize("row", [L2P_ROW, DUAL_ROW], ids=["l2p", "dualprompt"])
+def test_tune_extract_solve_evaluate_on_the_tiny_model(
+    tmp_path, tiny_vilt, tiny_prepare, row
+):
+    from helpers import write_params
+
+    from pipeline import params as pparams
+    from pipeline.stages.extract import extract
+    from pipeline.stages.tune import tune
+    from solver.evaluate import evaluate
+    from solver.params import SolveParams
+    from solver.solve import solve
+
+    prompt = {**row, "layers": list(row["layers"])}
+    params = write_params(tmp_path / "params.yaml", tiny_vilt, prompt=prompt)
+    load = pparams.load
+    ckpts = tune(
+        tiny_prepare,
+        tmp_path / "tune",
+        load(params, "model"),
+        load(params, "prompt"),
+        load(params, "tune"),
+    )
+    assert len(ckpts) == 3
+    log = [json.loads(line) for line in (tmp_path / "tune/log.jsonl").open()]
+    assert [e["task"] for e in log] == [1, 2, 3] and all(e["pull"] > 0 for e in log)
+    features = tmp_path / "extract"
+    extract(tiny_prepare, tmp_path / "tune", features, load(params, "extract"))
+    solve_p = SolveParams(eta=1.0, width=64, seed=0, device="cpu")
+    (weights,) = solve(features, tmp_path / "solve", solve_p)
+    (metrics,) = evaluate(features, [weights], tmp_path / "evaluate", plot=False)
+    m = json.loads(metrics.read_text())
+    for head in (m, m["bp"]):  # the analytic classifier's and the BP head's
+        assert [len(r) for r in head["matrix"]] == [1, 2, 3]
+        assert 0 <= head["acc"] <= 100
