@@ -162,6 +162,8 @@ MethodName = Literal[
     "map",
     "msp",
     "rebq",
+    "l2p",
+    "dualprompt",
 ]
 
 
@@ -176,6 +178,9 @@ class PromptParams:
     length: int = 8  # prompt tokens L_p per layer (prefix: L_p/2 keys, L_p/2 values)
     layers: tuple[int, ...] = (0, 1)  # encoder layers that get prompts
     position: Literal["prefix", "input"] = "prefix"  # prefix-tuning or input tokens
+    top_n: int = 5  # l2p: prompts each sample takes from the pool (N of top-N)
+    g_layers: tuple[int, ...] = (0, 1)  # dualprompt: the G-prompt's layers
+    g_length: int = 10  # dualprompt: G-prompt tokens per layer (half keys, half values)
 
     def __post_init__(self) -> None:
         names = get_args(MethodName)
@@ -192,6 +197,18 @@ class PromptParams:
             self.position != "prefix" or self.length % 2 == 0,
             "prompt.length",
             f"must be even for prefix prompts, got {self.length}",
+        )
+        check(self.top_n > 0, "prompt.top_n", f"must be > 0, got {self.top_n}")
+        check(
+            self.g_length > 0 and self.g_length % 2 == 0,
+            "prompt.g_length",
+            f"must be even and > 0 (keys, values), got {self.g_length}",
+        )
+        check(
+            len(set(self.g_layers)) == len(self.g_layers)
+            and min(self.g_layers, default=0) >= 0,
+            "prompt.g_layers",
+            f"must be distinct layer indices >= 0, got {list(self.g_layers)}",
         )
         check(len(self.layers) > 0, "prompt.layers", "must list at least one layer")
         check(

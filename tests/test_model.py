@@ -158,6 +158,9 @@ def test_prompts_off_features_are_the_frozen_text_cls(backbone, data):
         {"method": "msp"},
         {"method": "msp", "position": "input"},
         {"method": "rebq"},
+        {"method": "l2p", "top_n": 2},
+        {"method": "l2p", "top_n": 2, "position": "input"},
+        {"method": "dualprompt", "g_layers": (0,), "g_length": 4, "layers": (1,)},
     ],
 )
 def test_every_variant_trains_and_extracts(backbone, data, prompt):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.methods import Method, msp, pal, rebq
+from pipeline.methods import Method, dualprompt, l2p, msp, pal, rebq
 from pipeline.methods import map as map_method
 
 METHODS: dict[str, type[Method]] = {
@@ -10,4 +10,6 @@ METHODS: dict[str, type[Method]] = {
     "map": map_method.METHOD,
     "msp": msp.METHOD,
     "rebq": rebq.METHOD,
+    "l2p": l2p.METHOD,
+    "dualprompt": dualprompt.METHOD,
 }
