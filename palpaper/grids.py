@@ -114,6 +114,7 @@ class Result:
     title: str
     rows: tuple[str, ...]  # row keys of metrics.json, in table order
     variants: tuple[str, ...] | None  # pipelines.main for its cells; None: as is
+    baselines: bool = False  # its cells run pipelines.main + pipelines.baselines
     keeps_features: bool = False  # varies solve.* only: the analytic stages rerun
     figure: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -125,6 +126,10 @@ class Result:
         base: dict[str, Any] = {}
         if self.variants is not None:
             base["pipelines.main"] = list(self.variants)
+        elif self.baselines:
+            main = list(get(params, "pipelines.main"))
+            extra = (params.get("pipelines") or {}).get("baselines") or []
+            base["pipelines.main"] = main + [v for v in extra if v not in main]
         if runs is not None:
             base["protocol.runs"] = list(runs)
         return [
@@ -214,6 +219,10 @@ def _tasks(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     return [(f"K-{k}", f"K = {k}", {"data.tasks": k}) for k in ks]
 
 
+# Tables 1-2's methods in the paper's order (the prompt baselines, ACIL as the
+# `frozen` variant, PAL), then PAL's BP head and the never-trained prompts
+PAPER_ROWS = ("map", "msp", "l2p", "dualprompt", "rebq", "frozen", "pal", "bp", "init")
+
 _GRIDS = {
     "missing": _missing,
     "steps": _steps,
@@ -232,16 +241,18 @@ RESULTS = {
             "Tables 1-2",
             "Acc and FG (%) under 15 missing-modality scenarios, missing in "
             "training and test",
-            rows=("pal", "frozen", "bp", "init"),
+            rows=PAPER_ROWS,
             variants=None,
+            baselines=True,
         ),
         Result(
             "steps",
             "Figures (accuracy at each step)",
             "Accuracy (%) over the seen tasks after each step, both modalities "
             "missing at rate 0.1, 0.5 and 0.7",
-            rows=("pal", "frozen", "bp", "init"),
+            rows=PAPER_ROWS,
             variants=None,
+            baselines=True,
             figure=True,
         ),
         Result(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from palcore.params import RUN_ONLY, Device, check, load_section
 
@@ -155,18 +155,40 @@ class ModelParams:
         )
 
 
+# the prompt methods: PAL, then the baselines in the paper's order, one a line
+# (`pipeline.methods.registry.METHODS` has one class each)
+MethodName = Literal[
+    "pal",
+    "map",
+    "msp",
+    "rebq",
+    "l2p",
+    "dualprompt",
+]
+
+
 @dataclasses.dataclass(frozen=True)
 class PromptParams:
-    """`prompt:` — the modality-specific prompt pools (CODA-style)."""
+    """`prompt:` — the prompt method and its prompts (PAL: CODA-style pools)."""
 
     enabled: bool = True  # false: frozen features only (the ACIL baseline)
+    method: MethodName = "pal"  # the prompt method (DESIGN §5, pipeline/methods)
     pools: Literal["modality", "shared", "vector"] = "modality"  # ablation variants
     pool_size: int = 20  # components N per pool; N // K per task
     length: int = 8  # prompt tokens L_p per layer (prefix: L_p/2 keys, L_p/2 values)
     layers: tuple[int, ...] = (0, 1)  # encoder layers that get prompts
     position: Literal["prefix", "input"] = "prefix"  # prefix-tuning or input tokens
+    top_n: int = 5  # l2p: prompts each sample takes from the pool (N of top-N)
+    g_layers: tuple[int, ...] = (0, 1)  # dualprompt: the G-prompt's layers
+    g_length: int = 10  # dualprompt: G-prompt tokens per layer (half keys, half values)
 
     def __post_init__(self) -> None:
+        names = get_args(MethodName)
+        check(
+            self.method in names,
+            "prompt.method",
+            f"must be one of {', '.join(map(repr, names))}, got {self.method!r}",
+        )
         check(
             self.pool_size > 0, "prompt.pool_size", f"must be > 0, got {self.pool_size}"
         )
@@ -175,6 +197,18 @@ class PromptParams:
             self.position != "prefix" or self.length % 2 == 0,
             "prompt.length",
             f"must be even for prefix prompts, got {self.length}",
+        )
+        check(self.top_n > 0, "prompt.top_n", f"must be > 0, got {self.top_n}")
+        check(
+            self.g_length > 0 and self.g_length % 2 == 0,
+            "prompt.g_length",
+            f"must be even and > 0 (keys, values), got {self.g_length}",
+        )
+        check(
+            len(set(self.g_layers)) == len(self.g_layers)
+            and min(self.g_layers, default=0) >= 0,
+            "prompt.g_layers",
+            f"must be distinct layer indices >= 0, got {list(self.g_layers)}",
         )
         check(len(self.layers) > 0, "prompt.layers", "must list at least one layer")
         check(

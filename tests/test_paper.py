@@ -45,8 +45,16 @@ def test_results_share_their_common_cells() -> None:
     steps = {c.key: c.cell for c in RESULTS["steps"].columns(PARAMS, [0])}
     assert len(missing) == 15 and len(steps) == 3
     assert steps["both-0.1"] == missing["both-0.1"]
-    assert steps["both-0.7"] == missing["both-0.7"] == Cell((("protocol.runs", [0]),))
-    assert missing["text-0.3"].name == "missing_rate=0.3+missing_type=text+runs=0"
+    # both run pipelines.main and the paper's prompt baselines in every cell
+    every = [*PARAMS["pipelines"]["main"], *PARAMS["pipelines"]["baselines"]]
+    assert (
+        steps["both-0.7"]
+        == missing["both-0.7"]
+        == Cell((("pipelines.main", every), ("protocol.runs", [0])))
+    )
+    assert missing["text-0.3"].name == (
+        f"missing_rate=0.3+missing_type=text+main={'-'.join(every)}+runs=0"
+    )
 
 
 def test_the_grids_follow_the_dataset() -> None:
@@ -87,6 +95,16 @@ def metrics(acc: float, runs: list[int]) -> dict:
             "paper": {"missing": "ACIL", "ablation": "w/o prompt module"},
         },
         "init": {"label": "prompts at init, never trained + AL"},
+        **{
+            v: {"label": f"{name}, BP head", "paper": name}
+            for v, name in (
+                ("map", "MAP"),
+                ("msp", "MSP"),
+                ("l2p", "L2P"),
+                ("dualprompt", "DualPrompt"),
+                ("rebq", "RebQ"),
+            )
+        },
     }
     return {"runs": runs, "vary": [], **{k: {**row, **v} for k, v in names.items()}}
 
@@ -131,17 +149,23 @@ def test_tables_1_2_in_the_papers_layout() -> None:
         "50% image missing | 50% both | 70% text missing | 70% image missing | "
         "70% both | 90% text missing | 90% image missing | 90% both |"
     )
-    # PAL's Acc row: the paper's Table 1 PAL row beside every cell
-    assert lines[4].startswith(
+    # the seven methods in the paper's order, each by its paper name (params
+    # `paper`) with the paper's Table 1 row beside every cell
+    names = [line.split(" | ")[1] for line in lines[4:11]]
+    assert names == ["MAP", "MSP", "L2P", "DualPrompt", "RebQ", "ACIL", "PAL"]
+    assert lines[4].startswith("| Acc | MAP | 60.00 ± 1.50 (20.66) |")
+    assert lines[8].endswith("| 60.00 ± 1.50 (54.67) |")  # RebQ, 90 % both
+    assert lines[9].startswith("| Acc | ACIL | 60.00 ± 1.50 (78.62) |")
+    assert lines[10].startswith(
         "| Acc | PAL | 60.00 ± 1.50 (82.45) | 60.00 ± 1.50 (84.66) | "
         "60.00 ± 1.50 (83.50) | 60.00 ± 1.50 (76.80) |"
     )
-    assert lines[4].endswith("| 60.00 ± 1.50 (69.69) |")
-    # each row by its paper name for this table (params `paper`), else its label
-    assert lines[5].startswith("| Acc | ACIL | 60.00 ± 1.50 (78.62) |")
-    assert lines[6].startswith("| Acc | w/o AL module | 60.00 ± 1.50 |")
-    assert lines[7].startswith("| Acc | prompts at init, never trained + AL | 60.00")
-    assert lines[8].endswith("| 6.00 ± 1.50 (5.32) |")  # FG, PAL, 90 % both
+    assert lines[10].endswith("| 60.00 ± 1.50 (69.69) |")
+    # rows the paper has not: by their label, no number beside
+    assert lines[11].startswith("| Acc | w/o AL module | 60.00 ± 1.50 |")
+    assert lines[12].startswith("| Acc | prompts at init, never trained + AL | 60.00")
+    assert lines[13].startswith("| FG | MAP | 6.00 ± 1.50 (82.50) |")
+    assert lines[19].endswith("| 6.00 ± 1.50 (5.32) |")  # FG, PAL, 90 % both
     assert len(lines) == 4 + 2 * len(r.rows)
 
 
@@ -167,10 +191,15 @@ def test_the_demo_says_there_is_nothing_to_compare() -> None:
 
 def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
     # missing on Food101: 14 new cells (70 % both is the committed one) x 3 runs;
-    # pal trains, init and frozen only extract: 42 tunings, 126 extractions
+    # pal trains, init and frozen only extract: 42 tunings, 126 extractions; each
+    # prompt baseline trains and extracts in all 15 cells x 3 runs
     cells = RESULTS["missing"].columns(FOOD, None)
     counts = [tunings(RESULTS["missing"], c.cell, FOOD) for c in cells]
-    assert sum(t for t, _ in counts) == 42 and sum(e for _, e in counts) == 126
+    n_base = len(FOOD["pipelines"]["baselines"])
+    assert n_base >= 3  # map, msp, rebq (l2p, dualprompt)
+    trained, extracted = 42 + 45 * n_base, 126 + 45 * n_base
+    assert sum(t for t, _ in counts) == trained
+    assert sum(e for _, e in counts) == extracted
     out = subprocess.run(
         [
             str(BIN / "pal-paper"),
@@ -191,19 +220,25 @@ def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
     # bench/README.md's H100 rates: 77.2 min of tune and 5.29 of extract
     tune = (15.3 + 10 * 61127 / 163.9 + 61127 / 69.6 + 10 * 1.0) / 60
     extract = (22.5 + 10 * 6.1 + (61127 + 22716 * 5.5) / 795.2) / 60
-    hours = (42 * tune + 126 * extract) / 60
+    hours = (trained * tune + extracted * extract) / 60
+    # 14 cells of equal cost (pal, init and frozen, and the baselines, 3 runs
+    # each), the committed scenario's (the baselines only) and upsampling's 5
+    # cells (no features) on 4 cards: 4, 4, 3 and 3 of the 14, the committed
+    # one with the least loaded card
+    cell = ((3 + 3 * n_base) * tune + (9 + 3 * n_base) * extract) / 60
+    base = 3 * n_base * (tune + extract) / 60
+    wall = max(4 * cell, 3 * cell + base)
     assert out.stdout.splitlines() == [
         "food101, one NVIDIA H100 80GB HBM3 (tune.device cuda): tune 77.2 min and "
         "extract 5.3 min per (variant, run) at the committed params (bench/README.md, "
         "bench/rehearsal.py at 30 photos a class)",
-        f"  missing: 15 cells, 42 tunings, 126 extractions: {hours:.1f} h",
+        f"  missing: 15 cells, {trained} tunings, {extracted} extractions: "
+        f"{hours:.1f} h",
         "  upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
         f"  all of them: {hours:.1f} h (cells shared between results counted once)",
         "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
         "per solve (solve.device auto)",
-        # 14 cells of equal cost on 4 cards: 4, 4, 3 and 3 cells
-        f"  on 4 cards: {4 * hours / 14:.1f} h wall (19 cells, the longest "
-        f"{hours / 14:.1f} h)",
+        f"  on 4 cards: {wall:.1f} h wall (20 cells, the longest {cell:.1f} h)",
     ]
 
 
@@ -306,7 +341,8 @@ def test_figures_are_written_as_png(project: tuple[Path, str]) -> None:
     assert (folder / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (folder / "steps.md").read_text().splitlines()
     assert md[2] == "| Scenario | Method | step 1 | step 2 |"
-    assert md[4] == "| missing rate 0.1 | PAL | 50.00 | 40.00 |"
+    assert md[4] == "| missing rate 0.1 | MAP | 50.00 | 40.00 |"
+    assert md[10] == "| missing rate 0.1 | PAL | 50.00 | 40.00 |"
     first = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert paper(repo, "collect", "steps", "--runs", "0").returncode == 0
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == first  # same bytes

@@ -14,8 +14,8 @@ from pipeline.model.backbone import autocast, load_backbone
 from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
 from pipeline.model.losses import (
     DummySegments,
-    _splice_copies,
     dummy_segments,
+    splice_copies,
     static_inputs,
     static_loss,
 )
@@ -101,7 +101,7 @@ def _compare(model, ds, cache, dummy, task, widen=False):
         loss_s.backward()
         grads_s = _grads(model)
         assert loss_s.item() == pytest.approx(loss_d.item(), rel=1e-5, abs=1e-6)
-        for key in ("ce", "recon", "correct", "complete"):
+        for key in ("ce", "aux", "correct", "aux_rows"):
             assert parts_s[key].item() == pytest.approx(
                 parts_d[key].item(), rel=1e-5, abs=1e-6
             ), key
@@ -113,7 +113,13 @@ def _compare(model, ds, cache, dummy, task, widen=False):
 
 @pytest.mark.parametrize(
     "prompt",
-    [{}, {"pools": "shared"}, {"pools": "vector"}, {"position": "input"}],
+    [
+        {},
+        {"pools": "shared"},
+        {"pools": "vector"},
+        {"position": "input"},
+        {"method": "rebq"},
+    ],
     ids=str,
 )
 def test_static_loss_equals_the_dynamic_loss(tiny_vilt, data, prompt):
@@ -156,10 +162,10 @@ def test_without_copies_there_is_no_reconstruction_loss(tiny_vilt, data):
     batch = next(iter(make_loader(ds, 8, copies=False)))
     assert (batch.missing == 0).any()
     _, parts = _static(model, batch, cache, None, 1)
-    assert parts["recon"].item() == 0.0 and parts["complete"].item() == 0
+    assert parts["aux"].item() == 0.0 and parts["aux_rows"].item() == 0
 
 
-def test_splice_copies_pads_the_dummy_image_to_the_batch():
+def testsplice_copies_pads_the_dummy_image_to_the_batch():
     B, Tt, D = 3, 4, 2
     dummy = DummySegments(
         text=torch.full((Tt, D), 7.0),
@@ -170,7 +176,7 @@ def test_splice_copies_pads_the_dummy_image_to_the_batch():
     h = torch.arange(B * N * D, dtype=torch.float32).view(B, N, D)
     mask = torch.ones(B, N, dtype=torch.bool)
     complete = torch.tensor([True, False, True])
-    h_a, m_a, h_b, m_b = _splice_copies(h, mask, Tt, complete, dummy)
+    h_a, m_a, h_b, m_b = splice_copies(h, mask, Tt, complete, dummy)
     for r in (0, 2):
         assert torch.equal(h_a[r, :Tt], dummy.text)
         assert torch.equal(m_a[r, :Tt], dummy.text_mask)
@@ -183,7 +189,7 @@ def test_splice_copies_pads_the_dummy_image_to_the_batch():
         assert torch.equal(out[1], h[1])
     assert m_a[1].all() and m_b[1].all()
     with pytest.raises(ValueError, match=r"batch image tokens \(2\) fewer"):
-        _splice_copies(h[:, : Tt + 2], mask[:, : Tt + 2], Tt, complete, dummy)
+        splice_copies(h[:, : Tt + 2], mask[:, : Tt + 2], Tt, complete, dummy)
 
 
 def test_set_lr_sets_floats_and_fills_tensors():
@@ -279,4 +285,4 @@ def test_wide_photos_with_fewer_tokens_than_the_dummy_image(tiny_vilt, data, tmp
     loss_s, parts_s = static_loss(model, inputs, cache, dummy, 1, 0.5)
     loss_d, parts_d = batch_loss(model, b_dyn, cache, 1, 0.5)
     assert loss_s.item() == pytest.approx(loss_d.item(), rel=1e-5, abs=1e-6)
-    assert parts_s["complete"].item() == parts_d["complete"].item() == 4
+    assert parts_s["aux_rows"].item() == parts_d["aux_rows"].item() == 4

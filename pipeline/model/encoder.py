@@ -45,13 +45,16 @@ class LayerPrompt:
     Prefix style: `keys` and `values` (B, L_k, D), prepended to the layer's
     keys and values. Input style: `tokens` (B, L_i, D), prepended to the
     sequence. `mask` (B, L_k or L_i) bool: False switches a prompt token off
-    for that sample (it is then ignored as a key).
+    for that sample (it is then ignored as a key). Input tokens replace the
+    earlier layers' prompt tokens, or with `keep` go in front of them, so they
+    accumulate over the prompt layers (MAP's input prompts).
     """
 
     mask: torch.Tensor
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
+    keep: bool = False
 
 
 class Backbone(nn.Module):
@@ -221,7 +224,11 @@ class Backbone(nn.Module):
         biases: dict[tuple[int, int], torch.Tensor] = {}  # one per distinct key mask
         for i, layer in enumerate(self.vilt.encoder.layer):
             p = prompts.get(i)
-            if p is not None and p.tokens is not None:
+            if p is not None and p.tokens is not None and p.keep and n_input:
+                h = torch.cat([p.tokens.to(h.dtype), h], 1)
+                n_input += p.tokens.shape[1]
+                mask_in = torch.cat([p.mask, mask_in], 1)
+            elif p is not None and p.tokens is not None:
                 h = torch.cat([p.tokens.to(h.dtype), h[:, n_input:]], 1)
                 n_input, mask_in = p.tokens.shape[1], p.mask
             prefix = (

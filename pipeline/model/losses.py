@@ -1,21 +1,26 @@
 """The training loss of one batch, and its static-shape form for CUDA graphs.
 
-`loss` is the definition (DESIGN §5): the loader appends the text-dropped and
-image-dropped copies of the batch's complete samples on the host (`Collate`
-with `copies`), the rows missing a modality and the copies go through one
-reconstruction pass, and
+`loss` is the definition (DESIGN §5): the batch's embedded samples, their
+frozen queries (from the `QueryCache`) and, for a method that asks for them
+(PAL), the text-dropped and image-dropped copies of its complete samples that
+the loader appended on the host (`Collate` with `copies`), go to the prompt
+method (`pipeline.methods`), and
 
-    loss = CE(task's classes) + λ · mean over complete samples of
-           ‖q̂_t − q_t‖² + ‖q̂_v − q_v‖²  (stop-gradient targets).
+    loss = CE(the task's classes, or every class seen: `train_range`)
+           + λ · the method's auxiliary loss (PAL: mean over complete
+             samples of ‖q̂_t − q_t‖² + ‖q̂_v − q_v‖², stop-gradient targets)
+
+with λ = `tune.recon_weight`.
 
 `static_loss` computes the same loss with shapes fixed by the batch's shape,
 so a GPU step can be captured and replayed as a CUDA graph
 (`pipeline.model.graphs`): text padded to `model.max_text_len` (`static_inputs`),
 the copies spliced on the device from the embedded dummy inputs
 (`DummySegments`), masks in place of host-side counts. It is an optimisation
-of `loss`, held to it by tests/test_static_step.py (loss parts and every
-gradient, for every prompt variant). On the CPU it is slower than `loss`
-(measured in bench/README.md), so `pal tune` uses it only on CUDA.
+of `loss` for graphable methods (PAL), held to it by
+tests/test_static_step.py (loss parts and every gradient, for every prompt
+variant). On the CPU it is slower than `loss` (measured in bench/README.md),
+so `pal tune` uses it only on CUDA.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch.nn.functional as F
 
 from palcore.codes import Missing
 from pipeline.data.samples import Batch
+from pipeline.methods import Copies, Out, View
 from pipeline.model.backbone import Backbone, autocast
 from pipeline.model.network import PalModel, QueryCache
 from pipeline.model.vision import batch_inputs
@@ -36,62 +42,67 @@ Parts = dict[str, torch.Tensor]
 
 
 def loss(
-    model: PalModel, batch: Batch, cache: QueryCache, task: int, recon_weight: float
+    model: PalModel,
+    batch: Batch,
+    cache: QueryCache,
+    task: int,
+    recon_weight: float,
 ) -> tuple[torch.Tensor, Parts]:
-    """Training loss of one batch (with its copies) for `task`; λ =
-    `recon_weight`.
+    """Training loss of one batch (with its copies) for `task`: CE over the
+    classes `model.train_range(task)` + `recon_weight` × the method's auxiliary
+    loss.
 
-    Returns the loss (scalar, with graph) and detached parts: ce, recon
-    (0 without complete samples), correct (task-local argmax hits). No host
-    synchronisation, so a GPU can run ahead.
+    Returns the loss (scalar, with graph) and detached parts: ce, aux,
+    aux_rows (the rows aux is a mean over; PAL: complete samples), correct
+    (argmax hits within the CE's classes). No host synchronisation, so a GPU
+    can run ahead.
     """
     dev = model.backbone.device
-    n, c = batch.n, len(batch.complete)
+    n = batch.n
     idx = batch.index.to(dev)
     q = cache.q[idx]  # (n, 2, D)
-    q_t, q_v = q[:, 0], q[:, 1]
-    lo, hi = model.class_range(task)
+    lo, hi = model.train_range(task)
     labels = batch.labels.to(dev) - lo
-    recon = torch.zeros((), device=dev)
     if model.prompts is None:
-        x = q_t
+        zero = torch.zeros((), device=dev)
+        out = Out(q[:, 0], zero, zero)
     else:
         ids, am, px, pm = batch_inputs(batch, dev)
-        T = ids.shape[1]
         h, mask = model.backbone.embed(ids, am, px, pm, batch.image_sizes)
-        extra = None
-        if c:
-            comp = batch.complete.to(dev)
-            qc = cache.copies[
-                idx[comp]
-            ]  # (c, 2, D): [q_t img-dropped, q_v txt-dropped]
-            zeros = torch.zeros_like(qc[:, 0])
-            extra = (
-                h[n:],
-                mask[n:],
-                torch.cat([zeros, qc[:, 0]]),
-                torch.cat([qc[:, 1], zeros]),
-            )
-        q_t, q_v, q_hat = model.fill_missing(
-            h[:n], mask[:n], T, q_t, q_v, batch.missing, extra
-        )
-        if c:
-            target_t, target_v = q[comp, 0], q[comp, 1]
-            recon = (
-                (q_hat[:c] - target_t).pow(2).sum(-1)
-                + (q_hat[c:] - target_v).pow(2).sum(-1)
-            ).mean()
-        x = model.joint(h[:n], mask[:n], q_t, q_v)
-    logits = model.head(x)[:, lo:hi]
+        view = View(h[:n], mask[:n], ids.shape[1], q[:, 0], q[:, 1], batch.missing)
+        view.task = task
+        if len(batch.complete) and model.prompts.copies:
+            view.copies = _copies(h, mask, n, idx, batch.complete.to(dev), cache)
+        out = model.prompts.features(model.backbone, view)
+    logits = model.head(out.x)[:, lo:hi]
     ce = F.cross_entropy(logits, labels)
-    loss = ce + recon_weight * recon
-    parts = {
+    return ce + recon_weight * out.aux, {
         "ce": ce.detach(),
-        "recon": recon.detach(),
+        "aux": out.aux.detach(),
+        "aux_rows": out.aux_rows,
         "correct": (logits.argmax(-1) == labels).sum(),
-        "complete": torch.full((), c, device=dev),
     }
-    return loss, parts
+
+
+def _copies(
+    h: torch.Tensor,
+    mask: torch.Tensor,
+    n: int,
+    idx: torch.Tensor,
+    comp: torch.Tensor,
+    cache: QueryCache,
+) -> Copies:
+    """The copies the loader appended after a batch's n samples (rows n: of h
+    and mask), with their frozen queries from the cache."""
+    qc = cache.copies[idx[comp]]  # (c, 2, D): [q_t img-dropped, q_v txt-dropped]
+    zeros = torch.zeros_like(qc[:, 0])
+    return Copies(
+        h[n:],
+        mask[n:],
+        torch.cat([zeros, qc[:, 0]]),
+        torch.cat([qc[:, 1], zeros]),
+        comp,
+    )
 
 
 def static_inputs(
@@ -168,7 +179,7 @@ def dummy_segments(
     return DummySegments(h[0, :T], mask[0, :T], h[0, T:])
 
 
-def _splice_copies(
+def splice_copies(
     h: torch.Tensor,
     mask: torch.Tensor,
     T: int,
@@ -208,59 +219,47 @@ def static_loss(
     task: int,
     recon_weight: float,
 ) -> tuple[torch.Tensor, Parts]:
-    """`loss` with shapes that depend only on the input shapes.
+    """`loss` with shapes that depend only on the input shapes (a graphable
+    method's `static_features`), for a CUDA-graph capture: masks stand in
+    for counts and host-side row selection.
 
-    The same loss, for a CUDA-graph capture: instead of selecting rows on the
-    host, every row gets a text-missing slot and an image-missing slot in one
-    reconstruction pass of 2B rows (a complete row's copies are spliced from
-    `dummy`; a row missing a modality fills its own slot; unused slots get no
-    gradient), and masks stand in for counts.
-
-    inputs (from `static_inputs`): h (B, N, D), mask (B, N):
-    embedded samples, text length T = `model.backbone.max_text_len`; index,
-    missing, labels (B,) int64 on the device, label −1 marking a padding row.
+    inputs (from `static_inputs`): h (B, N, D), mask (B, N): embedded
+    samples, text length T = `model.backbone.max_text_len`; index, missing,
+    labels (B,) int64 on the device, label −1 marking a padding row.
     `dummy` None: no copies (no reconstruction loss). Returns the loss and
-    detached parts: ce, recon, correct, complete (count of complete samples).
+    the parts of `loss`.
     """
-    h, mask, index = inputs["h"], inputs["mask"], inputs["index"]
-    missing, labels = inputs["missing"], inputs["labels"]
-    T = model.backbone.max_text_len
+    index, missing, labels = inputs["index"], inputs["missing"], inputs["labels"]
     q = cache.q[index]  # (B, 2, D)
-    q_t, q_v = q[:, 0], q[:, 1]
-    lo, hi = model.class_range(task)
+    lo, hi = model.train_range(task)
     valid = labels >= 0
     target = torch.where(valid, labels - lo, -100)
     complete = (missing == Missing.COMPLETE) & valid
+    h, mask, T = inputs["h"], inputs["mask"], model.backbone.max_text_len
     if dummy is None:
         complete = torch.zeros_like(complete)
-        h_a, mask_a, h_b, mask_b = h, mask, h, mask
+        copies = (h, mask, h, mask)
     else:
-        h_a, mask_a, h_b, mask_b = _splice_copies(h, mask, T, complete, dummy)
-    qc = cache.copies[index]  # [q_t of the image-dropped, q_v of the text-dropped]
-    cm = complete[:, None]
-    zeros = torch.zeros_like(q_t)
-    q_hat = model.reconstruct(
-        torch.cat([h_a, h_b]),
-        torch.cat([mask_a, mask_b]),
-        T,
-        torch.cat([zeros, torch.where(cm, qc[:, 0], q_t)]),
-        torch.cat([torch.where(cm, qc[:, 1], q_v), zeros]),
-        torch.arange(2 * len(h), device=h.device) < len(h),
-    )
-    B = len(h)
-    qt_hat, qv_hat = q_hat[:B], q_hat[B:]
-    err = (qt_hat - q_t).pow(2).sum(-1) + (qv_hat - q_v).pow(2).sum(-1)
-    n_complete = complete.sum()
-    recon = (err * complete).sum() / n_complete.clamp_min(1)
-    q_t = torch.where((missing == Missing.TEXT)[:, None], qt_hat, q_t)
-    q_v = torch.where((missing == Missing.IMAGE)[:, None], qv_hat, q_v)
-    logits = model.head(model.joint(h, mask, q_t, q_v))[:, lo:hi]
-    ce = F.cross_entropy(logits, target, ignore_index=-100)
-    loss = ce + recon_weight * recon
-    parts = {
-        "ce": ce.detach(),
-        "recon": recon.detach(),
-        "correct": ((logits.argmax(-1) == target) & valid).sum(),
-        "complete": n_complete,
+        copies = splice_copies(h, mask, T, complete, dummy)
+    view = {
+        "h": h,
+        "mask": mask,
+        "T": T,
+        "copies": copies,
+        "q_t": q[:, 0],
+        "q_v": q[:, 1],
+        "qc": cache.copies[
+            index
+        ],  # [q_t of the image-dropped, q_v of the text-dropped]
+        "missing": missing,
+        "complete": complete,
     }
-    return loss, parts
+    out = model.prompts.static_features(model.backbone, view)
+    logits = model.head(out.x)[:, lo:hi]
+    ce = F.cross_entropy(logits, target, ignore_index=-100)
+    return ce + recon_weight * out.aux, {
+        "ce": ce.detach(),
+        "aux": out.aux.detach(),
+        "aux_rows": out.aux_rows,
+        "correct": ((logits.argmax(-1) == target) & valid).sum(),
+    }

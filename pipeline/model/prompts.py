@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from palcore.errors import ParamsError
+from pipeline.methods import check_layers
 from pipeline.model.backbone import LayerPrompt
 from pipeline.params import PromptParams
 
@@ -214,13 +215,8 @@ class Prompts(nn.Module):
 def check_prompt_params(
     params: PromptParams, n_tasks: int, dim: int, depth: int
 ) -> None:
-    """Check prompt params against the backbone and the task count."""
-    too_deep = [layer for layer in params.layers if layer >= depth]
-    if too_deep:
-        raise ParamsError(
-            f"prompt.layers {list(params.layers)}: layer {too_deep[0]} is "
-            f"beyond the backbone's {depth} layers (0..{depth - 1})"
-        )
+    """Check PAL's prompt params against the backbone and the task count."""
+    check_layers(params, depth)
     if params.pools == "vector":
         return
     if params.pool_size < n_tasks:

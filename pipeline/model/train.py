@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -58,6 +59,36 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+@dataclass
+class Stepper:
+    """One optimiser step per batch: `step(batch)` → its parts. `graphs`: the
+    CUDA graphs it replays (their counts for the log), None without."""
+
+    run: Callable[[Batch], Parts]
+    graphs: GraphedSteps | None = None
+
+    def __call__(self, batch: Batch) -> Parts:
+        return self.run(batch)
+
+
+@dataclass
+class Session:
+    """What one task's training loop needs, built in `_session`."""
+
+    loader: Iterable[Batch]
+    optimiser: torch.optim.Optimizer
+    base_lrs: list[float]
+    step: Stepper
+    per_epoch: int
+    labels: torch.Tensor  # (n,) int64: the training labels (head-only batches)
+    seed: int
+
+    def schedule(self, epochs: int, warmup: float) -> Callable[[int], float]:
+        """The lr factor of the i-th step of the task (`lr_factor`)."""
+        total = self.per_epoch * epochs
+        return lambda i: lr_factor(i, total, int(warmup * total))
+
+
 def train_task(
     model: PalModel,
     task: int,
@@ -69,120 +100,22 @@ def train_task(
     with `seconds`)."""
     if not train:
         raise CheckpointError(f"task {task} has no training samples")
-    device = model.backbone.device
     seed = task_seed(tune_p.seed, task)
     torch.manual_seed(seed)  # patch order of the ViLT embeddings
     model.add_task(torch.Generator().manual_seed(seed))
-    model.to(device)
+    model.to(model.backbone.device)
     if tune_p.epochs == 0:  # the "never trained" ablation: init prompts and head
         log.info("task %d: tune.epochs 0, prompts and head stay at their init", task)
         model.eval()
         return []
-    backbone = model.backbone
-    dataset = SampleDataset(
-        train,
-        tasks.root,
-        backbone.processor,
-        backbone.max_text_len,
-        backbone.image_side,
-        uint8=not legacy_path(),  # normalised on the device, same bits
-    )
-    if model.prompts is not None and 0 < tune_p.prompt_tasks < task:
-        log.info("task %d: tune.prompt_tasks %d, prompts stay at their init",
-                 task, tune_p.prompt_tasks)  # fmt: skip
-        model.prompts.requires_grad_(False)
-    prompted = model.prompts is not None and any(
-        p.requires_grad for p in model.prompts.parameters()
-    )
-    copies = prompted and tune_p.recon_weight > 0
-    cache = _query_cache(model, dataset, task, copies, tune_p.num_workers)
-    graphed = device.type == "cuda" and model.prompts is not None and tune_p.cuda_graphs
-    optimiser, base_lrs = _optimiser(model, tune_p, capturable=graphed)
-    dummy = (
-        dummy_segments(
-            backbone, dataset.empty_ids, dataset.empty_mask, dataset.dummy_image()
-        )
-        if graphed and copies
-        else None
-    )
-    run_step = make_step(
-        model,
-        optimiser,
-        cache,
-        task,
-        tune_p.recon_weight,
-        static=graphed,
-        dummy=dummy,
-        graphs=graphed,
-    )
-    per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
-    total = per_epoch * tune_p.epochs
-    warmup = int(tune_p.warmup * total)
-    loader = make_loader(
-        dataset,
-        tune_p.batch_size,
-        copies=copies and not graphed,  # graphed steps splice them on the GPU
-        shuffle=True,
-        seed=seed,
-        num_workers=tune_p.num_workers,
-        device=device,
-    )
-    labels = torch.tensor([s.label for s in train])
+    session = _session(model, task, train, tasks, tune_p, seed)
     model.train()
-    entries = []
-    for epoch in range(1, tune_p.epochs + 1):
-        t0 = time.perf_counter()
-        batches = (
-            loader
-            if model.prompts is not None
-            else _index_batches(labels, tune_p.batch_size, seed, epoch)
-        )
-        clock = WaitClock(batches)
-        bar = tqdm(
-            clock,
-            total=per_epoch,
-            desc=f"task {task} epoch {epoch}",
-            unit="batch",
-            disable=None,
-            leave=False,
-        )
-        # ce·n, recon·c, correct, c (complete samples)
-        sums = torch.zeros(4, dtype=torch.float64, device=device)
-        n_seen = 0
-        for i, batch in enumerate(bar):
-            factor = lr_factor((epoch - 1) * per_epoch + i, total, warmup)
-            set_lr(optimiser, [lr * factor for lr in base_lrs])
-            parts = run_step(batch)
-            sums += torch.stack(
-                [
-                    parts["ce"] * batch.n,
-                    parts["recon"] * parts["complete"],
-                    parts["correct"],
-                    parts["complete"],
-                ]
-            ).double()
-            n_seen += batch.n
-            if i % 20 == 19 or i == per_epoch - 1:
-                bar.set_postfix(loss=f"{sums[0].item() / n_seen:.4f}")
-        bar.close()
-        entry = _entry(task, epoch, per_epoch, n_seen, sums, tune_p.recon_weight)
-        entry["seconds"] = round(time.perf_counter() - t0, 1)
-        entry["data_wait"] = round(clock.seconds, 1)
-        log.info(
-            "task %d epoch %d: ce %.4f recon %.4f train acc %.1f%% "
-            "(%.1f s, %.1f s of it waiting for data)",
-            task,
-            epoch,
-            entry["ce"],
-            entry["recon"],
-            entry["train_acc"],
-            entry["seconds"],
-            entry["data_wait"],
-        )
-        entries.append(entry)
-    replay = getattr(run_step, "graphs", None)
-    if replay is not None:
-        steps = per_epoch * tune_p.epochs
+    entries = [
+        _epoch(model, session, task, epoch, tune_p)
+        for epoch in range(1, tune_p.epochs + 1)
+    ]
+    if session.step.graphs is not None:
+        replay, steps = session.step.graphs, session.per_epoch * tune_p.epochs
         log.info(
             "task %d: %d of %d steps replayed a CUDA graph (%d graphs, captured "
             "in %.1f s)",
@@ -196,21 +129,133 @@ def train_task(
     return entries
 
 
-def _entry(
-    task: int, epoch: int, steps: int, n_seen: int, sums: torch.Tensor, weight: float
+def _session(
+    model: PalModel,
+    task: int,
+    train: list[Sample],
+    tasks: Tasks,
+    tune_p: pparams.TuneParams,
+    seed: int,
+) -> Session:
+    """Dataset, frozen queries, optimiser, step and loader of one task."""
+    backbone, method = model.backbone, model.prompts
+    device = backbone.device
+    dataset = SampleDataset(
+        train,
+        tasks.root,
+        backbone.processor,
+        backbone.max_text_len,
+        backbone.image_side,
+        uint8=not legacy_path(),  # normalised on the device, same bits
+    )
+    if method is not None and 0 < tune_p.prompt_tasks < task:
+        log.info("task %d: tune.prompt_tasks %d, prompts stay at their init",
+                 task, tune_p.prompt_tasks)  # fmt: skip
+        method.requires_grad_(False)
+    prompted = method is not None and any(p.requires_grad for p in method.parameters())
+    copies = prompted and method.copies and tune_p.recon_weight > 0
+    cache = _query_cache(model, dataset, task, copies, tune_p.num_workers)
+    graphed = (
+        device.type == "cuda"
+        and method is not None
+        and method.graphable
+        and tune_p.cuda_graphs
+    )
+    optimiser, base_lrs = _optimiser(model, tune_p, capturable=graphed)
+    dummy = None
+    if graphed and copies:
+        dummy = dummy_segments(
+            backbone, dataset.empty_ids, dataset.empty_mask, dataset.dummy_image()
+        )
+    step = make_step(
+        model, optimiser, cache, task, tune_p.recon_weight, graphed, dummy, graphed
+    )
+    loader = make_loader(
+        dataset,
+        tune_p.batch_size,
+        copies=copies and not graphed,  # graphed steps splice them on the GPU
+        shuffle=True,
+        seed=seed,
+        num_workers=tune_p.num_workers,
+        device=device,
+    )
+    per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
+    labels = torch.tensor([s.label for s in train])
+    return Session(loader, optimiser, base_lrs, step, per_epoch, labels, seed)
+
+
+def _epoch(
+    model: PalModel, s: Session, task: int, epoch: int, tune_p: pparams.TuneParams
 ) -> dict:
-    """One epoch's log entry from its sums (ce·n, recon·c, correct, c)."""
-    ce, recon, correct, n_complete = sums.tolist()
+    """One epoch over the task's batches; returns its log entry."""
+    t0 = time.perf_counter()
+    batches = s.loader
+    if model.prompts is None:
+        batches = _index_batches(s.labels, tune_p.batch_size, s.seed, epoch)
+    clock = WaitClock(batches)
+    bar = tqdm(
+        clock,
+        total=s.per_epoch,
+        desc=f"task {task} epoch {epoch}",
+        unit="batch",
+        disable=None,
+        leave=False,
+    )
+    factor = s.schedule(tune_p.epochs, tune_p.warmup)
+    sums = torch.zeros(4, dtype=torch.float64, device=model.backbone.device)
+    n_seen = 0
+    for i, batch in enumerate(bar):
+        f = factor((epoch - 1) * s.per_epoch + i)
+        set_lr(s.optimiser, [lr * f for lr in s.base_lrs])
+        p = s.step(batch)
+        row = [p["ce"] * batch.n, p["aux"] * p["aux_rows"], p["correct"], p["aux_rows"]]
+        sums += torch.stack(row).double()
+        n_seen += batch.n
+        if i % 20 == 19 or i == s.per_epoch - 1:
+            bar.set_postfix(loss=f"{sums[0].item() / n_seen:.4f}")
+    bar.close()
+    aux_name = "recon" if model.prompts is None else model.prompts.aux_name
+    weight = tune_p.recon_weight
+    entry = _entry(task, epoch, s.per_epoch, n_seen, sums, weight, aux_name)
+    entry["seconds"] = round(time.perf_counter() - t0, 1)
+    entry["data_wait"] = round(clock.seconds, 1)
+    log.info(
+        "task %d epoch %d: ce %.4f %s %.4f train acc %.1f%% (%.1f s, %.1f s of it "
+        "waiting for data)",
+        task,
+        epoch,
+        entry["ce"],
+        aux_name,
+        entry[aux_name],
+        entry["train_acc"],
+        entry["seconds"],
+        entry["data_wait"],
+    )
+    return entry
+
+
+def _entry(
+    task: int,
+    epoch: int,
+    steps: int,
+    n_seen: int,
+    sums: torch.Tensor,
+    weight: float,
+    aux_name: str,
+) -> dict:
+    """One epoch's log entry from its sums (ce·n, aux·rows, correct, rows);
+    the auxiliary loss under the method's name (PAL: recon)."""
+    ce, aux, correct, rows = sums.tolist()
     entry = {
         "task": task,
         "epoch": epoch,
         "steps": steps,
         "samples": n_seen,
         "ce": round(ce / n_seen, 6),
-        "recon": round(recon / n_complete, 6) if n_complete else 0.0,
+        aux_name: round(aux / rows, 6) if rows else 0.0,
         "train_acc": round(100.0 * correct / n_seen, 4),
     }
-    entry["loss"] = round(entry["ce"] + weight * entry["recon"], 6)
+    entry["loss"] = round(entry["ce"] + weight * entry[aux_name], 6)
     return entry
 
 
@@ -267,9 +312,6 @@ def _optimiser(
     return torch.optim.AdamW(groups, fused=fused, **opt_args), base_lrs
 
 
-StepRunner = Callable[[Batch], Parts]
-
-
 def make_step(
     model: PalModel,
     optimiser: torch.optim.Optimizer,
@@ -279,7 +321,7 @@ def make_step(
     static: bool = False,
     dummy: DummySegments | None = None,
     graphs: bool = False,
-) -> StepRunner:
+) -> Stepper:
     """One optimiser step per batch.
 
     static=False: `loss` on the batch as the loader made it (with copies).
@@ -300,7 +342,7 @@ def make_step(
             optimiser.step()
             return parts
 
-        return eager
+        return Stepper(eager)
 
     def step(inputs: Mapping[str, torch.Tensor]) -> Parts:
         with autocast(device, cache_enabled=False):
@@ -326,8 +368,7 @@ def make_step(
             inputs = static_inputs(model, batch, rows, min_tokens)
         return replay(inputs)
 
-    run.graphs = replay if graphs else None  # GraphedSteps: its counts for the log
-    return run
+    return Stepper(run, replay if graphs else None)
 
 
 def _index_batches(

@@ -181,8 +181,8 @@ def check_backbone(path: Path) -> tuple[list[str], str]:
     """The backbone's config.json against the prompt settings of each variant
     the main pipeline runs: problems, and a summary line ('' when the demo
     makes the backbone or check_paths reports it missing)."""
+    from pipeline.methods import method_class
     from pipeline.model.backbone import backbone_folder
-    from pipeline.model.prompts import check_prompt_params
 
     model = load_section(path, "model", ModelParams)
     data = load_section(path, "data", DataParams)
@@ -198,7 +198,8 @@ def check_backbone(path: Path) -> tuple[list[str], str]:
     for variant in pipeline_variants(path, "main"):
         prompt = load_section(Source(path, 0, variant), "prompt", PromptParams)
         if prompt.enabled:
-            for p in _load(check_prompt_params, prompt, data.tasks, dim, depth):
+            check = method_class(prompt.method).check
+            for p in _load(check, prompt, data.tasks, dim, depth):
                 found.setdefault(p, variant)
     problems = [
         f"{path}: {'' if v == 'pal' else f'variant {v!r}: '}{p} "

@@ -1,0 +1,132 @@
+"""L2P (Wang et al., CVPR 2022) on the frozen ViLT: a keyed prompt pool.
+
+A pool of M = `prompt.pool_size` prompts P_m (J, L_p, D), one per prompt
+layer j, each with a key K_m (D,). A sample's frozen query q (D,) picks the
+N = `prompt.top_n` prompts whose keys are nearest by cosine (per sample, no
+batch-wise vote: a vote assumes a batch holds one task, which a test set
+does not), and their tokens go to the prompt layers side by side:
+
+    idx = top-N_m cos(q, K_m)                              (B, N)
+    prefix (`position: prefix`, CODA-Prompt's L2P++): per layer, the first
+        L_p/2 tokens of each chosen prompt are keys, the rest values
+    input (`position: input`, the original's layer-0 insertion): all L_p
+        tokens of each chosen prompt are prepended to the sequence
+
+The query is the frozen, prompt-free text CLS q_t: ViLT is single-stream, so
+its text CLS after the final LayerNorm (the token its pooler reads) is the
+frozen model's summary of the whole pair, as ViT's CLS is of an image in L2P.
+A sample missing a modality is queried with the frozen output on what it has
+(the dummy in place of the missing part); nothing is reconstructed.
+
+The pull loss (the method's auxiliary loss, weight `tune.recon_weight`)
+draws the chosen keys toward the query:
+
+    pull = mean_b Σ_{m ∈ idx_b} (1 − cos(q_b, K_m))
+
+(L2P's −λ·Σcos/B plus the constant N, so it is ≥ 0 and has the same
+gradient). Selection is not differentiable: keys learn by the pull loss only,
+prompts by the classification loss only. The pool is shared by all tasks and
+keeps training in every task (L2P freezes no prompt); the head's earlier
+rows are frozen and its CE is over the current task's classes (`masked`),
+which is L2P's −inf mask of the other tasks' logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from palcore.errors import ParamsError
+from pipeline.methods import Method, Out, View, check_layers, layer_prompts
+from pipeline.model.backbone import Backbone
+from pipeline.params import PromptParams
+
+
+def uniform(shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
+    """U(−1, 1) float32 of `shape` from `generator` (the L2P and DualPrompt
+    ports' init of prompts and keys), drawn on the CPU: seeded bytes."""
+    return torch.rand(*shape, generator=generator) * 2 - 1
+
+
+def cosine(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """cos (B, M) float32 between queries q (B, D) and keys (M, D)."""
+    return F.normalize(q.float(), dim=-1) @ F.normalize(keys.float(), dim=-1).T
+
+
+def side_by_side(chosen: torch.Tensor, position: str) -> torch.Tensor:
+    """Chosen prompts (J, B, N, L_p, D) → (J, B, N·L_p, D) for `layer_prompts`.
+
+    prefix: every prompt's first L_p/2 tokens (its keys) first, then every
+    prompt's last L_p/2 (its values), so that `layer_prompts`' split at the
+    middle pairs each prompt's keys with its own values; input: prompt after
+    prompt.
+    """
+    J, B, N, L, D = chosen.shape
+    if position == "prefix":
+        h = L // 2
+        keys = chosen[:, :, :, :h].reshape(J, B, N * h, D)
+        values = chosen[:, :, :, h:].reshape(J, B, N * h, D)
+        return torch.cat([keys, values], 2)
+    return chosen.reshape(J, B, N * L, D)
+
+
+class L2P(Method):
+    """The pool P (M, J, L_p, D) and its keys K (M, D)."""
+
+    aux_name = "pull"
+
+    @classmethod
+    def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
+        check_layers(params, depth)
+        if params.top_n > params.pool_size:
+            raise ParamsError(
+                f"prompt.top_n {params.top_n}: L2P picks at most "
+                f"prompt.pool_size ({params.pool_size}) prompts"
+            )
+
+    def __init__(self, params: PromptParams, n_tasks: int, dim: int, depth: int):
+        super().__init__()
+        self.layers, self.position = tuple(params.layers), params.position
+        self.top_n = params.top_n
+        M, J = params.pool_size, len(self.layers)
+        self.P = nn.Parameter(torch.zeros(M, J, params.length, dim))
+        self.K = nn.Parameter(torch.zeros(M, dim))
+        self.n_tasks = 0
+
+    def add_task(self, generator: torch.Generator) -> None:
+        """First task: draw the pool and keys; later tasks go on training them."""
+        if self.n_tasks == 0:
+            with torch.no_grad():
+                self.P.copy_(uniform(self.P.shape, generator))
+                self.K.copy_(uniform(self.K.shape, generator))
+        self.n_tasks += 1
+
+    def select(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-N keys per query q (B, D): indices (B, N) int64, in
+        decreasing cosine, and their cosines (B, N) float32 (with graph to K)."""
+        with torch.autocast(q.device.type, enabled=False):
+            cos = cosine(q.detach(), self.K)  # (B, M)
+            idx = cos.detach().topk(self.top_n, dim=-1).indices
+            return idx, cos.gather(1, idx)
+
+    def prompts(self, idx: torch.Tensor) -> torch.Tensor:
+        """The chosen prompts of idx (B, N), side by side: (J, B, N·L_p, D)."""
+        chosen = self.P.float()[idx].permute(2, 0, 1, 3, 4)  # (J, B, N, L_p, D)
+        return side_by_side(chosen, self.position)
+
+    @staticmethod
+    def pull(cos: torch.Tensor) -> torch.Tensor:
+        """The pull loss from the chosen keys' cosines (B, N): scalar."""
+        return (1 - cos).sum(-1).mean()
+
+    def features(self, backbone: Backbone, view: View) -> Out:
+        idx, cos = self.select(view.q_t)
+        prompts = layer_prompts(self.prompts(idx), self.layers, self.position)
+        x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+        return Out(x, self.pull(cos), torch.full((), len(x), device=x.device))
+
+
+METHOD = L2P
