@@ -45,8 +45,16 @@ def test_results_share_their_common_cells() -> None:
     steps = {c.key: c.cell for c in RESULTS["steps"].columns(PARAMS, [0])}
     assert len(missing) == 15 and len(steps) == 3
     assert steps["both-0.1"] == missing["both-0.1"]
-    assert steps["both-0.7"] == missing["both-0.7"] == Cell((("protocol.runs", [0]),))
-    assert missing["text-0.3"].name == "missing_rate=0.3+missing_type=text+runs=0"
+    # both run pipelines.main and the paper's prompt baselines in every cell
+    every = [*PARAMS["pipelines"]["main"], *PARAMS["pipelines"]["baselines"]]
+    assert (
+        steps["both-0.7"]
+        == missing["both-0.7"]
+        == Cell((("pipelines.main", every), ("protocol.runs", [0])))
+    )
+    assert missing["text-0.3"].name == (
+        f"missing_rate=0.3+missing_type=text+main={'-'.join(every)}+runs=0"
+    )
 
 
 def test_the_grids_follow_the_dataset() -> None:

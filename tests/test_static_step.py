@@ -113,7 +113,13 @@ def _compare(model, ds, cache, dummy, task, widen=False):
 
 @pytest.mark.parametrize(
     "prompt",
-    [{}, {"pools": "shared"}, {"pools": "vector"}, {"position": "input"}],
+    [
+        {},
+        {"pools": "shared"},
+        {"pools": "vector"},
+        {"position": "input"},
+        {"method": "rebq"},
+    ],
     ids=str,
 )
 def test_static_loss_equals_the_dynamic_loss(tiny_vilt, data, prompt):

@@ -149,8 +149,9 @@ def layer_prompts(
         mask = torch.ones(B, L, dtype=torch.bool, device=P.device)
     if position == "prefix":
         h = L // 2
+        keys_mask = mask[:, :h]  # one tensor for every layer: one attention bias
         return {
-            layer: LayerPrompt(mask=mask[:, :h], keys=P[j, :, :h], values=P[j, :, h:])
+            layer: LayerPrompt(mask=keys_mask, keys=P[j, :, :h], values=P[j, :, h:])
             for j, layer in enumerate(layers)
         }
     return {

@@ -1,4 +1,4 @@
-"""MAP (Lee et al., CVPR 2023): missing-aware prompts (DESIGN §5, baselines).
+"""MAP (Lee et al., CVPR 2023): missing-aware prompts (DESIGN §6, the baselines).
 
 One prompt set per missing case — complete, text missing, image missing —
 each (J, L_p, D) over the prompt layers; a sample gets the set of its case.

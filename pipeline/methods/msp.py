@@ -4,31 +4,33 @@ One prompt set per modality — text and image — each (J, L_p, D) over the
 prompt layers; a sample's prompts are those of the modalities it has (a
 complete sample gets both, a sample missing its text only the image set), so
 two sets cover the three missing cases that MAP needs three for. An
-orthogonality loss keeps the two sets apart: per layer j, the mean squared
-cosine between the rows of P_t[j] and of P_v[j],
+orthogonality loss keeps the two sets apart:
 
-    L_o = mean_j ‖P̂_t[j] P̂_v[j]ᵀ‖²_F / L_p²   (P̂: rows scaled to unit norm),
+    L_o = mean_j ‖P_t[j] P_v[j]ᵀ‖²_F / (‖P_t[j]‖²_F ‖P_v[j]‖²_F),
 
-weighted by `tune.recon_weight`. Like MAP it has no continual-learning
+zero when every row of one set is orthogonal to every row of the other (a
+squared cosine between the sets, smooth where a row is zero, unlike a mean of
+row cosines), weighted by `tune.recon_weight`. Like MAP it has no continual-learning
 mechanism: the sets and every head row train task after task, the CE over
 every class seen so far.
 
 MSP's code is not public; its paper gives none of length, layers, insertion or
-loss weight. What is inferred here (DESIGN §5): MAP's prompt placement
-(input tokens accumulating over the prompt layers, or prefix), MAP's init
-(zeros with a row of ones, a different row per modality, so the sets start
-orthogonal) and the cosine form of the orthogonality term.
+loss weight. What is inferred here (DESIGN §6): MAP's prompt placement
+(input tokens accumulating over the prompt layers, or prefix), an init of
+random orthonormal rows (so the sets start orthogonal) and this form of the
+orthogonality term.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from palcore.codes import Missing
-from pipeline.methods import Method, Out, View, layer_prompts
+from palcore.errors import ParamsError
+from pipeline.methods import Method, Out, View, check_layers, layer_prompts
 from pipeline.model.backbone import Backbone
+from pipeline.model.prompts import orthogonal_rows
 from pipeline.params import PromptParams
 
 
@@ -44,15 +46,26 @@ class Msp(Method):
         self.P = nn.Parameter(torch.zeros(2, len(self.layers), params.length, dim))
         self.n_tasks = 0
 
+    @classmethod
+    def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
+        check_layers(params, depth)
+        if 2 * params.length > dim:
+            raise ParamsError(
+                f"prompt.length {params.length}: MSP's two sets need 2 x length "
+                f"<= the hidden size {dim} to start orthogonal"
+            )
+
     def add_task(self, generator: torch.Generator) -> None:
-        """First task: the init (a row of ones per modality); later tasks
+        """First task: per layer, 2 L_p random orthonormal rows, the first L_p
+        the text set's, so the sets start orthogonal (L_o = 0); later tasks
         keep training the same sets."""
         if self.n_tasks == 0:
-            L = self.P.shape[2]
+            _, J, L, D = self.P.shape
+            rows = [
+                orthogonal_rows(torch.zeros(0, D), 2 * L, generator) for _ in range(J)
+            ]
             with torch.no_grad():
-                self.P.zero_()
-                for m in range(2):
-                    self.P[m, :, m % L].fill_(1.0)
+                self.P.copy_(torch.stack(rows).view(J, 2, L, D).transpose(0, 1))
         self.n_tasks += 1
 
     def prompts(self, missing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,10 +90,13 @@ class Msp(Method):
         return joint[:, None].expand(J, B, 2 * L, D), mask
 
     def orthogonality(self) -> torch.Tensor:
-        """L_o (scalar float32): mean squared cosine between the two sets' rows."""
-        P = F.normalize(self.P.float(), dim=-1)  # (2, J, L, D)
-        gram = P[0] @ P[1].transpose(1, 2)  # (J, L, L)
-        return gram.pow(2).mean()
+        """L_o (scalar float32) = mean over layers j of
+        ‖P_t[j] P_v[j]ᵀ‖²_F / (‖P_t[j]‖²_F ‖P_v[j]‖²_F): 0 when every row of
+        one set is orthogonal to every row of the other, at most 1."""
+        P = self.P.float()  # (2, J, L, D)
+        cross = (P[0] @ P[1].transpose(1, 2)).pow(2).sum((1, 2))  # (J,)
+        norms = P[0].pow(2).sum((1, 2)) * P[1].pow(2).sum((1, 2))
+        return (cross / norms.clamp_min(1e-12)).mean()
 
     def features(self, backbone: Backbone, view: View) -> Out:
         P, mask = self.prompts(view.missing)
