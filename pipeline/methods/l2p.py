@@ -44,7 +44,6 @@ from pipeline.methods import Method, Out, View, check_layers, layer_prompts
 from pipeline.model.backbone import Backbone
 from pipeline.params import PromptParams
 
-
 INIT_SCALE = 1e-2  # U(0, 0.01): flax's `initializers.uniform()`
 
 
