@@ -173,6 +173,9 @@ def _first_task(tiny, method: str, **prompt):
         ("map", {"length": 4, "position": "input"}),
         ("msp", {"length": 4, "position": "input"}),
         ("rebq", {}),
+        ("l2p", {"top_n": 2}),
+        ("l2p", {"top_n": 2, "position": "input"}),
+        ("dualprompt", {"g_layers": (0,), "g_length": 4, "layers": (1,)}),
     ],
 )
 def test_prompts_and_head_train_and_the_rest_stays_frozen(tiny, method, prompt):

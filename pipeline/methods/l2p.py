@@ -44,11 +44,17 @@ from pipeline.methods import Method, Out, View, check_layers, layer_prompts
 from pipeline.model.backbone import Backbone
 from pipeline.params import PromptParams
 
+INIT_SCALE = 1e-2  # U(0, 0.01): flax's `initializers.uniform()`
+
 
 def uniform(shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
-    """U(−1, 1) float32 of `shape` from `generator` (the L2P and DualPrompt
-    ports' init of prompts and keys), drawn on the CPU: seeded bytes."""
-    return torch.rand(*shape, generator=generator) * 2 - 1
+    """U(0, 0.01) float32 of `shape` from `generator`, drawn on the CPU
+    (seeded bytes): the init of prompts and keys in the authors' code of L2P
+    and DualPrompt (google-research/l2p). Prefix values near zero leave the
+    frozen features almost as they are at the start, and small keys turn
+    toward the queries within a few hundred steps at lr 1e-4. (The PyTorch
+    ports draw U(−1, 1).)"""
+    return torch.rand(*shape, generator=generator) * INIT_SCALE
 
 
 def cosine(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
