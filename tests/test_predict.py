@@ -157,7 +157,7 @@ def test_errors_are_one_line(solved, tmp_path):
 def test_rows_are_numbered_from_one_in_both_formats(tmp_path):
     """A CSV row may span lines (a quoted line break); its header and blank
     JSONL lines are no rows."""
-    from pipeline.stages.predict import read_rows
+    from pipeline.stages.predict_rows import read_rows
 
     path = tmp_path / "in.csv"
     path.write_text('image,text\n,"two\nlines"\n,third\n')
@@ -175,7 +175,7 @@ def test_rows_are_numbered_from_one_in_both_formats(tmp_path):
 
 
 def test_input_that_is_not_utf8_is_one_line(tmp_path):
-    from pipeline.stages.predict import PredictError, read_rows
+    from pipeline.stages.predict_rows import PredictError, read_rows
 
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"text": "caf\xe9"}\n')

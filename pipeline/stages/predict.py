@@ -30,8 +30,6 @@ with its one-line error. A summary goes to stderr.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import sys
@@ -46,11 +44,10 @@ import numpy as np
 
 from palcore.cliutil import clean_errors, file_option, folder_option, params_option
 from palcore.codes import Missing
-from palcore.errors import PalError
-from palcore.outputs import write_bytes_atomic
+from palcore.outputs import step_of_name, write_bytes_atomic
 from palcore.params import load_section
 from pipeline import params as pparams
-from pipeline.data.samples import Sample, text_problem
+from pipeline.data.samples import Sample
 from pipeline.model.backbone import load_backbone, resolve_device
 from pipeline.model.checkpoint import (
     checkpoint_path,
@@ -58,92 +55,10 @@ from pipeline.model.checkpoint import (
     model_from_checkpoint,
 )
 from pipeline.model.embed import embed_samples
-from pipeline.stages.prepare import unreadable_images
+from pipeline.stages.predict_rows import PredictError, prepared_rows, row_id
 from solver.api import Classifier, SolveParams
 
 log = logging.getLogger(__name__)
-
-
-class PredictError(PalError):
-    """Bad input rows, or a model and weights that do not fit together."""
-
-
-def read_rows(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
-    """The rows of a JSONL or CSV file, numbered from 1: (row, the row's
-    fields) or (row, what is wrong with it). A file that cannot be read at
-    all is a `PredictError`."""
-    if not path.is_file():
-        raise PredictError(f"{path}: input file not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise PredictError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    rows: list[dict[str, Any] | str] = []
-    if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        if not reader.fieldnames or not {"image", "text"} & set(reader.fieldnames):
-            raise PredictError(f"{path}: the CSV header needs an image or text column")
-        try:
-            rows.extend(reader)  # a quoted title may hold line breaks
-        except csv.Error as exc:
-            raise PredictError(
-                f"{path}: row {len(rows) + 1}: malformed CSV ({exc})"
-            ) from None
-    else:
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                rows.append("not valid JSON")
-                continue
-            rows.append(row if isinstance(row, dict) else "expected a JSON object")
-    if not rows:
-        raise PredictError(f"{path}: no rows")
-    return list(enumerate(rows, start=1))
-
-
-def to_sample(
-    row: dict[str, Any], n: int, folder: Path, allow_outside: bool = False
-) -> Sample | str:
-    """Row `n` as a sample (id `row n`, label unknown: 0), or what is wrong
-    with it. An image file that does not exist is a missing image."""
-    image = row.get("image") or None
-    text = row.get("text") or ""
-    if image is not None and not isinstance(image, str):
-        return "image must be a path"
-    if not isinstance(text, str):
-        return "text must be a string"
-    for key in ("image", "text", "id"):
-        problem = text_problem(row.get(key))
-        if problem:
-            return f"{key} {problem}"
-    if image is not None and not allow_outside and _outside(image):
-        return (
-            f"image {image} lies outside the input's folder "
-            "(--allow-outside-paths reads it)"
-        )
-    if image is not None and not (folder / image).is_file():
-        image = None  # absent: a missing modality, as in `pal prepare`
-    if image is None and not text.strip():
-        return "the row has neither an image (on disk) nor a text"
-    missing = (
-        Missing.IMAGE if image is None else Missing.TEXT if not text.strip() else 0
-    )
-    return Sample(f"row {n}", "test", 1, 0, "", image, text, int(missing))
-
-
-def _outside(image: str) -> bool:
-    """An absolute path, or one that climbs out with `..`."""
-    path = Path(image)
-    return path.is_absolute() or bool(path.drive) or ".." in path.parts
-
-
-def _row_id(row: dict[str, Any] | str) -> str | None:
-    if not isinstance(row, dict) or row.get("id") in (None, ""):
-        return None
-    return str(row["id"])
 
 
 def predict(
@@ -163,30 +78,14 @@ def predict(
     is raised). Image paths outside the input's folder only `allow_outside`."""
     t0 = time.perf_counter()
     input_path, tune_dir = Path(input_path), Path(tune_dir)
-    raw, made, errors = _prepared_rows(input_path, strict, allow_outside)
+    raw, made, errors = prepared_rows(input_path, strict, allow_outside)
     folder = input_path.parent
     good = [(n, s) for n, s in made.items() if isinstance(s, Sample)]
-    steps = sorted(int(p.stem[5:]) for p in tune_dir.glob("step_[0-9][0-9]*.pt"))
-    if not steps:
-        raise PredictError(f"{tune_dir}: no step_XX.pt checkpoints (run `pal tune`)")
-    step = steps[-1] if step is None else step
-    if step not in steps:
-        raise PredictError(
-            f"--step {step}: {tune_dir} has the checkpoints of steps "
-            f"{steps[0]}..{steps[-1]}"
-        )
+    step = _step(tune_dir, step)
     ckpt = load_checkpoint(checkpoint_path(tune_dir, step))
     weights = Classifier(weights_path, partial=True)
     W = _weights_for(weights, step, ckpt, solve_params)
-    dev = resolve_device(device, "--device")
-    m = ckpt["params"]["model"]
-    backbone = load_backbone(m["backbone"], m["max_text_len"]).place(dev)
-    if weights.info.feature_dim != backbone.hidden_size:
-        raise PredictError(
-            f"{weights.path}: weights of feature_dim {weights.info.feature_dim}, but "
-            f"the model's embeddings have {backbone.hidden_size}"
-        )
-    model = model_from_checkpoint(ckpt, backbone)
+    model = _model(ckpt, weights, device)
     names = ckpt["tasks"]["class_order"][: W.shape[1]]
     k = min(top_k, W.shape[1])
     predicted: dict[int, list[dict[str, Any]]] = {}
@@ -195,16 +94,7 @@ def predict(
             model, good, folder, partial(weights.logits, step=step, W=W),
             names, k, batch_size, device,
         )  # fmt: skip
-    ids = {n: _row_id(row) for n, row in raw}
-    rows = []
-    for n, s in made.items():
-        if isinstance(s, str):
-            rows.append({"row": n, "id": ids[n], "error": s})
-        else:
-            missing = Missing(s.missing).key
-            rows.append(
-                {"row": n, "id": ids[n], "missing": missing, "top": predicted[n]}
-            )
+    rows = _result_rows(raw, made, predicted)
     for n, e in errors.items():
         log.warning("%s: row %d: %s (not predicted)", input_path, n, e)
     seconds = time.perf_counter() - t0
@@ -219,37 +109,53 @@ def predict(
     return rows, summary
 
 
-def _prepared_rows(
-    input_path: Path, strict: bool, allow_outside: bool
-) -> tuple[list[tuple[int, Any]], dict[int, Any], dict[int, str]]:
-    """The input's rows, each as a Sample or its error (row number -> str);
-    a row whose image is not found is predicted without it, with a warning."""
-    raw = read_rows(input_path)
-    folder = input_path.parent
-    made = {
-        n: to_sample(row, n, folder, allow_outside) if isinstance(row, dict) else row
-        for n, row in raw
-    }
-    images = sorted(
-        {s.image for s in made.values() if isinstance(s, Sample) and s.image}
-    )
-    bad = set(unreadable_images(folder, images))
+def _step(tune_dir: Path, step: int | None) -> int:
+    """The step to predict with: `step`, or the last one tuned."""
+    names = (step_of_name(p.stem) for p in tune_dir.glob("step_[0-9][0-9]*.pt"))
+    steps = sorted(n for n in names if n is not None)
+    if not steps:
+        raise PredictError(f"{tune_dir}: no step_XX.pt checkpoints (run `pal tune`)")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise PredictError(
+            f"--step {step}: {tune_dir} has the checkpoints of steps "
+            f"{steps[0]}..{steps[-1]}"
+        )
+    return step
+
+
+def _model(ckpt: dict[str, Any], weights: Classifier, device: str) -> Any:
+    """The tuned model of a checkpoint on `device`, its backbone's width
+    checked against the weights' feature_dim."""
+    dev = resolve_device(device, "--device")
+    m = ckpt["params"]["model"]
+    backbone = load_backbone(m["backbone"], m["max_text_len"]).place(dev)
+    if weights.info.feature_dim != backbone.hidden_size:
+        raise PredictError(
+            f"{weights.path}: weights of feature_dim {weights.info.feature_dim}, but "
+            f"the model's embeddings have {backbone.hidden_size}"
+        )
+    return model_from_checkpoint(ckpt, backbone)
+
+
+def _result_rows(
+    raw: list[tuple[int, Any]],
+    made: dict[int, Any],
+    predicted: dict[int, list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """One output row per input row, in order: its top classes, or its error."""
+    ids = {n: row_id(row) for n, row in raw}
+    rows = []
     for n, s in made.items():
-        if isinstance(s, Sample) and s.image in bad:
-            made[n] = f"cannot read image {folder / s.image}"
-    for n, row in raw:  # said per row: an unseen image changes the prediction
-        s = made[n]
-        if isinstance(s, Sample) and s.image is None and isinstance(row, dict):
-            if row.get("image"):
-                log.warning(
-                    "%s: row %d: image %s not found: predicted without it",
-                    input_path, n, folder / row["image"],
-                )  # fmt: skip
-    errors = {n: e for n, e in made.items() if isinstance(e, str)}
-    if errors and strict:
-        n = min(errors)
-        raise PredictError(f"{input_path}: row {n}: {errors[n]}")
-    return raw, made, errors
+        if isinstance(s, str):
+            rows.append({"row": n, "id": ids[n], "error": s})
+        else:
+            missing = Missing(s.missing).key
+            rows.append(
+                {"row": n, "id": ids[n], "missing": missing, "top": predicted[n]}
+            )
+    return rows
 
 
 def _scored(

@@ -1,0 +1,134 @@
+"""`pal predict`'s input: the rows of a JSONL or CSV file read and checked,
+each made a test `Sample` or given its one-line error (the formats and rules:
+`pipeline.stages.predict`'s docstring)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from palcore.codes import Missing
+from palcore.errors import PalError
+from pipeline.data.absent import unreadable_images
+from pipeline.data.samples import Sample, text_problem
+
+log = logging.getLogger(__name__)
+
+
+class PredictError(PalError):
+    """Bad input rows, or a model and weights that do not fit together."""
+
+
+def read_rows(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
+    """The rows of a JSONL or CSV file, numbered from 1: (row, the row's
+    fields) or (row, what is wrong with it). A file that cannot be read at
+    all is a `PredictError`."""
+    if not path.is_file():
+        raise PredictError(f"{path}: input file not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PredictError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    rows: list[dict[str, Any] | str] = []
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        if not reader.fieldnames or not {"image", "text"} & set(reader.fieldnames):
+            raise PredictError(f"{path}: the CSV header needs an image or text column")
+        try:
+            rows.extend(reader)  # a quoted title may hold line breaks
+        except csv.Error as exc:
+            raise PredictError(
+                f"{path}: row {len(rows) + 1}: malformed CSV ({exc})"
+            ) from None
+    else:
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                rows.append("not valid JSON")
+                continue
+            rows.append(row if isinstance(row, dict) else "expected a JSON object")
+    if not rows:
+        raise PredictError(f"{path}: no rows")
+    return list(enumerate(rows, start=1))
+
+
+def to_sample(
+    row: dict[str, Any], n: int, folder: Path, allow_outside: bool = False
+) -> Sample | str:
+    """Row `n` as a sample (id `row n`, label unknown: 0), or what is wrong
+    with it. An image file that does not exist is a missing image."""
+    image = row.get("image") or None
+    text = row.get("text") or ""
+    if image is not None and not isinstance(image, str):
+        return "image must be a path"
+    if not isinstance(text, str):
+        return "text must be a string"
+    for key in ("image", "text", "id"):
+        problem = text_problem(row.get(key))
+        if problem:
+            return f"{key} {problem}"
+    if image is not None and not allow_outside and _outside(image):
+        return (
+            f"image {image} lies outside the input's folder "
+            "(--allow-outside-paths reads it)"
+        )
+    if image is not None and not (folder / image).is_file():
+        image = None  # absent: a missing modality, as in `pal prepare`
+    if image is None and not text.strip():
+        return "the row has neither an image (on disk) nor a text"
+    missing = (
+        Missing.IMAGE if image is None else Missing.TEXT if not text.strip() else 0
+    )
+    return Sample(f"row {n}", "test", 1, 0, "", image, text, int(missing))
+
+
+def _outside(image: str) -> bool:
+    """An absolute path, or one that climbs out with `..`."""
+    path = Path(image)
+    return path.is_absolute() or bool(path.drive) or ".." in path.parts
+
+
+def row_id(row: dict[str, Any] | str) -> str | None:
+    if not isinstance(row, dict) or row.get("id") in (None, ""):
+        return None
+    return str(row["id"])
+
+
+def prepared_rows(
+    input_path: Path, strict: bool, allow_outside: bool
+) -> tuple[list[tuple[int, Any]], dict[int, Any], dict[int, str]]:
+    """The input's rows, each as a Sample or its error (row number -> str);
+    a row whose image is not found is predicted without it, with a warning."""
+    raw = read_rows(input_path)
+    folder = input_path.parent
+    made = {
+        n: to_sample(row, n, folder, allow_outside) if isinstance(row, dict) else row
+        for n, row in raw
+    }
+    images = sorted(
+        {s.image for s in made.values() if isinstance(s, Sample) and s.image}
+    )
+    bad = set(unreadable_images(folder, images))
+    for n, s in made.items():
+        if isinstance(s, Sample) and s.image in bad:
+            made[n] = f"cannot read image {folder / s.image}"
+    for n, row in raw:  # said per row: an unseen image changes the prediction
+        s = made[n]
+        if isinstance(s, Sample) and s.image is None and isinstance(row, dict):
+            if row.get("image"):
+                log.warning(
+                    "%s: row %d: image %s not found: predicted without it",
+                    input_path, n, folder / row["image"],
+                )  # fmt: skip
+    errors = {n: e for n, e in made.items() if isinstance(e, str)}
+    if errors and strict:
+        n = min(errors)
+        raise PredictError(f"{input_path}: row {n}: {errors[n]}")
+    return raw, made, errors
