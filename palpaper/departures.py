@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from palpaper.grids import Column, GridError, get
+from palpaper.packaged import published
 
 DEVICES = {"cpu": "CPU", "cuda": "GPU"}
 
 
 def paper_protocol(dataset: str) -> dict[str, Any] | None:
-    from palpaper.render import published
-
+    """The paper's protocol for `dataset` (published.yaml), or None."""
     return (published().get("protocol") or {}).get(dataset)
 
 

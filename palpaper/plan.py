@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from palpaper import render
 from palpaper.grids import RESULTS, Cell, GridError, Result, get
+from palpaper.packaged import package_yaml
 from palpaper.workers import wall_hours
 
 FREE_KEYS = {"pipelines.main", "protocol.runs"}
@@ -24,7 +24,7 @@ DTYPE_BYTES = {"float64": 8, "float32": 4}
 
 
 def costs() -> dict[str, Any]:
-    return render.package_yaml("costs.yaml")
+    return package_yaml("costs.yaml")
 
 
 def tunings(r: Result, cell: Cell, params: Mapping[str, Any]) -> tuple[int, int]:

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
-import yaml
-
 from palpaper.grids import Column, Result
+from palpaper.packaged import published
 from solver.api import mean_std_line, new_figure, png_bytes
 
 DATASETS = {"food101": "UPMC-Food101", "n24news": "N24News"}
@@ -44,15 +42,6 @@ def row_name(data: Mapping[str, Any], row: str, rid: str) -> str:
     """How `row` is shown in result `rid`: the paper's name, else its label
     (both from the cells' metrics.json), else its key."""
     return paper_name(data, row, rid) or _row_entry(data, row).get("label") or row
-
-
-def package_yaml(name: str) -> dict[str, Any]:
-    """One of palpaper's data files (published.yaml, costs.yaml)."""
-    return yaml.safe_load(resources.files("palpaper").joinpath(name).read_text("utf-8"))
-
-
-def published() -> dict[str, Any]:
-    return package_yaml("published.yaml")
 
 
 @dataclass
