@@ -52,6 +52,10 @@ def sh(project: Path, env: dict[str, str], script: str) -> str:
     return out.stderr
 
 
+# the cells of `missing` (and `steps`) run the seven methods
+METHODS = "main=pal-init-frozen-map-msp-l2p-dualprompt-rebq"
+
+
 @pytest.mark.slow  # the smoke run, 5 + 1 cells through DVC's queue
 def test_the_readme_route_runs_the_papers_grids_on_a_real_layout(
     tmp_path: Path,
@@ -88,12 +92,16 @@ def test_the_readme_route_runs_the_papers_grids_on_a_real_layout(
         "| 1365 (20k), η 1",
     ]
     assert all(re.search(r"\| \d+\.\d\d \(\d+\.\d\d\) \|", line) for line in up[4:])
-    # the missing grid: 2 of 15 cells ran (base reused from upsampling)
+    # the missing grid: 2 of 15 cells ran, each with the seven methods
     md = (folder / "missing.md").read_text(encoding="utf-8").splitlines()
     assert "Partial: 13 cells not run yet (marked –)." in md[0]
     assert numbers + departs.format(" width 1024 (the paper: 15000);") in md[0]
-    pal_acc = md[4].split(" | ")
-    assert pal_acc[:2] == ["| Acc", "PAL"]
+    acc = {c[1]: c for c in (x.split(" | ") for x in md[4:]) if c[0] == "| Acc"}
+    methods = ["MAP", "MSP", "L2P", "DualPrompt", "RebQ", "ACIL", "PAL"]
+    assert list(acc)[:7] == methods  # the paper's order, then PAL's other rows
+    assert re.fullmatch(r"\d+\.\d\d \(20\.66\)", acc["MAP"][2])  # MAP's, beside
+    assert re.fullmatch(r"\d+\.\d\d \(68\.67\)", acc["RebQ"][2])
+    pal_acc = acc["PAL"]
     # 10 % text missing is the first column, 70 % both the twelfth (base)
     assert re.fullmatch(r"\d+\.\d\d \(82\.45\)", pal_acc[2])
     assert re.fullmatch(r"\d+\.\d\d \(72\.59\)", pal_acc[13])
@@ -103,9 +111,9 @@ def test_the_readme_route_runs_the_papers_grids_on_a_real_layout(
     lacking = [
         c.cell.name
         for c in RESULTS["missing"].columns(params, None)
-        if c.cell.name not in ("base", "missing_rate=0.1+missing_type=text")
+        if c.cell.name not in (METHODS, f"missing_rate=0.1+missing_type=text+{METHODS}")
     ]
-    assert len(lacking) == 13 and "missing_type=image" in lacking  # 70 % image
+    assert len(lacking) == 13 and f"missing_type=image+{METHODS}" in lacking
     warning = [x for x in log.splitlines() if "cells marked –" in x]
     assert warning == [
         "WARNING palpaper.collect: missing: 13 of 15 cells marked – (no finished "
