@@ -194,6 +194,9 @@ def test_ctrl_c_ends_every_worker_and_a_rerun_resumes(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as typed in a terminal: a test run in the background (`make test &`)
+        # would hand on an ignored SIGINT, and Python keeps it ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 120
     while len({g for what, _, g, _ in records(record) if what == "start"}) < 2:
