@@ -113,6 +113,36 @@ def test_input_prompts_keep_the_output_layout(backbone):
     assert all(p.grad is None for p in backbone.parameters())
 
 
+def test_accumulated_input_prompts_over_six_layers(tmp_path):
+    # MAP's and MSP's `keep` prompts: each layer's tokens go in front of the
+    # earlier ones, each with its own per-sample mask. Against a loop that builds
+    # every layer's attention bias afresh, for many sequence lengths (the bias
+    # cache once keyed a freed mask's id, which came back two layers later:
+    # "size of tensor a (222) must match b (126)" on Food101's MSP)
+    bb = load_backbone(str(make_vilt(tmp_path / "vilt", layers=6)), 12)
+    gen = torch.Generator().manual_seed(0)
+    B, D, L = 4, 32, 16
+    tokens = torch.randn(6, B, L, D, generator=gen)
+    masks = [torch.rand(B, L, generator=gen) > 0.3 for _ in range(6)]
+    prompts = {
+        j: LayerPrompt(mask=masks[j], tokens=tokens[j], keep=True) for j in range(6)
+    }
+    for n in range(20, 45):
+        h = torch.randn(B, n, D, generator=gen)
+        mask = torch.ones(B, n, dtype=torch.bool)
+        mask[1, n - 5 :] = False
+        x, key_mask = h, mask
+        with torch.no_grad():
+            for j, layer in enumerate(bb.vilt.encoder.layer):
+                x = torch.cat([tokens[j], x], 1)
+                key_mask = torch.cat([masks[j], key_mask], 1)
+                x = bb._layer(j, layer, x, bb._bias(key_mask, x.dtype), None)
+            want = bb.vilt.layernorm(x)[:, 6 * L :]
+            got = bb.encode(h, mask, prompts)
+        assert got.shape == (B, n, D)
+        assert torch.equal(got, want), n
+
+
 def test_long_text_interpolates_positions(tiny_vilt):
     backbone = load_backbone(str(tiny_vilt), 50)
     table = backbone.vilt.embeddings.text_embeddings.position_embeddings.weight

@@ -221,20 +221,25 @@ class Backbone(nn.Module):
     ) -> torch.Tensor:
         n_input = 0  # input-style prompt tokens currently at the front of h
         mask_in = None
-        biases: dict[tuple[int, int], torch.Tensor] = {}  # one per distinct key mask
+        generation = 0  # counts the changes of mask_in, which keys the biases
+        # one bias per distinct key mask; keyed by the prompts' own mask objects
+        # (alive in `prompts` all along) and mask_in's generation, never by the
+        # id of an accumulated mask_in: a freed one's id comes back
+        biases: dict[tuple[int, int], torch.Tensor] = {}
         for i, layer in enumerate(self.vilt.encoder.layer):
             p = prompts.get(i)
             if p is not None and p.tokens is not None and p.keep and n_input:
                 h = torch.cat([p.tokens.to(h.dtype), h], 1)
                 n_input += p.tokens.shape[1]
-                mask_in = torch.cat([p.mask, mask_in], 1)
+                mask_in, generation = torch.cat([p.mask, mask_in], 1), generation + 1
             elif p is not None and p.tokens is not None:
                 h = torch.cat([p.tokens.to(h.dtype), h[:, n_input:]], 1)
+                generation += mask_in is not p.mask  # a shared mask keeps its bias
                 n_input, mask_in = p.tokens.shape[1], p.mask
             prefix = (
                 (p.keys, p.values) if p is not None and p.keys is not None else None
             )
-            key = (id(p.mask) if prefix else 0, 0 if mask_in is None else id(mask_in))
+            key = (id(p.mask) if prefix else 0, generation)
             if key not in biases:
                 parts = [p.mask] if prefix else []
                 parts += [mask_in, mask] if mask_in is not None else [mask]
