@@ -154,7 +154,7 @@ def list_cmd(params_file: Path, runs: str | None) -> None:
         plural = "" if len(cols) == 1 else "s"
         click.echo(f"{name}: {r.paper}; {len(cols)} column{plural}, cells:")
         for c in cols:
-            click.echo(f"  {c.label}: {c.cell.name}  ({c.cell.describe()})")
+            click.echo(f"  {c.key} ({c.label}): {c.cell.name}  ({c.cell.describe()})")
 
 
 @main.command("run")
@@ -167,7 +167,8 @@ def list_cmd(params_file: Path, runs: str | None) -> None:
     "--cells",
     default=None,
     metavar="NAME[,NAME…]",
-    help="Run only these cells (names as `pal-paper list` prints them).",
+    help="Run only these cells: a cell's name or its column's key, as `pal-paper "
+    "list` prints them (missing's `text-0.1` is the cell of 10 % text missing).",
 )
 @click.option(
     "--shard",

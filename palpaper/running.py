@@ -97,16 +97,22 @@ def _todo(
     wanted: list[str] | None,
     shard: slice | None,
 ) -> list[Cell]:
-    """The cells of the results, narrowed to `--cells` and `--shard`."""
-    _, todo = grid(ids, params, runs)
+    """The cells of the results, narrowed to `--cells` (each a cell's name or
+    a column's key, such as missing's `text-0.1`) and `--shard`."""
+    columns, todo = grid(ids, params, runs)
     if wanted is not None:
-        unknown = [w for w in wanted if w not in {c.name for c in todo}]
+        keys: dict[str, set[str]] = {}  # a key can name a cell in each result
+        for c in (c for cols in columns.values() for c in cols):
+            keys.setdefault(c.key, set()).add(c.cell.name)
+        names = {c.name for c in todo}
+        unknown = [w for w in wanted if w not in names and w not in keys]
         if unknown:
             raise GridError(
                 f"--cells: no cell '{unknown[0]}' in {', '.join(ids)} "
                 "(`pal-paper list` names them)"
             )
-        todo = [c for c in todo if c.name in wanted]
+        chosen = set().union(*({w} if w in names else keys[w] for w in wanted))
+        todo = [c for c in todo if c.name in chosen]
     if shard is not None:
         todo = todo[shard]
     return todo
