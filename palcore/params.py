@@ -13,56 +13,19 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import reprlib
 import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml
-
 from palcore.errors import ParamsError
+from palcore.paramsfile import read_params_file, shown
+from palcore.variants import variant_row
 
 T = TypeVar("T")
 
 DEFAULT_PARAMS = Path("params.yaml")  # every command's --params default
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """YAML without aliases: `*name` can make a few lines expand to 10⁸ values
-    (an "anchor bomb"), and params never need one."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise ParamsError(
-                f"line {mark.line + 1}: YAML aliases (*name) are not allowed in "
-                "params; write the value out"
-            )
-        return super().compose_node(parent, index)
-
-
-def read_params_file(path: str | Path) -> dict[str, Any]:
-    """Parse a params YAML file into a dict of sections (aliases refused)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ParamsError(f"{path}: params file not found")
-    try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader)
-    except ParamsError as exc:
-        raise ParamsError(f"{path}: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ParamsError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ParamsError(f"{path}: not valid YAML{where}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: expected a mapping of sections at the top level")
-    return raw
 
 
 # where a stage computes (tune.device, extract.device, solve.device,
@@ -112,8 +75,6 @@ def _as_run(raw: dict[str, Any], source: Source) -> dict[str, Any]:
     (errors name the key, the caller adds the file)."""
     raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     if source.variant is not None:
-        from palcore.variants import variant_row  # it reads params files too
-
         changes = variant_row(raw, source.variant).changes
         for section, values in changes.items():
             raw[section] = {**(raw.get(section) or {}), **values}
@@ -208,16 +169,6 @@ def check(ok: bool, key: str, message: str) -> None:
     """Raise `ParamsError("<key> <message>")` unless `ok`."""
     if not ok:
         raise ParamsError(f"{key} {message}")
-
-
-_SHOW = reprlib.Repr()
-_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring = 3, 6, 6, 60
-
-
-def shown(value: Any) -> str:
-    """`repr(value)` bounded in length and depth, for messages: a params value
-    may be large, and a message must stay one short line."""
-    return _SHOW.repr(value)
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:

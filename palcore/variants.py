@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from palcore.errors import ParamsError
-from palcore.params import read_params_file, shown
+from palcore.paramsfile import read_params_file, shown
 
 HEADS = ("analytic", "bp")  # the heads whose predictions a variant's row reports
 _ROW_KEYS = ("label", "changes", "paper", "head", "bp")

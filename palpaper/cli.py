@@ -25,7 +25,8 @@ import yaml
 
 from palcore.cliutil import clean_errors, setup_logging
 from palcore.errors import ParamsError
-from palcore.params import DEFAULT_PARAMS, read_params_file
+from palcore.params import DEFAULT_PARAMS
+from palcore.paramsfile import read_params_file
 from palpaper import running, workers
 from palpaper.collect import collect, command
 from palpaper.experiments import ExperimentError, Repo

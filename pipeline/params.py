@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal, get_args
 
+from palcore.errors import ParamsError
 from palcore.params import RUN_ONLY, Device, check, load_section
 
 
@@ -217,6 +218,15 @@ class PromptParams:
             f"must be distinct layer indices >= 0, got {list(self.layers)}",
         )
 
+    def check_depth(self, depth: int) -> None:
+        """Every prompt layer must exist in a backbone of `depth` layers."""
+        too_deep = [layer for layer in self.layers if layer >= depth]
+        if too_deep:
+            raise ParamsError(
+                f"prompt.layers {list(self.layers)}: layer {too_deep[0]} is "
+                f"beyond the backbone's {depth} layers (0..{depth - 1})"
+            )
+
 
 @dataclasses.dataclass(frozen=True)
 class TuneParams:
@@ -308,7 +318,7 @@ def data_root(path: str | Path) -> str | None:
     import os
 
     from palcore.errors import ParamsError
-    from palcore.params import read_params_file
+    from palcore.paramsfile import read_params_file
 
     section = read_params_file(os.fspath(path)).get("data")
     if section is None:

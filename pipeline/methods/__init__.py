@@ -96,7 +96,7 @@ class Method(nn.Module):
     @classmethod
     def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
         """Raise `ParamsError` naming the key when params do not fit."""
-        check_layers(params, depth)
+        params.check_depth(depth)
 
     def add_task(self, generator: torch.Generator) -> None:
         """Start the next task: grow, init from `generator`, freeze what stays."""
@@ -110,16 +110,6 @@ class Method(nn.Module):
         """`features` with shapes fixed by the input shapes (graphable methods;
         see `pipeline.model.losses.static_loss`)."""
         raise NotImplementedError
-
-
-def check_layers(params: PromptParams, depth: int) -> None:
-    """Every prompt layer must exist in a backbone of `depth` layers."""
-    too_deep = [layer for layer in params.layers if layer >= depth]
-    if too_deep:
-        raise ParamsError(
-            f"prompt.layers {list(params.layers)}: layer {too_deep[0]} is "
-            f"beyond the backbone's {depth} layers (0..{depth - 1})"
-        )
 
 
 def no_aux(x: torch.Tensor) -> Out:

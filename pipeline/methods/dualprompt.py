@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.methods import Method, Out, View, check_layers, layer_prompts
+from pipeline.methods import Method, Out, View, layer_prompts
 from pipeline.methods.l2p import cosine, uniform
 from pipeline.model.backbone import Backbone, LayerPrompt
 from pipeline.params import PromptParams
@@ -40,7 +40,7 @@ class DualPrompt(Method):
 
     @classmethod
     def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
-        check_layers(params, depth)
+        params.check_depth(depth)
         deep = [layer for layer in params.g_layers if layer >= depth]
         if deep:
             raise ParamsError(

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.methods import Method, Out, View, check_layers, layer_prompts
+from pipeline.methods import Method, Out, View, layer_prompts
 from pipeline.model.backbone import Backbone
 from pipeline.params import PromptParams
 
@@ -86,7 +86,7 @@ class L2P(Method):
 
     @classmethod
     def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
-        check_layers(params, depth)
+        params.check_depth(depth)
         if params.top_n > params.pool_size:
             raise ParamsError(
                 f"prompt.top_n {params.top_n}: L2P picks at most "

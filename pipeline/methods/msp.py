@@ -28,7 +28,7 @@ from torch import nn
 
 from palcore.codes import Missing
 from palcore.errors import ParamsError
-from pipeline.methods import Method, Out, View, check_layers, layer_prompts
+from pipeline.methods import Method, Out, View, layer_prompts
 from pipeline.model.backbone import Backbone
 from pipeline.model.prompts import orthogonal_rows
 from pipeline.params import PromptParams
@@ -48,7 +48,7 @@ class Msp(Method):
 
     @classmethod
     def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
-        check_layers(params, depth)
+        params.check_depth(depth)
         if 2 * params.length > dim:
             raise ParamsError(
                 f"prompt.length {params.length}: MSP's two sets need 2 x length "

@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.methods import check_layers
 from pipeline.model.backbone import LayerPrompt
 from pipeline.params import PromptParams
 
@@ -216,7 +215,7 @@ def check_prompt_params(
     params: PromptParams, n_tasks: int, dim: int, depth: int
 ) -> None:
     """Check PAL's prompt params against the backbone and the task count."""
-    check_layers(params, depth)
+    params.check_depth(depth)
     if params.pools == "vector":
         return
     if params.pool_size < n_tasks:

@@ -38,8 +38,8 @@ from palcore.params import (
     ProtocolParams,
     Source,
     load_section,
-    read_params_file,
 )
+from palcore.paramsfile import read_params_file
 from palcore.variants import pipeline_variants
 from pipeline.params import SECTIONS, DataParams, ModelParams, PromptParams
 from pipeline.sections import KNOWN_SECTIONS, PARAM_CLASSES
