@@ -52,7 +52,6 @@ from palcore.codes import Missing
 from palcore.outputs import write_bytes_atomic
 from pipeline.data import protocol
 from pipeline.data.absent import natural_codes
-from pipeline.data.absent import unreadable_images as unreadable_images  # pal predict
 from pipeline.data.datasets import DatasetError, Listing, read_dataset
 from pipeline.data.samples import (
     SAMPLE_KEYS,
