@@ -57,6 +57,19 @@ def test_results_share_their_common_cells() -> None:
     )
 
 
+def test_tables_1_2_run_acil_and_pal_whatever_main_a_rehearsal_committed() -> None:
+    # the README's CPU smoke commits pipelines.main: [pal]; Tables 1-2's cells
+    # still run ACIL (the frozen variant) and the five baselines beside PAL
+    params = {**FOOD, "pipelines": {**FOOD["pipelines"], "main": ["pal"]}}
+    cell = RESULTS["missing"].columns(params, None)[0].cell
+    every = ["pal", "frozen", *FOOD["pipelines"]["baselines"]]
+    assert cell.value(params, "pipelines.main") == every
+    # the committed main comes first and is not repeated
+    assert RESULTS["steps"].columns(FOOD, None)[0].cell.value(
+        FOOD, "pipelines.main"
+    ) == ["pal", "init", "frozen", *FOOD["pipelines"]["baselines"]]
+
+
 def test_cells_are_chosen_by_name_or_by_column_key() -> None:
     from palpaper.grids import GridError
     from palpaper.running import _todo
