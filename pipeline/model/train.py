@@ -2,7 +2,8 @@
 
 `train_task` adds task k's prompt slices (Gram–Schmidt init, earlier slices
 frozen) and head rows, caches the frozen queries of the task's training
-samples and of their reconstruction copies, then trains with AdamW (betas
+samples and of their reconstruction copies (gathered from `pal frozen`'s file,
+or computed here without one), then trains with AdamW (betas
 0.9/0.98, linear warm-up then cosine decay over the task's steps) on
 CE(task k's classes) + λ·L_r. Every task reseeds its own RNG streams
 (`task_seed`), so a resumed run gives the bytes of an uninterrupted one.
@@ -39,6 +40,7 @@ from pipeline.model.losses import (
     static_loss,
 )
 from pipeline.model.network import PalModel, QueryCache, build_cache
+from pipeline.model.queries import FrozenQueries
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +97,11 @@ def train_task(
     train: list[Sample],
     tasks: Tasks,
     tune_p: pparams.TuneParams,
+    frozen: FrozenQueries | None = None,
 ) -> list[dict]:
     """Train step `task` in place; returns its log entries (one per epoch,
-    with `seconds`)."""
+    with `seconds`). `frozen`: the dataset's stored frozen queries (`pal
+    frozen`); None: the frozen pass runs here over the task's samples."""
     if not train:
         raise CheckpointError(f"task {task} has no training samples")
     seed = task_seed(tune_p.seed, task)
@@ -108,7 +112,7 @@ def train_task(
         log.info("task %d: tune.epochs 0, prompts and head stay at their init", task)
         model.eval()
         return []
-    session = _session(model, task, train, tasks, tune_p, seed)
+    session = _session(model, task, train, tasks, tune_p, seed, frozen)
     model.train()
     entries = [
         _epoch(model, session, task, epoch, tune_p)
@@ -136,6 +140,7 @@ def _session(
     tasks: Tasks,
     tune_p: pparams.TuneParams,
     seed: int,
+    frozen: FrozenQueries | None,
 ) -> Session:
     """Dataset, frozen queries, optimiser, step and loader of one task."""
     backbone, method = model.backbone, model.prompts
@@ -154,7 +159,10 @@ def _session(
         method.requires_grad_(False)
     prompted = method is not None and any(p.requires_grad for p in method.parameters())
     copies = prompted and method.copies and tune_p.recon_weight > 0
-    cache = _query_cache(model, dataset, task, copies, tune_p.num_workers)
+    if frozen is not None:  # a gather: no frozen forward
+        cache = frozen.cache(train, device)
+    else:
+        cache = _query_cache(model, dataset, task, copies, tune_p.num_workers)
     graphed = (
         device.type == "cuda"
         and method is not None
