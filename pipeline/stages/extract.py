@@ -98,9 +98,8 @@ def extract(
     frozen_dir: str | Path | None = None,
 ) -> list[Path]:
     """Write the shards of `steps` (default: all; a string as for `--steps`);
-    returns the step folders. `data_root`: where the images are (`data.root`).
-    `frozen_dir`: `pal frozen`'s folder, whose stored queries replace the
-    frozen pass (None: it runs here).
+    returns the step folders. `data_root`: where the images are (`data.root`);
+    `frozen_dir`: `pal frozen`'s folder (None: the frozen pass runs here).
 
     Finished steps wait in `<out>.partial/` (`-rankNNNNN` under torchrun) until
     every step is done, then move into `out`; a rerun with the same code,
@@ -114,14 +113,11 @@ def extract(
     out = Path(out_dir)
     ckpts = _checkpoints(Path(tune_dir), steps, tasks)
     digests = step_samples_digests(samples, tasks)
-    m = ckpts[steps[0]]["params"]["model"]
+    m = ckpts[steps[0]]["params"]["model"]  # every step's (`_check_checkpoint`)
     frozen = open_frozen(frozen_dir, m["backbone"], m["max_text_len"], None)
-    partial = PartialRun(
-        out,
-        _signatures(params, digests, ckpts, world, rank, device, frozen),
-        fresh=fresh,
-        suffix="" if world == 1 else f".rank{rank:05d}",
-    )
+    sources = _signatures(params, digests, ckpts, world, rank, device, frozen)
+    suffix = "" if world == 1 else f".rank{rank:05d}"
+    partial = PartialRun(out, sources, fresh=fresh, suffix=suffix)
     names = _shard_names(world, rank)
     ready = partial.reusable([step_dir_name(s) for s in steps], names)  # verified
     backbone: Backbone | None = None
@@ -131,7 +127,6 @@ def extract(
             continue
         ckpt = ckpts[step]
         if backbone is None:
-            m = ckpt["params"]["model"]
             backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
         key = _extract_key(ckpt["hash"], digests[step - 1], params.dtype, world)
         extract_step(
