@@ -113,9 +113,10 @@ def frozen(
 ) -> Path:
     """List the dataset, run the frozen pass and write `<out>/queries.h5`;
     returns its path."""
-    samples = dataset_samples(data_p)
     dev = resolve_device(device, "extract.device")
+    # the backbone first: a bad one stops the stage before the listing's scan
     backbone = load_backbone(model_p.backbone, model_p.max_text_len).place(dev)
+    samples = dataset_samples(data_p)
     t0 = time.perf_counter()
     pairs = frozen_pairs(backbone, samples, data_p.root, num_workers=num_workers)
     path = write_queries(
