@@ -34,15 +34,23 @@ def embed_samples(
     params: pparams.ExtractParams,
     desc: str = "extract",
     first_batch: int = 0,
+    queries: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Joint embeddings (n, D) float32 and head logits (n, C_k) float32 of
     `samples` (image paths relative to `root`), in order. Also the forward of
-    `pal predict`."""
+    `pal predict`. `queries` (n, 2, D) float32: the samples' stored frozen
+    queries (`pal frozen`; None: the frozen pass runs here); a model without
+    prompts then needs no image and no forward."""
     backbone = model.backbone
     D, C = backbone.hidden_size, sum(model.classes_per_task[: model.step])
     if not samples:
         return np.zeros((0, D), np.float32), np.zeros((0, C), np.float32)
     device = backbone.device
+    q_all = None if queries is None else torch.from_numpy(queries).to(device)
+    if q_all is not None and model.prompts is None:
+        with torch.inference_mode(), autocast(device):
+            x, logits = model.features(None, q_all)
+        return x.float().cpu().numpy(), logits.float().cpu().numpy()
     dataset = SampleDataset(
         samples,
         root,
@@ -66,7 +74,8 @@ def embed_samples(
         for b, batch in enumerate(clock):
             # ViLT's patch order: the same batch gets the same seed, and bytes
             torch.manual_seed(first_batch + b)
-            x, logits = model.features(batch)
+            q = None if q_all is None else q_all[batch.index.to(device)]
+            x, logits = model.features(batch, q)
             xs.append(x.float())
             ls.append(logits.float())
             bar.update(batch.n)

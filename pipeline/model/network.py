@@ -4,7 +4,8 @@ The prompt method (`prompt.method`, `pipeline.methods`: PAL's pools with
 reconstruction, or a baseline's prompts) turns a batch's embedded tokens and
 frozen queries into joint embeddings; the head classifies them. The frozen,
 prompt-free query pass (q_t at the text CLS, q_v at the image CLS) is the
-model's, cacheable per sample (`QueryCache`). The training loss lives in
+model's, cacheable per sample (`QueryCache`), and stored once per dataset by
+`pal frozen` (`pipeline.model.queries`). The training loss lives in
 `pipeline.model.losses`, checkpoints in `pipeline.model.checkpoint`. With
 `prompt.enabled: false` there is no method: the joint embedding is q_t and only
 the head is trained.
@@ -13,7 +14,6 @@ the head is trained.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,7 @@ from torch import nn
 from pipeline.data.samples import Batch
 from pipeline.methods import Method, View, build, method_class
 from pipeline.model.backbone import Backbone
+from pipeline.model.queries import QueryCache, batch_queries
 from pipeline.model.vision import batch_inputs
 from pipeline.params import PromptParams
 
@@ -59,19 +60,6 @@ class TaskHead(nn.Module):
         W = torch.cat(list(self.W))
         b = torch.cat(list(self.b))
         return F.linear(x.float(), W, b)
-
-
-@dataclass
-class QueryCache:
-    """Frozen queries of a dataset's samples (the backbone never changes).
-
-    q: (n, 2, D) float32 — [q_t, q_v] of each sample as given (dummies for a
-    missing modality); copies: (n, 2, D) — for complete samples, [q_t of the
-    image-dropped copy, q_v of the text-dropped copy] (zeros elsewhere).
-    """
-
-    q: torch.Tensor
-    copies: torch.Tensor
 
 
 class PalModel(nn.Module):
@@ -144,21 +132,32 @@ class PalModel(nn.Module):
 
     # ------------------------------------------------------------ passes
 
-    @torch.no_grad()
     def batch_queries(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Frozen queries of all R rows of a batch: (q_t, q_v), each (R, D)."""
-        ids, am, px, pm = batch_inputs(batch, self.backbone.device)
-        h, mask = self.backbone.embed(ids, am, px, pm, batch.image_sizes)
-        return self.backbone.queries(h, mask, ids.shape[1])
+        return batch_queries(self.backbone, batch)
 
-    def features(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Extraction: joint embeddings (n, D) float32 and head logits (n, C_k)."""
+    def features(
+        self, batch: Batch | None, q: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Extraction: joint embeddings (n, D) float32 and head logits (n, C_k).
+
+        q: (n, 2, D) float32, the batch's stored frozen queries (q_t, q_v)
+        (`pipeline.model.queries`); None: computed here by the frozen pass.
+        Without prompts the embedding is q_t, so a given q needs no forward
+        (nor a batch: None).
+        """
+        if q is not None and self.prompts is None:
+            x = q[:, 0]
+            return x, self.head(x)
         ids, am, px, pm = batch_inputs(batch, self.backbone.device)
         n, T = batch.n, ids.shape[1]
         sizes = None if batch.image_sizes is None else batch.image_sizes[:n]
         pm = None if pm is None else pm[:n]
         h, mask = self.backbone.embed(ids[:n], am[:n], px[:n], pm, sizes)
-        q_t, q_v = self.backbone.queries(h, mask, T)
+        if q is None:
+            q_t, q_v = self.backbone.queries(h, mask, T)
+        else:
+            q_t, q_v = q[:, 0], q[:, 1]
         if self.prompts is None:
             x = q_t
         else:

@@ -2,15 +2,16 @@
 
 `train_task` adds task k's prompt slices (Gram–Schmidt init, earlier slices
 frozen) and head rows, caches the frozen queries of the task's training
-samples and of their reconstruction copies, then trains with AdamW (betas
-0.9/0.98, linear warm-up then cosine decay over the task's steps) on
-CE(task k's classes) + λ·L_r. Every task reseeds its own RNG streams
-(`task_seed`), so a resumed run gives the bytes of an uninterrupted one.
+samples and of their reconstruction copies (gathered from `pal frozen`'s
+file, or computed here), then trains with AdamW (betas 0.9/0.98, linear
+warm-up then cosine decay over the task's steps) on CE(task k's classes) +
+λ·L_r. Every task reseeds its own RNG streams (`task_seed`), so a resumed
+run gives the bytes of an uninterrupted one.
 
 `make_step` runs one optimiser step of `losses.loss` or, on a GPU
 (`tune.cuda_graphs`), of `losses.static_loss` replayed as a CUDA graph per
-batch shape (`pipeline.model.graphs`): a batch-4 step is otherwise bound by kernel
-launches.
+batch shape (`pipeline.model.graphs`): a batch-4 step is otherwise bound by
+kernel launches.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pipeline.model.losses import (
     static_loss,
 )
 from pipeline.model.network import PalModel, QueryCache, build_cache
+from pipeline.model.queries import FrozenQueries
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +97,10 @@ def train_task(
     train: list[Sample],
     tasks: Tasks,
     tune_p: pparams.TuneParams,
+    frozen: FrozenQueries | None = None,
 ) -> list[dict]:
     """Train step `task` in place; returns its log entries (one per epoch,
-    with `seconds`)."""
+    with `seconds`). `frozen`: `pal frozen`'s queries (None: computed here)."""
     if not train:
         raise CheckpointError(f"task {task} has no training samples")
     seed = task_seed(tune_p.seed, task)
@@ -108,7 +111,7 @@ def train_task(
         log.info("task %d: tune.epochs 0, prompts and head stay at their init", task)
         model.eval()
         return []
-    session = _session(model, task, train, tasks, tune_p, seed)
+    session = _session(model, task, train, tasks, tune_p, seed, frozen)
     model.train()
     entries = [
         _epoch(model, session, task, epoch, tune_p)
@@ -136,6 +139,7 @@ def _session(
     tasks: Tasks,
     tune_p: pparams.TuneParams,
     seed: int,
+    frozen: FrozenQueries | None,
 ) -> Session:
     """Dataset, frozen queries, optimiser, step and loader of one task."""
     backbone, method = model.backbone, model.prompts
@@ -154,7 +158,7 @@ def _session(
         method.requires_grad_(False)
     prompted = method is not None and any(p.requires_grad for p in method.parameters())
     copies = prompted and method.copies and tune_p.recon_weight > 0
-    cache = _query_cache(model, dataset, task, copies, tune_p.num_workers)
+    cache = _query_cache(model, dataset, task, copies, tune_p.num_workers, frozen)
     graphed = (
         device.type == "cuda"
         and method is not None
@@ -265,9 +269,12 @@ def _query_cache(
     task: int,
     copies: bool,
     num_workers: int,
+    frozen: FrozenQueries | None = None,
 ) -> QueryCache:
-    """The frozen queries of `dataset`'s samples (and of their copies)."""
+    """Frozen queries of `dataset`'s samples and copies (`frozen`: gathered)."""
     device = model.backbone.device
+    if frozen is not None:
+        return frozen.cache(dataset.samples, device)
     t0 = time.perf_counter()
     batches = make_loader(
         dataset, CACHE_BATCH, copies=copies, num_workers=num_workers, device=device

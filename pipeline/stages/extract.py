@@ -50,6 +50,7 @@ from pipeline.model.checkpoint import (
     params_diff,
 )
 from pipeline.model.device import resolve_device
+from pipeline.model.queries import FrozenQueries, frozen_option, open_frozen
 from pipeline.stages.extract_shards import extract_step, reusable
 from pipeline.stages.resume import (
     PartialRun,
@@ -94,9 +95,11 @@ def extract(
     steps: Sequence[int] | str | None = None,
     fresh: bool = False,
     data_root: str | Path | None = None,
+    frozen_dir: str | Path | None = None,
 ) -> list[Path]:
     """Write the shards of `steps` (default: all; a string as for `--steps`);
-    returns the step folders. `data_root`: where the images are (`data.root`).
+    returns the step folders. `data_root`: where the images are (`data.root`);
+    `frozen_dir`: `pal frozen`'s folder (None: the frozen pass runs here).
 
     Finished steps wait in `<out>.partial/` (`-rankNNNNN` under torchrun) until
     every step is done, then move into `out`; a rerun with the same code,
@@ -110,12 +113,11 @@ def extract(
     out = Path(out_dir)
     ckpts = _checkpoints(Path(tune_dir), steps, tasks)
     digests = step_samples_digests(samples, tasks)
-    partial = PartialRun(
-        out,
-        _signatures(params, digests, ckpts, world, rank, device),
-        fresh=fresh,
-        suffix="" if world == 1 else f".rank{rank:05d}",
-    )
+    m = ckpts[steps[0]]["params"]["model"]  # every step's (`_check_checkpoint`)
+    frozen = open_frozen(frozen_dir, m["backbone"], m["max_text_len"], None)
+    sources = _signatures(params, digests, ckpts, world, rank, device, frozen)
+    suffix = "" if world == 1 else f".rank{rank:05d}"
+    partial = PartialRun(out, sources, fresh=fresh, suffix=suffix)
     names = _shard_names(world, rank)
     ready = partial.reusable([step_dir_name(s) for s in steps], names)  # verified
     backbone: Backbone | None = None
@@ -125,7 +127,6 @@ def extract(
             continue
         ckpt = ckpts[step]
         if backbone is None:
-            m = ckpt["params"]["model"]
             backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
         key = _extract_key(ckpt["hash"], digests[step - 1], params.dtype, world)
         extract_step(
@@ -140,6 +141,7 @@ def extract(
             rank,
             world,
             reusable(ckpt, params, partial.path, step, names, world),
+            frozen,
         )
         partial.seal(folder, names)
     _finish(partial, out, steps, ready, names, device)
@@ -225,17 +227,20 @@ def _signatures(
     world: int,
     rank: int,
     device: torch.device,
+    frozen: FrozenQueries | None = None,
 ) -> list[str]:
     """What this rank's shards of each step depend on, cumulatively over the
     steps in order: extract's code, params, the step's samples and checkpoint,
-    the backbone's files, the part layout, the device type and the versions
-    of torch and transformers. A sample changed in task k leaves the steps
-    before k as they were (their shards hold none of task k's samples)."""
+    the backbone's files, the stored frozen queries, the part layout, the
+    device type and the versions of torch and transformers. A sample changed
+    in task k leaves the steps before k as they were (their shards hold none
+    of task k's samples)."""
     backbone = next(iter(ckpts.values()))["params"]["model"]["backbone"]
     common = {
         **run_environment(__name__, backbone, device.type),
         "params": outcome_record(params),
         "parts": [world, rank],
+        "frozen": None if frozen is None else frozen.sha256,
     }
     out, before = [], ""
     for k, c in ckpts.items():
@@ -320,6 +325,7 @@ def _provenance(
     help="Discard the finished steps of an interrupted run (<out>.partial/) "
     "instead of reusing them.",
 )
+@frozen_option
 @clean_errors
 def cli(
     params_file: Source,
@@ -328,6 +334,7 @@ def cli(
     out_dir: str,
     steps: str | None,
     fresh: bool,
+    frozen_dir: str | None,
 ) -> None:
     """Dump prompted joint embeddings into HDF5 feature shards.
 
@@ -336,15 +343,19 @@ def cli(
     logits over the classes seen). Finished steps wait in <out>.partial/
     until every step is done: an interrupted run (also under `dvc repro`)
     reuses them when its code, params and inputs are unchanged. Reads params
-    section extract; under torchrun each rank writes its own part files.
+    section extract; under torchrun each rank writes its own part files. With
+    --frozen, the frozen queries come from `pal frozen`'s file (the frozen
+    variant's features are its q_t: no image is read).
     """
     params = pparams.load(params_file, "extract")
     if params.processes > 1 and "WORLD_SIZE" not in os.environ:
         args = [*params_file.args(), "--prepare", prepare_dir, "--tune", tune_dir]
         args += ["--out", out_dir, *(["--steps", steps] if steps else [])]
+        args += ["--frozen", frozen_dir] if frozen_dir else []
         sys.exit(launch(params.processes, [*args, *(["--fresh"] if fresh else [])]))
     root = pparams.data_root(params_file)
-    extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh, data_root=root)
+    extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh,
+            data_root=root, frozen_dir=frozen_dir)  # fmt: skip
 
 
 def launch(processes: int, args: list[str]) -> int:

@@ -22,6 +22,7 @@ from pipeline.data.samples import Sample, Tasks, select
 from pipeline.model.device import autocast
 from pipeline.model.embed import embed_samples
 from pipeline.model.network import PalModel
+from pipeline.model.queries import FrozenQueries
 from solver.shards import (
     Block,
     ShardAttrs,
@@ -80,12 +81,14 @@ def extract_step(
     rank: int,
     world: int,
     reuse: Path | None = None,
+    frozen: FrozenQueries | None = None,
 ) -> None:
     """Embed and write one step's shards. Task `step`'s training samples, then
     the test samples of tasks 1..step, are embedded as one list in batches;
     this rank takes whole batches of it. With `reuse` (a model without
     prompts, one process), only task `step`'s test samples are embedded: the
-    earlier tasks' test features come from that step folder."""
+    earlier tasks' test features come from that step folder. `frozen`: the
+    stored frozen queries (`pal frozen`), in place of the frozen pass."""
     train = select(samples, "train", [step])
     first = step if reuse is not None else 1
     blocks = [train] + [select(samples, "test", [t]) for t in range(first, step + 1)]
@@ -98,6 +101,7 @@ def extract_step(
         params,
         f"step {step}",
         first_batch=lo // params.batch_size,
+        queries=None if frozen is None else frozen.queries(every[lo:hi]),
     )
     x = x.astype(params.dtype)
     parts, start = [], 0

@@ -51,15 +51,13 @@ from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.codes import Missing
 from palcore.outputs import write_bytes_atomic
 from pipeline.data import protocol
-from pipeline.data.absent import natural_codes
-from pipeline.data.datasets import DatasetError, Listing, read_dataset
+from pipeline.data.listing import listed
 from pipeline.data.samples import (
     SAMPLE_KEYS,
     SAMPLES_FILE,
     SPLITS,
     TASKS_FILE,
     Sample,
-    text_problem,
 )
 from pipeline.params import DataParams, load
 
@@ -75,39 +73,6 @@ def split_protocol(params: DataParams, split: str) -> tuple[str, float]:
     return mtype, params.missing_rate if rate is None else rate
 
 
-def per_class(listing: Listing, n: int) -> Listing:
-    """The listing with at most `n` samples of each (class, split), the first
-    by id (`data.per_class`)."""
-    chosen: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for s in listing.samples:
-        chosen[(s.class_name, s.split)].append(s.id)
-    keep = {i for ids in chosen.values() for i in sorted(ids)[:n]}
-    samples = [s for s in listing.samples if s.id in keep]
-    log.info(
-        "data.per_class %d: %d of %d samples kept",
-        n,
-        len(samples),
-        len(listing.samples),
-    )
-    return dataclasses.replace(listing, samples=samples)
-
-
-def _check_unique_ids(listing: Listing) -> None:
-    """Ids listed once, and every text field valid Unicode (one line naming
-    the file and the row, not a traceback when samples.jsonl is written)."""
-    seen: set[str] = set()
-    for row, s in enumerate(listing.samples, 1):
-        for key in ("id", "class_name", "image", "text"):
-            problem = text_problem(getattr(s, key))
-            if problem:
-                raise DatasetError(
-                    f"{listing.source}: sample {row} ({ascii(s.id)}): {key} {problem}"
-                )
-        if s.id in seen:
-            raise DatasetError(f"{listing.source}: sample id {s.id!r} is listed twice")
-        seen.add(s.id)
-
-
 def prepare(params: DataParams) -> tuple[list[dict], dict]:
     """Read the dataset and apply the protocol.
 
@@ -115,11 +80,7 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
         (rows, tasks): the samples.jsonl rows in file order (each
         `dataclasses.asdict` of a `Sample`) and the tasks.json document.
     """
-    listing = read_dataset(params)
-    _check_unique_ids(listing)
-    if params.per_class is not None:
-        listing = per_class(listing, params.per_class)
-    kept, absent, images = natural_codes(listing, params)
+    listing, kept, absent, images = listed(params)
     order = protocol.class_order(listing.classes, params.class_order_seed)
     sizes = protocol.task_sizes(len(order), params.tasks, params.allow_uneven)
     groups = _group_by_task(kept, order, sizes)

@@ -44,6 +44,7 @@ from pipeline.model.checkpoint import (
 )
 from pipeline.model.device import resolve_device
 from pipeline.model.network import PalModel
+from pipeline.model.queries import FrozenQueries, frozen_option, open_frozen
 from pipeline.model.train import train_task
 from pipeline.stages.resume import (
     PartialRun,
@@ -66,9 +67,12 @@ def tune(
     fresh: bool = False,
     timings: str | Path | None = None,
     data_root: str | Path | None = None,
+    frozen_dir: str | Path | None = None,
 ) -> list[Path]:
     """Run prompt tuning for all tasks; returns the checkpoint paths.
     `data_root`: where the images are (`data.root`; tasks.json does not say).
+    `frozen_dir`: `pal frozen`'s folder, whose stored queries replace the
+    frozen pass (None: the pass runs here).
 
     Finished steps wait in `<out>.partial/` until every task is done, then
     move into `out` (see `pipeline.stages.resume`); `fresh` discards them. Per-epoch
@@ -80,9 +84,11 @@ def tune(
     device = resolve_device(tune_p.device, "tune.device")
     backbone = load_backbone(model_p.backbone, model_p.max_text_len).place(device)
     model = PalModel(backbone, prompt_p, tasks.classes_per_task).to(device)
-    partial = PartialRun(
-        out, _signatures(samples, tasks, record, backbone, device), fresh=fresh
+    frozen = open_frozen(
+        frozen_dir, model_p.backbone, model_p.max_text_len, backbone.hidden_size
     )
+    sources = _signatures(samples, tasks, record, backbone, device, frozen)
+    partial = PartialRun(out, sources, fresh=fresh)
     for k in range(partial.kept + 1, tasks.n_tasks + 1):  # inputs changed
         checkpoint_path(partial.path, k).unlink(missing_ok=True)
     done = _resume(model, partial.path, tasks, partial.kept)
@@ -95,7 +101,7 @@ def tune(
             partial.path,
         )
     for task in range(done + 1, tasks.n_tasks + 1):
-        entries += _tune_task(model, task, samples, tasks, tune_p, timings)
+        entries += _tune_task(model, task, samples, tasks, tune_p, timings, frozen)
         path = checkpoint_path(partial.path, task)
         digest = save_checkpoint(
             path, task, record, tasks.record(), model.tuned_state()
@@ -117,10 +123,12 @@ def _tune_task(
     tasks: Tasks,
     tune_p: pparams.TuneParams,
     timings: str | Path | None,
+    frozen: FrozenQueries | None = None,
 ) -> list[dict]:
     """Train task `task` (`train_task`); returns its log.jsonl entries, one
     per epoch, with the epoch's seconds moved to the `timings` file."""
-    epochs = train_task(model, task, select(samples, "train", [task]), tasks, tune_p)
+    train = select(samples, "train", [task])
+    epochs = train_task(model, task, train, tasks, tune_p, frozen)
     for entry in epochs:  # timings stay out of the DVC output
         clock = {k: entry.pop(k) for k in ("seconds", "data_wait")}
         if timings is not None:
@@ -144,6 +152,7 @@ def _signatures(
     record: dict,
     backbone: Backbone,
     device: torch.device,
+    frozen: FrozenQueries | None = None,
 ) -> list[str]:
     """What checkpoint k depends on, per step: tune's code, params, the task
     split, the training samples of tasks 1..k, the backbone's files, the
@@ -153,6 +162,7 @@ def _signatures(
         **run_environment(__name__, backbone.name, device.type),
         "params": record,
         "split": [tasks.record(), tasks.data.get("images")],  # content, not place
+        "frozen": None if frozen is None else frozen.sha256,
     }
     h = hashlib.sha256()
     out = []
@@ -230,9 +240,15 @@ def _append_timing(path: Path, entry: dict) -> None:
     "logs/tune.jsonl",
     "JSON-lines file that gets each epoch's losses and seconds appended.",
 )
+@frozen_option
 @clean_errors
 def cli(
-    params_file: str, prepare_dir: str, out_dir: str, fresh: bool, timings: str
+    params_file: str,
+    prepare_dir: str,
+    out_dir: str,
+    fresh: bool,
+    timings: str,
+    frozen_dir: str | None,
 ) -> None:
     """Tune the prompt pools and the BP head, task by task.
 
@@ -242,7 +258,8 @@ def cli(
     Finished steps wait in <out>.partial/ until the last task is done: an
     interrupted run (also under `dvc repro`) resumes after its last finished
     step when its code, params and inputs are unchanged. Reads params sections
-    model, prompt and tune.
+    model, prompt and tune. With --frozen, the frozen queries come from
+    `pal frozen`'s file instead of a frozen pass over the images.
     """
     model_p = pparams.load(params_file, "model")
     prompt_p = pparams.load(params_file, "prompt")
@@ -257,4 +274,5 @@ def cli(
         fresh=fresh,
         timings=timings,
         data_root=root,
+        frozen_dir=frozen_dir,
     )
