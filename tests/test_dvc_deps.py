@@ -93,7 +93,8 @@ def loaded_sections(files: list[Path]) -> set[str]:
 
 def single_keys(files: list[Path]) -> set[str]:
     """Keys named by string constants in a call of `section_value(source,
-    SECTION, KEY)`: one key of another stage's section."""
+    SECTION, KEY)`: one key of another stage's section (not its run-only keys,
+    such as extract.num_workers: they change speed, never a result)."""
     keys = set()
     for path in files:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -103,7 +104,10 @@ def single_keys(files: list[Path]) -> set[str]:
                 and len(node.args) == 3
                 and all(isinstance(a, ast.Constant) for a in node.args[1:])
             ):
-                keys.add(f"{node.args[1].value}.{node.args[2].value}")
+                section, key = node.args[1].value, node.args[2].value
+                cls = SECTION_CLASSES.get(section)
+                if cls is None or key in outcome_keys(cls):
+                    keys.add(f"{section}.{key}")
     return keys
 
 
