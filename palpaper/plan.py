@@ -1,13 +1,14 @@
 """`pal-paper plan`: a grid's projected time from its cells' own params on
 the device they name, and the memory of its largest solve.
 
-Per (variant, run) a trained tune costs start-up + epochs × N / rate + N /
-query rate + a graph capture per task, and an extraction start-up + a loader
-start per step + E / rate, where N is the training samples (the dataset's,
-or classes × `data.per_class`) and E = N + test × (K + 1) / 2 the embeddings
-of K steps (step k embeds the test samples of tasks 1..k); the rates are
-measured (costs.yaml). A grid adds, per cell, the tunings and extractions
-`dvc repro` has not made (`tunings`).
+Per (variant, run) a trained tune costs start-up + epochs × N / rate + a
+graph capture per task, and an extraction start-up + a loader start per step
++ E / rate, where N is the training samples (the dataset's, or classes ×
+`data.per_class`) and E = N + test × (K + 1) / 2 the embeddings of K steps
+(step k embeds the test samples of tasks 1..k); the rates are measured
+(costs.yaml). The frozen queries cost once per dataset (`pal frozen`: 3 rows
+a sample, every cell reads them from DVC's cache). A grid adds, per cell, the
+tunings and extractions `dvc repro` has not made (`tunings`).
 """
 
 from __future__ import annotations
@@ -67,19 +68,35 @@ def minutes(
     cell: Cell, params: Mapping[str, Any], rates: Mapping[str, float], size: Mapping
 ) -> tuple[float, float]:
     """(tune, extract) minutes per (variant, run) of the cell's params."""
-    per_class = cell.value(params, "data.per_class") if _has(params) else None
     k = int(cell.value(params, "data.tasks"))
     epochs = int(cell.value(params, "tune.epochs"))
-    train, test = size["train"], size["test"]
-    if per_class is not None:  # at most per_class of each class and split
-        train = min(train, size["classes"] * per_class)
-        test = min(test, size["classes"] * per_class)
+    train, test = _samples(cell, params, size)
     t = rates["tune_startup_s"] + epochs * train / rates["tune_per_s"]
-    t += train / rates["query_per_s"] + k * rates["capture_s_per_task"]
+    t += k * rates["capture_s_per_task"]
     embeddings = train + test * (k + 1) / 2
     e = rates["extract_startup_s"] + k * rates["extract_s_per_step"]
     e += embeddings / rates["extract_per_s"]
     return t / 60, e / 60
+
+
+def frozen_minutes(
+    params: Mapping[str, Any], rates: Mapping[str, float], size: Mapping
+) -> float:
+    """Minutes of the frozen-queries stage, once per dataset: every sample in
+    its three states (complete, text missing, image missing)."""
+    train, test = _samples(Cell(()), params, size)
+    return 3 * (train + test) / rates["frozen_rows_per_s"] / 60
+
+
+def _samples(cell: Cell, params: Mapping[str, Any], size: Mapping) -> tuple[int, int]:
+    """(training, test) samples of the cell: the dataset's, or at most
+    `data.per_class` of each class and split."""
+    per_class = cell.value(params, "data.per_class") if _has(params) else None
+    train, test = size["train"], size["test"]
+    if per_class is not None:
+        train = min(train, size["classes"] * per_class)
+        test = min(test, size["classes"] * per_class)
+    return train, test
 
 
 def _has(params: Mapping[str, Any]) -> bool:
@@ -117,12 +134,14 @@ def plan_lines(
     kind = device_kind(params)
     rates, size = table["devices"][kind], table["datasets"][dataset]
     t0, e0 = minutes(Cell(()), params, rates, size)
+    f0 = frozen_minutes(params, rates, size)
     lines = [
         f"{dataset}, {rates['name']} (tune.device {get(params, 'tune.device')}): "
         f"tune {t0:.1f} min and extract {e0:.1f} min per (variant, run) at "
-        f"the committed params ({rates['source']})"
+        f"the committed params ({rates['source']}); the frozen queries "
+        f"{f0:.1f} min once (shared by every cell)"
     ]
-    total, seen, every, cell_hours = 0.0, set(), [], []
+    total, seen, every, cell_hours = f0 / 60, set(), [], []
     for rid in ids:
         cols = RESULTS[rid].columns(params, runs)
         hours, t_all, e_all = 0.0, 0, 0
@@ -142,12 +161,13 @@ def plan_lines(
             f"{e_all} extractions: {hours:.1f} h"
         )
     lines.append(
-        f"  all of them: {total:.1f} h (cells shared between results counted once)"
+        f"  all of them: {total:.1f} h (cells shared between results and the "
+        "frozen queries counted once)"
     )
     lines.append(largest_solve(every, params))
     if cards > 1:  # on one card the wall time is the total
         lines.append(
-            f"  on {cards} cards: {wall_hours(cell_hours, cards):.1f} h wall "
+            f"  on {cards} cards: {f0 / 60 + wall_hours(cell_hours, cards):.1f} h wall "
             f"({len(cell_hours)} cells, the longest "
             f"{max(cell_hours, default=0.0):.1f} h)"
         )

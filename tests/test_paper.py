@@ -251,9 +251,11 @@ def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
         env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
     )
     assert out.returncode == 0, out.stderr
-    # bench/README.md's H100 rates: 77.2 min of tune and 5.29 of extract
-    tune = (15.3 + 10 * 61127 / 163.9 + 61127 / 69.6 + 10 * 1.0) / 60
+    # bench/README.md's H100 rates: 62.6 min of tune and 5.29 of extract; the
+    # frozen queries once, 3 rows of each of the 83,843 samples at 111.4 rows/s
+    tune = (15.3 + 10 * 61127 / 163.9 + 10 * 1.0) / 60
     extract = (22.5 + 10 * 6.1 + (61127 + 22716 * 5.5) / 795.2) / 60
+    frozen = 3 * (61127 + 22716) / 111.4 / 60
     hours = (trained * tune + extracted * extract) / 60
     # 14 cells of equal cost (pal, init and frozen, and the baselines, 3 runs
     # each), the committed scenario's (the baselines only) and upsampling's 5
@@ -261,15 +263,17 @@ def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
     # one with the least loaded card
     cell = ((3 + 3 * n_base) * tune + (9 + 3 * n_base) * extract) / 60
     base = 3 * n_base * (tune + extract) / 60
-    wall = max(4 * cell, 3 * cell + base)
+    wall = frozen / 60 + max(4 * cell, 3 * cell + base)
     assert out.stdout.splitlines() == [
-        "food101, one NVIDIA H100 80GB HBM3 (tune.device cuda): tune 77.2 min and "
+        "food101, one NVIDIA H100 80GB HBM3 (tune.device cuda): tune 62.6 min and "
         "extract 5.3 min per (variant, run) at the committed params (bench/README.md, "
-        "bench/rehearsal.py at 30 photos a class)",
+        f"bench/rehearsal.py at 30 photos a class); the frozen queries {frozen:.1f} "
+        "min once (shared by every cell)",
         f"  missing: 15 cells, {trained} tunings, {extracted} extractions: "
         f"{hours:.1f} h",
         "  upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
-        f"  all of them: {hours:.1f} h (cells shared between results counted once)",
+        f"  all of them: {hours + frozen / 60:.1f} h (cells shared between results "
+        "and the frozen queries counted once)",
         "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
         "per solve (solve.device auto)",
         f"  on 4 cards: {wall:.1f} h wall (20 cells, the longest {cell:.1f} h)",
@@ -446,7 +450,8 @@ def test_plan_follows_the_params_and_the_device(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     cpu = costs()["devices"]["CPU"]
     # 100 classes: 100 training and 100 test samples; K tasks
-    tune = (12.3 + 100 / 0.4 + 100 / 1.1) / 60  # 1 epoch of 100 samples
+    tune = (12.3 + 100 / 0.4) / 60  # 1 epoch of 100 samples
+    frozen = 3 * 200 / 1.8 / 60  # once: 3 rows of each sample at 1.8 rows/s
 
     def extract(k: int) -> float:  # step j embeds the test samples of tasks 1..j
         return (21.7 + (100 + 100 * (k + 1) / 2) / 0.9) / 60
@@ -458,10 +463,12 @@ def test_plan_follows_the_params_and_the_device(tmp_path: Path) -> None:
         "food101, this project's 2-core CPU (AMD EPYC Zen 4) (tune.device cpu): "
         f"tune {tune:.1f} min and extract {extract(5):.1f} min per (variant, "
         "run) at the committed params (bench/README.md, the CPU rehearsal at "
-        "ViLT-B/32's sizes)",
+        f"ViLT-B/32's sizes); the frozen queries {frozen:.1f} min once (shared by "
+        "every cell)",
         "  upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
         f"  tasks: 4 cells, 3 tunings, 3 extractions: {hours:.1f} h",
-        f"  all of them: {hours:.1f} h (cells shared between results counted once)",
+        f"  all of them: {hours + frozen / 60:.1f} h (cells shared between results "
+        "and the frozen queries counted once)",
         "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
         "per solve (solve.device auto)",
     ]
