@@ -130,3 +130,17 @@ def test_the_section_registry_names_every_section_once():
         "demo", "data", "model", "prompt", "tune", "extract",
         "solve", "evaluate", "protocol", "ablation", "pipelines",
     )  # fmt: skip
+
+
+def test_a_params_file_read_twice_gives_fresh_copies_of_its_current_text(tmp_path):
+    # the parse is cached per text: a caller's edit of what it got must not
+    # reach the next reader, and an edited file is read anew
+    from palcore.paramsfile import read_params_file
+
+    path = tmp_path / "params.yaml"
+    path.write_text("solve: {eta: 1.0, etas: [0.1, 1.0]}\n")
+    first = read_params_file(path)
+    first["solve"]["etas"].append(5.0)
+    assert read_params_file(path) == {"solve": {"eta": 1.0, "etas": [0.1, 1.0]}}
+    path.write_text("solve: {eta: 0.5}\n")
+    assert read_params_file(path) == {"solve": {"eta": 0.5}}
