@@ -38,6 +38,10 @@ COMMANDS = {
         "pipeline.stages.prepare:cli",
         "Index a dataset into samples, tasks, missing tables.",
     ),
+    "pixels": (
+        "pipeline.stages.pixels:cli",
+        "Decode every listed image once into a uint8 pixel cache.",
+    ),
     "tune": (
         "pipeline.stages.tune:cli",
         "Tune the prompt pools and BP head, task by task.",
@@ -58,7 +62,8 @@ COMMANDS = {
 def main(verbose: bool) -> None:
     """PAL pipeline: prompting analytic learning with missing modality.
 
-    Stages run in order demo → prepare → tune → extract, then `pal-solver solve`
-    and `pal-solver evaluate`. `dvc repro` runs them all from params.yaml.
+    Stages run in order demo → prepare and pixels → tune → extract, then
+    `pal-solver solve` and `pal-solver evaluate`. `dvc repro` runs them all
+    from params.yaml.
     """
     setup_logging(verbose)

@@ -40,6 +40,8 @@ from palcore.errors import PalError
 from palcore.outputs import step_of_name
 from palcore.params import Source, outcome_record
 from pipeline import params as pparams
+from pipeline.data.loader import legacy_path
+from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
 from pipeline.model.backbone import Backbone, load_backbone
 from pipeline.model.checkpoint import (
@@ -50,7 +52,13 @@ from pipeline.model.checkpoint import (
     params_diff,
 )
 from pipeline.model.device import resolve_device
-from pipeline.stages.extract_shards import extract_step, reusable
+from pipeline.model.embed import StepLoader
+from pipeline.stages.extract_shards import (
+    extract_step,
+    reusable,
+    step_blocks,
+    step_rows,
+)
 from pipeline.stages.resume import (
     PartialRun,
     hash_samples,
@@ -94,15 +102,19 @@ def extract(
     steps: Sequence[int] | str | None = None,
     fresh: bool = False,
     data_root: str | Path | None = None,
+    pixels: str | Path | None = None,
 ) -> list[Path]:
     """Write the shards of `steps` (default: all; a string as for `--steps`);
-    returns the step folders. `data_root`: where the images are (`data.root`).
+    returns the step folders. `data_root`: where the images are (`data.root`);
+    `pixels`: a folder written by `pal pixels`, read instead of decoding. One
+    loader serves every step (`embed.StepLoader`: its workers start once).
 
     Finished steps wait in `<out>.partial/` (`-rankNNNNN` under torchrun) until
     every step is done, then move into `out`; a rerun with the same code,
     params and inputs reuses them (`pipeline.stages.resume`), `fresh` discards them.
     """
     samples, tasks = read_prepare(prepare_dir, data_root)
+    cache = open_pixels(pixels)
     if steps is None or isinstance(steps, str):
         steps = parse_steps(steps, tasks.n_tasks)
     rank, world = rank_and_world()
@@ -118,15 +130,19 @@ def extract(
     )
     names = _shard_names(world, rank)
     ready = partial.reusable([step_dir_name(s) for s in steps], names)  # verified
+    todo = [s for s in steps if step_dir_name(s) not in ready]
+    reuse = {s: reusable(ckpts[s], params, partial.path, s, names, world,
+                         coming=s - 1 in todo) for s in todo}  # fmt: skip
     backbone: Backbone | None = None
-    for step in steps:
+    loader: StepLoader | None = None
+    for i, step in enumerate(todo):
         folder = step_dir_name(step)
-        if folder in ready:
-            continue
         ckpt = ckpts[step]
         if backbone is None:
             m = ckpt["params"]["model"]
             backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
+            parts = [_rows(s, samples, params, reuse[s], rank, world) for s in todo]
+            loader = _step_loader(parts, tasks, backbone, params, cache)
         key = _extract_key(ckpt["hash"], digests[step - 1], params.dtype, world)
         extract_step(
             model_from_checkpoint(ckpt, backbone),
@@ -139,13 +155,42 @@ def extract(
             _provenance(ckpt, key, digests[step - 1], params),
             rank,
             world,
-            reusable(ckpt, params, partial.path, step, names, world),
+            reuse[step],
+            None if loader is None else loader.part(i),
         )
         partial.seal(folder, names)
     _finish(partial, out, steps, ready, names, device)
     if rank == 0:
         _remove_other_layouts(out, steps, world, tasks.n_tasks)
     return [out / step_dir_name(step) for step in steps]
+
+
+def _rows(
+    step: int,
+    samples: list[Sample],
+    params: pparams.ExtractParams,
+    reuse: Path | None,
+    rank: int,
+    world: int,
+) -> list[Sample]:
+    """The samples this rank embeds at step `step` (`extract_step`'s rows)."""
+    every, lo, hi = step_rows(step_blocks(step, samples, reuse), params.batch_size,
+                              rank, world)  # fmt: skip
+    return every[lo:hi]
+
+
+def _step_loader(
+    parts: list[list[Sample]],
+    tasks: Tasks,
+    backbone: Backbone,
+    params: pparams.ExtractParams,
+    pixels: PixelCache | None,
+) -> StepLoader | None:
+    """One loader for every step's rows; None on the legacy image path (a
+    loader per step, as before: `loader.legacy_path`)."""
+    if legacy_path():
+        return None
+    return StepLoader(parts, tasks.root, backbone, params, pixels)
 
 
 def _device(params: pparams.ExtractParams, rank: int, world: int) -> torch.device:
@@ -315,6 +360,14 @@ def _provenance(
     help="Only these steps, e.g. 2, 1,3 or 2-4 (default: all).",
 )
 @click.option(
+    "--pixels",
+    default=None,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Folder written by `pal pixels`: read the images' pixels from its "
+    "cache instead of decoding them (same bytes). Default: decode.",
+)
+@click.option(
     "--fresh",
     is_flag=True,
     help="Discard the finished steps of an interrupted run (<out>.partial/) "
@@ -327,6 +380,7 @@ def cli(
     tune_dir: str,
     out_dir: str,
     steps: str | None,
+    pixels: str | None,
     fresh: bool,
 ) -> None:
     """Dump prompted joint embeddings into HDF5 feature shards.
@@ -342,9 +396,11 @@ def cli(
     if params.processes > 1 and "WORLD_SIZE" not in os.environ:
         args = [*params_file.args(), "--prepare", prepare_dir, "--tune", tune_dir]
         args += ["--out", out_dir, *(["--steps", steps] if steps else [])]
+        args += ["--pixels", pixels] if pixels else []
         sys.exit(launch(params.processes, [*args, *(["--fresh"] if fresh else [])]))
     root = pparams.data_root(params_file)
-    extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh, data_root=root)
+    extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh,
+            data_root=root, pixels=pixels)  # fmt: skip
 
 
 def launch(processes: int, args: list[str]) -> int:

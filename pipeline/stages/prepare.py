@@ -53,7 +53,7 @@ from palcore.outputs import write_bytes_atomic
 from pipeline.data import protocol
 from pipeline.data.absent import natural_codes
 from pipeline.data.absent import unreadable_images as unreadable_images  # pal predict
-from pipeline.data.datasets import DatasetError, Listing, read_dataset
+from pipeline.data.datasets import DatasetError, Listing, per_class, read_dataset
 from pipeline.data.samples import (
     SAMPLE_KEYS,
     SAMPLES_FILE,
@@ -74,23 +74,6 @@ def split_protocol(params: DataParams, split: str) -> tuple[str, float]:
     mtype = params.test_missing_type or params.missing_type
     rate = params.test_missing_rate
     return mtype, params.missing_rate if rate is None else rate
-
-
-def per_class(listing: Listing, n: int) -> Listing:
-    """The listing with at most `n` samples of each (class, split), the first
-    by id (`data.per_class`)."""
-    chosen: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for s in listing.samples:
-        chosen[(s.class_name, s.split)].append(s.id)
-    keep = {i for ids in chosen.values() for i in sorted(ids)[:n]}
-    samples = [s for s in listing.samples if s.id in keep]
-    log.info(
-        "data.per_class %d: %d of %d samples kept",
-        n,
-        len(samples),
-        len(listing.samples),
-    )
-    return dataclasses.replace(listing, samples=samples)
 
 
 def _check_unique_ids(listing: Listing) -> None:

@@ -27,6 +27,7 @@ import torch
 from palcore.cliutil import clean_errors, file_option, folder_option, run_params_option
 from palcore.outputs import write_bytes_atomic
 from pipeline import params as pparams
+from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import (
     Sample,
     Tasks,
@@ -66,15 +67,18 @@ def tune(
     fresh: bool = False,
     timings: str | Path | None = None,
     data_root: str | Path | None = None,
+    pixels: str | Path | None = None,
 ) -> list[Path]:
     """Run prompt tuning for all tasks; returns the checkpoint paths.
-    `data_root`: where the images are (`data.root`; tasks.json does not say).
+    `data_root`: where the images are (`data.root`; tasks.json does not say);
+    `pixels`: a folder written by `pal pixels`, read instead of decoding.
 
     Finished steps wait in `<out>.partial/` until every task is done, then
     move into `out` (see `pipeline.stages.resume`); `fresh` discards them. Per-epoch
     seconds are appended to `timings` (a JSON-lines file), never to `out`.
     """
     samples, tasks = read_prepare(prepare_dir, data_root)
+    cache = open_pixels(pixels)
     out = Path(out_dir)
     record = params_record(model_p, prompt_p, tune_p, tasks.n_tasks)
     device = resolve_device(tune_p.device, "tune.device")
@@ -95,7 +99,7 @@ def tune(
             partial.path,
         )
     for task in range(done + 1, tasks.n_tasks + 1):
-        entries += _tune_task(model, task, samples, tasks, tune_p, timings)
+        entries += _tune_task(model, task, samples, tasks, tune_p, timings, cache)
         path = checkpoint_path(partial.path, task)
         digest = save_checkpoint(
             path, task, record, tasks.record(), model.tuned_state()
@@ -117,10 +121,12 @@ def _tune_task(
     tasks: Tasks,
     tune_p: pparams.TuneParams,
     timings: str | Path | None,
+    pixels: PixelCache | None = None,
 ) -> list[dict]:
     """Train task `task` (`train_task`); returns its log.jsonl entries, one
     per epoch, with the epoch's seconds moved to the `timings` file."""
-    epochs = train_task(model, task, select(samples, "train", [task]), tasks, tune_p)
+    train = select(samples, "train", [task])
+    epochs = train_task(model, task, train, tasks, tune_p, pixels)
     for entry in epochs:  # timings stay out of the DVC output
         clock = {k: entry.pop(k) for k in ("seconds", "data_wait")}
         if timings is not None:
@@ -220,6 +226,14 @@ def _append_timing(path: Path, entry: dict) -> None:
     "out", "data/tune", "Folder for step_XX.pt and log.jsonl.", dest="out_dir"
 )
 @click.option(
+    "--pixels",
+    default=None,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Folder written by `pal pixels`: read the images' pixels from its "
+    "cache instead of decoding them (same bytes). Default: decode.",
+)
+@click.option(
     "--fresh",
     is_flag=True,
     help="Discard the finished steps of an interrupted run (<out>.partial/) "
@@ -232,7 +246,12 @@ def _append_timing(path: Path, entry: dict) -> None:
 )
 @clean_errors
 def cli(
-    params_file: str, prepare_dir: str, out_dir: str, fresh: bool, timings: str
+    params_file: str,
+    prepare_dir: str,
+    out_dir: str,
+    pixels: str | None,
+    fresh: bool,
+    timings: str,
 ) -> None:
     """Tune the prompt pools and the BP head, task by task.
 
@@ -257,4 +276,5 @@ def cli(
         fresh=fresh,
         timings=timings,
         data_root=root,
+        pixels=pixels,
     )

@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections import defaultdict
 from pathlib import Path
 
 from pipeline.data.datasets.base import (
@@ -24,8 +27,11 @@ __all__ = [
     "FileIndex",
     "Listing",
     "RawSample",
+    "per_class",
     "read_dataset",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def read_dataset(params: DataParams) -> Listing:
@@ -44,3 +50,20 @@ def read_dataset(params: DataParams) -> Listing:
 
         return n24news.read(root, params.text_field)
     raise DatasetError(f"data.dataset: unknown dataset {params.dataset!r}")
+
+
+def per_class(listing: Listing, n: int) -> Listing:
+    """The listing with at most `n` samples of each (class, split), the first
+    by id (`data.per_class`)."""
+    chosen: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for s in listing.samples:
+        chosen[(s.class_name, s.split)].append(s.id)
+    keep = {i for ids in chosen.values() for i in sorted(ids)[:n]}
+    samples = [s for s in listing.samples if s.id in keep]
+    log.info(
+        "data.per_class %d: %d of %d samples kept",
+        n,
+        len(samples),
+        len(listing.samples),
+    )
+    return dataclasses.replace(listing, samples=samples)
