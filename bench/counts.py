@@ -6,12 +6,18 @@ frozen backbone over each sample, and how many bytes an extract batch ships.
 Decodes and frozen forwards are counted, not derived: `pal tune` and `pal
 extract` run in this process (no loader workers) on a tiny prepare folder (3
 tasks × 2 classes, 6 training and 3 test samples a class, 50 % missing) with
-`SampleDataset._image` (one decode) and `Backbone.queries` (the frozen,
+`loader.decode_resized` (one decode) and `Backbone.queries` (the frozen,
 prompt-free pass; its rows counted per call) wrapped by counters. Per image
 and per sample they are then multiplied out for a 3-run protocol (each run:
 PAL tunes and extracts; `init` and `frozen` extract, their tune stages only
 start up: `tune.epochs: 0` decodes nothing) and for a grid of two cells
 (each cell one more PAL tuning and extraction per run).
+
+Decodes are counted twice: before, tune and extract decoding every image they
+load; after, with the pixel cache (`pal pixels`, written once per dataset and
+shared by every run and grid cell through DVC's run cache: its decodes are
+counted once), tune and extract reading it. Not counted, before or after:
+prepare's check that each image decodes, at 1/8 scale, once per run.
 
 Bytes per extract batch: 256 photos of the photo mix's Food101 shapes at
 ViLT-B/32's processor size (shorter side 384, longer ≤ 640, multiples of 32),
@@ -38,10 +44,13 @@ from pipeline.fakes import trees as fakes  # noqa: E402
 RUNS, CELLS = 3, 2
 
 
-def counted(work: Path, prompt: bool, epochs: int) -> tuple[Counter, Counter, int]:
+def counted(
+    work: Path, prompt: bool, epochs: int, pixels: Path | None = None
+) -> tuple[Counter, Counter, int]:
     """Decodes per image path and frozen rows per call, over one tune and one
-    extract of a variant; and the number of samples."""
-    from pipeline.data.loader import SampleDataset
+    extract of a variant (reading the pixel cache in `pixels` if given); and
+    the number of samples."""
+    from pipeline.data import loader
     from pipeline.data.samples import read_prepare
     from pipeline.model.backbone import Backbone
     from pipeline.stages.extract import extract
@@ -49,11 +58,11 @@ def counted(work: Path, prompt: bool, epochs: int) -> tuple[Counter, Counter, in
 
     decodes: Counter = Counter()
     frozen: Counter = Counter()
-    image, queries = SampleDataset._image, Backbone.queries
+    image, queries = loader.decode_resized, Backbone.queries
 
-    def count_image(self, path):
+    def count_image(path, *args):
         decodes[str(path)] += 1
-        return image(self, path)
+        return image(path, *args)
 
     def count_queries(self, h, mask, text_len):
         frozen["rows"] += h.shape[0]
@@ -65,20 +74,48 @@ def counted(work: Path, prompt: bool, epochs: int) -> tuple[Counter, Counter, in
     prepare = work / "data" / "prepare"
     if not prepare.exists():
         prepare = make_prepare(work / "data")
-    name = f"{'pal' if prompt else 'frozen'}-{epochs}"
+    source = "cache" if pixels else "decode"
+    name = f"{'pal' if prompt else 'frozen'}-{epochs}-{source}"
     params = write_params(work / f"{name}.yaml", vilt, tune={"epochs": epochs},
                           prompt={"enabled": prompt})  # fmt: skip
     load = pparams.load
-    SampleDataset._image, Backbone.queries = count_image, count_queries
+    loader.decode_resized, Backbone.queries = count_image, count_queries
     try:
         tune(prepare, work / f"tune-{name}", load(params, "model"),
-             load(params, "prompt"), load(params, "tune"))  # fmt: skip
+             load(params, "prompt"), load(params, "tune"), pixels=pixels)  # fmt: skip
         extract(prepare, work / f"tune-{name}", work / f"extract-{name}",
-                load(params, "extract"))  # fmt: skip
+                load(params, "extract"), pixels=pixels)  # fmt: skip
     finally:
-        SampleDataset._image, Backbone.queries = image, queries
+        loader.decode_resized, Backbone.queries = image, queries
     samples, _ = read_prepare(prepare)
     return decodes, frozen, len(samples)
+
+
+def cache_decodes(work: Path) -> tuple[Path, Counter]:
+    """The pixel cache of the prepare folder's images (as `pal pixels` writes
+    it, in this process) and its decodes per image path."""
+    from pipeline.data import loader
+    from pipeline.data.pixel_cache import FILE, write_cache
+    from pipeline.data.samples import read_prepare
+    from pipeline.model.backbone import load_backbone
+
+    samples, tasks = read_prepare(work / "data" / "prepare")
+    backbone = load_backbone(str(work / "vilt"), 12)
+    decodes: Counter = Counter()
+    image = loader.decode_resized
+
+    def count_image(path, *args):
+        decodes[str(path)] += 1
+        return image(path, *args)
+
+    loader.decode_resized = count_image
+    try:
+        rels = [s.image for s in samples if s.image]
+        ip = backbone.processor.image_processor
+        write_cache(work / "pixels" / FILE, tasks.root, rels, ip, backbone.image_side)
+    finally:
+        loader.decode_resized = image
+    return work / "pixels", decodes
 
 
 def batch_bytes(batch: int = 256) -> tuple[int, int]:
@@ -105,6 +142,9 @@ def main() -> None:
         epochs = 1
         init_d, init_f, _ = counted(work, prompt=True, epochs=0)
         frozen_d, frozen_f, _ = counted(work, prompt=False, epochs=1)
+        pixels, cache_d = cache_decodes(work)
+        cached = [counted(work, prompt, e, pixels)[0] for prompt, e in
+                  ((True, 1), (True, 0), (False, 1))]  # fmt: skip
     images = len(pal_d)
     per = {k: sum(v.values()) / images for k, v in
            (("pal", pal_d), ("init", init_d), ("frozen", frozen_d))}  # fmt: skip
@@ -119,6 +159,13 @@ def main() -> None:
           f"{per['init']:.2f}, frozen {per['frozen']:.2f}; a {RUNS}-run protocol "
           f"{protocol:.1f}; a grid of {CELLS} cells {grid:.1f} more (target 1, "
           "or 0 where the GPU decodes)")  # fmt: skip
+    once = sum(cache_d.values()) / len(cache_d)
+    after = [sum(c.values()) / images for c in cached]
+    print(f"  with the pixel cache: `pal pixels` {once:.2f} per image file "
+          f"({len(cache_d)} files, once per dataset), then PAL run {after[0]:.2f}, "
+          f"init {after[1]:.2f}, frozen {after[2]:.2f}; a {RUNS}-run protocol "
+          f"{once + RUNS * sum(after):.1f}; a grid of {CELLS} cells "
+          f"{RUNS * CELLS * after[0]:.1f} more")  # fmt: skip
     print(f"frozen forward rows per sample: PAL run {rows['pal']:.2f}, init "
           f"{rows['init']:.2f}, frozen {rows['frozen']:.2f}; a {RUNS}-run protocol "
           f"{RUNS * sum(rows.values()):.1f}; a grid of {CELLS} cells "

@@ -290,7 +290,7 @@ class PixelsParams:
 
     # false: no cache (the folder holds a marker), tune and extract decode each
     # image every time they load it; true costs the disk 3·h·w bytes an image
-    # (Food101 at ViLT-B/32's size: about 48 GB)
+    # (Food101 at ViLT-B/32's size: about 52 GB)
     enabled: bool = True
     # decoding processes (run-only: the cache's bytes are the same); 0: one a core
     workers: int = dataclasses.field(default=0, metadata=RUN_ONLY)

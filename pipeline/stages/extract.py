@@ -53,12 +53,7 @@ from pipeline.model.checkpoint import (
 )
 from pipeline.model.device import resolve_device
 from pipeline.model.embed import StepLoader
-from pipeline.stages.extract_shards import (
-    extract_step,
-    reusable,
-    step_blocks,
-    step_rows,
-)
+from pipeline.stages.extract_shards import extract_step, step_plan
 from pipeline.stages.resume import (
     PartialRun,
     hash_samples,
@@ -131,17 +126,14 @@ def extract(
     names = _shard_names(world, rank)
     ready = partial.reusable([step_dir_name(s) for s in steps], names)  # verified
     todo = [s for s in steps if step_dir_name(s) not in ready]
-    reuse = {s: reusable(ckpts[s], params, partial.path, s, names, world,
-                         coming=s - 1 in todo) for s in todo}  # fmt: skip
-    backbone: Backbone | None = None
-    loader: StepLoader | None = None
+    reuse, parts = step_plan(todo, samples, ckpts, params, partial.path, names,
+                             rank, world)  # fmt: skip
+    backbone, loader = None, None
     for i, step in enumerate(todo):
         folder = step_dir_name(step)
         ckpt = ckpts[step]
         if backbone is None:
-            m = ckpt["params"]["model"]
-            backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
-            parts = [_rows(s, samples, params, reuse[s], rank, world) for s in todo]
+            backbone = _backbone(ckpt, device)
             loader = _step_loader(parts, tasks, backbone, params, cache)
         key = _extract_key(ckpt["hash"], digests[step - 1], params.dtype, world)
         extract_step(
@@ -165,18 +157,10 @@ def extract(
     return [out / step_dir_name(step) for step in steps]
 
 
-def _rows(
-    step: int,
-    samples: list[Sample],
-    params: pparams.ExtractParams,
-    reuse: Path | None,
-    rank: int,
-    world: int,
-) -> list[Sample]:
-    """The samples this rank embeds at step `step` (`extract_step`'s rows)."""
-    every, lo, hi = step_rows(step_blocks(step, samples, reuse), params.batch_size,
-                              rank, world)  # fmt: skip
-    return every[lo:hi]
+def _backbone(ckpt: dict, device: torch.device) -> Backbone:
+    """The backbone a checkpoint's params name, on `device`."""
+    m = ckpt["params"]["model"]
+    return load_backbone(m["backbone"], m["max_text_len"]).place(device)
 
 
 def _step_loader(

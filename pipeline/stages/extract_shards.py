@@ -119,6 +119,29 @@ def extract_step(
     _write_step(step, tasks, folder, names, provenance, parts, x.shape[1])
 
 
+def step_plan(
+    todo: list[int],
+    samples: list[Sample],
+    ckpts: dict[int, dict],
+    params: pparams.ExtractParams,
+    partial: Path,
+    names: tuple[str, str],
+    rank: int,
+    world: int,
+) -> tuple[dict[int, Path | None], list[list[Sample]]]:
+    """For the steps `todo` (in order), before the first runs: each one's
+    `reuse` folder (`reusable`; a previous step in `todo` will be written by
+    then) and the rows this rank embeds at each, for one loader over all."""
+    reuse = {s: reusable(ckpts[s], params, partial, s, names, world,
+                         coming=s - 1 in todo) for s in todo}  # fmt: skip
+    parts = []
+    for s in todo:
+        every, lo, hi = step_rows(step_blocks(s, samples, reuse[s]),
+                                  params.batch_size, rank, world)  # fmt: skip
+        parts.append(every[lo:hi])
+    return reuse, parts
+
+
 def step_blocks(
     step: int, samples: list[Sample], reuse: Path | None
 ) -> list[list[Sample]]:

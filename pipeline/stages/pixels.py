@@ -6,8 +6,8 @@ or grid cell later loads it, is decoded and resized exactly as the loader does
 `data/pixels/pixels.h5` (`pipeline.data.pixel_cache`); tune and extract then
 read those bytes instead of decoding, and make the same batches.
 
-The stage depends on the images and the backbone's processor config only:
-not on the class order, the missing tables or the missing rate, so every run
+The stage depends on the images and the backbone (its processor) only: not
+on the class order, the missing tables or the missing rate, so every run
 and every `pal-paper` grid cell of a dataset shares one cache through DVC's
 run cache. An image that is listed but absent or does not decode is not
 stored: `pal prepare` keeps its sample with the image missing
@@ -125,7 +125,7 @@ def cli(params_file: Source, out: str) -> None:
     Every image of the dataset at data.root (after data.per_class) is decoded
     and resized exactly as tune's and extract's loader does, and stored in
     <out>/pixels.h5 (3·h·w bytes an image: Food101 at ViLT-B/32's size is
-    about 48 GB); `pal tune` and `pal extract` given `--pixels <out>` read it
+    about 52 GB); `pal tune` and `pal extract` given `--pixels <out>` read it
     instead of decoding, with the same bytes. With pixels.enabled: false,
     <out> holds only an empty marker `off` and they decode as before. Images
     that do not decode are left out (prepare keeps their samples with the
