@@ -240,3 +240,22 @@ def test_tune_with_the_cache_writes_the_same_checkpoints(tuned, tmp_path):
         assert (tmp_path / "tune" / name).read_bytes() == (
             tune_dir / name
         ).read_bytes(), name
+
+
+def test_extract_given_a_truncated_cache_stops_in_one_line(tuned, tmp_path):
+    from pipeline.stages.extract import cli as extract_cli
+
+    params, prepare, tune_dir = tuned
+    folder = tmp_path / "pixels"
+    folder.mkdir()
+    (folder / FILE).write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
+    out = tmp_path / "out"
+    args = ["--params", params, "--prepare", prepare, "--tune", tune_dir,
+            "--out", out, "--pixels", folder]  # fmt: skip
+    result = CliRunner().invoke(extract_cli, [str(a) for a in args])
+    assert result.exit_code == 1
+    assert result.output.startswith(
+        f"Error: {folder / FILE}: not a readable pixel cache ("
+    )
+    assert result.output.endswith("); rerun `pal pixels`\n")
+    assert result.output.count("\n") == 1 and not out.exists()
