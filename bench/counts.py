@@ -6,7 +6,7 @@ frozen backbone over each sample, and how many bytes an extract batch ships.
 Decodes and frozen forwards are counted, not derived: `pal tune` and `pal
 extract` run in this process (no loader workers) on a tiny prepare folder (3
 tasks × 2 classes, 6 training and 3 test samples a class, 50 % missing) with
-`SampleDataset._image` (one decode) and `Backbone.queries` (the frozen,
+`loader.decode_resized` (one decode) and `Backbone.queries` (the frozen,
 prompt-free pass; its rows counted per call) wrapped by counters. Per image
 and per sample they are then multiplied out for a 3-run protocol (each run:
 PAL tunes and extracts; `init` and `frozen` extract, their tune stages only
@@ -16,6 +16,12 @@ counted twice in the same run: without `pal frozen`'s file (every tune and
 extract runs the frozen pass) and with it (the stage's pass once, then tune
 and extract gather; a grid cell's stage hits DVC's run-cache: its deps are the
 data and the backbone, which the cells share).
+
+Decodes are counted twice: before, tune and extract decoding every image they
+load; after, with the pixel cache (`pal pixels`, written once per dataset and
+shared by every run and grid cell through DVC's run cache: its decodes are
+counted once), tune and extract reading it. Not counted, before or after:
+prepare's check that each image decodes, at 1/8 scale, once per run.
 
 Bytes per extract batch: 256 photos of the photo mix's Food101 shapes at
 ViLT-B/32's processor size (shorter side 384, longer ≤ 640, multiples of 32),
@@ -43,12 +49,17 @@ RUNS, CELLS = 3, 2
 
 
 def counted(
-    work: Path, prompt: bool, epochs: int, frozen_dir: Path | None = None
+    work: Path,
+    prompt: bool,
+    epochs: int,
+    frozen_dir: Path | None = None,
+    pixels: Path | None = None,
 ) -> tuple[Counter, Counter, int]:
     """Decodes per image path and frozen rows per call, over one tune and one
-    extract of a variant (`frozen_dir`: with `pal frozen`'s folder, as dvc.yaml
-    runs them); and the number of samples."""
-    from pipeline.data.loader import SampleDataset
+    extract of a variant (`frozen_dir`: with `pal frozen`'s folder; `pixels`:
+    reading the pixel cache, as dvc.yaml runs them); and the number of
+    samples."""
+    from pipeline.data import loader
     from pipeline.data.samples import read_prepare
     from pipeline.model.backbone import Backbone
     from pipeline.stages.extract import extract
@@ -56,11 +67,11 @@ def counted(
 
     decodes: Counter = Counter()
     frozen: Counter = Counter()
-    image, queries = SampleDataset._image, Backbone.queries
+    image, queries = loader.decode_resized, Backbone.queries
 
-    def count_image(self, path):
+    def count_image(path, *args):
         decodes[str(path)] += 1
-        return image(self, path)
+        return image(path, *args)
 
     def count_queries(self, h, mask, text_len):
         frozen["rows"] += h.shape[0]
@@ -72,28 +83,33 @@ def counted(
     prepare = work / "data" / "prepare"
     if not prepare.exists():
         prepare = make_prepare(work / "data")
-    name = f"{'pal' if prompt else 'frozen'}-{epochs}{'-file' if frozen_dir else ''}"
+    name = f"{'pal' if prompt else 'frozen'}-{epochs}"
+    name += f"-{'file' if frozen_dir else 'pass'}-{'cache' if pixels else 'decode'}"
     params = write_params(work / f"{name}.yaml", vilt, tune={"epochs": epochs},
                           prompt={"enabled": prompt})  # fmt: skip
     load = pparams.load
-    SampleDataset._image, Backbone.queries = count_image, count_queries
+    loader.decode_resized, Backbone.queries = count_image, count_queries
     try:
         tune(prepare, work / f"tune-{name}", load(params, "model"),
              load(params, "prompt"), load(params, "tune"),
-             frozen_dir=frozen_dir)  # fmt: skip
+             frozen_dir=frozen_dir, pixels=pixels)  # fmt: skip
         extract(prepare, work / f"tune-{name}", work / f"extract-{name}",
-                load(params, "extract"), frozen_dir=frozen_dir)  # fmt: skip
+                load(params, "extract"), frozen_dir=frozen_dir,
+                pixels=pixels)  # fmt: skip
     finally:
-        SampleDataset._image, Backbone.queries = image, queries
+        loader.decode_resized, Backbone.queries = image, queries
     samples, _ = read_prepare(prepare)
     return decodes, frozen, len(samples)
 
 
-def stage_rows(work: Path) -> tuple[Path, int]:
+def stage_rows(work: Path, pixels: Path) -> tuple[Path, int, int]:
     """`pal frozen`'s pass over the tiny dataset (every sample naturally
-    complete: three states each), its rows counted; (its folder, rows)."""
+    complete: three states each), reading the pixel cache as dvc.yaml runs
+    it; (its folder, frozen rows, image decodes)."""
     import dataclasses
 
+    from pipeline.data import loader
+    from pipeline.data.pixel_cache import open_pixels
     from pipeline.data.samples import read_prepare
     from pipeline.model.backbone import Backbone, load_backbone
     from pipeline.model.queries import queries_path, write_queries
@@ -102,21 +118,53 @@ def stage_rows(work: Path) -> tuple[Path, int]:
     samples, tasks = read_prepare(work / "data" / "prepare")
     natural = sorted((dataclasses.replace(s, missing=0) for s in samples),
                      key=lambda s: s.id)  # fmt: skip
-    rows, queries = [0], Backbone.queries
+    rows, queries, image = [0, 0], Backbone.queries, loader.decode_resized
 
     def count_queries(self, h, mask, text_len):
         rows[0] += h.shape[0]
         return queries(self, h, mask, text_len)
 
-    Backbone.queries = count_queries
+    def count_image(path, *args):
+        rows[1] += 1
+        return image(path, *args)
+
+    Backbone.queries, loader.decode_resized = count_queries, count_image
     try:
-        pairs = frozen_pairs(load_backbone(str(work / "vilt"), 12), natural, tasks.root)
+        backbone = load_backbone(str(work / "vilt"), 12)
+        pairs = frozen_pairs(backbone, natural, tasks.root, pixels=open_pixels(pixels))
     finally:
-        Backbone.queries = queries
+        Backbone.queries, loader.decode_resized = queries, image
     folder = work / "frozen"
     write_queries(queries_path(folder), [s.id for s in natural], pairs,
                   {"backbone": str(work / "vilt"), "max_text_len": 12})  # fmt: skip
-    return folder, rows[0]
+    return folder, rows[0], rows[1]
+
+
+def cache_decodes(work: Path) -> tuple[Path, Counter]:
+    """The pixel cache of the prepare folder's images (as `pal pixels` writes
+    it, in this process) and its decodes per image path."""
+    from pipeline.data import loader
+    from pipeline.data.pixel_cache import FILE, write_cache
+    from pipeline.data.samples import read_prepare
+    from pipeline.model.backbone import load_backbone
+
+    samples, tasks = read_prepare(work / "data" / "prepare")
+    backbone = load_backbone(str(work / "vilt"), 12)
+    decodes: Counter = Counter()
+    image = loader.decode_resized
+
+    def count_image(path, *args):
+        decodes[str(path)] += 1
+        return image(path, *args)
+
+    loader.decode_resized = count_image
+    try:
+        rels = [s.image for s in samples if s.image]
+        ip = backbone.processor.image_processor
+        write_cache(work / "pixels" / FILE, tasks.root, rels, ip, backbone.image_side)
+    finally:
+        loader.decode_resized = image
+    return work / "pixels", decodes
 
 
 def batch_bytes(batch: int = 256) -> tuple[int, int]:
@@ -143,11 +191,12 @@ def main() -> None:
         epochs = 1
         init_d, init_f, _ = counted(work, prompt=True, epochs=0)
         frozen_d, frozen_f, _ = counted(work, prompt=False, epochs=1)
-        # after: the stage once per dataset, then every run and variant reads it
-        folder, stage = stage_rows(work)
-        after = {k: counted(work, prompt=p, epochs=e, frozen_dir=folder)[1]["rows"] / n
-                 for k, p, e in (("pal", True, 1), ("init", True, 0),
-                                 ("frozen", False, 1))}  # fmt: skip
+        # after: `pal pixels` and `pal frozen` once per dataset, then every run
+        # and variant reads them (as dvc.yaml runs them)
+        pixels, cache_d = cache_decodes(work)
+        folder, stage, stage_d = stage_rows(work, pixels)
+        after = [counted(work, p, e, folder, pixels) for p, e in
+                 ((True, 1), (True, 0), (False, 1))]  # fmt: skip
     images = len(pal_d)
     per = {k: sum(v.values()) / images for k, v in
            (("pal", pal_d), ("init", init_d), ("frozen", frozen_d))}  # fmt: skip
@@ -162,14 +211,24 @@ def main() -> None:
           f"{per['init']:.2f}, frozen {per['frozen']:.2f}; a {RUNS}-run protocol "
           f"{protocol:.1f}; a grid of {CELLS} cells {grid:.1f} more (target 1, "
           "or 0 where the GPU decodes)")  # fmt: skip
+    once = sum(cache_d.values()) / len(cache_d)
+    dec = [sum(c[0].values()) / images for c in after]
+    print(f"  with the pixel cache and the frozen queries: `pal pixels` {once:.2f} "
+          f"per image file ({len(cache_d)} files, once per dataset), `pal frozen` "
+          f"{stage_d / images:.2f}, then PAL run {dec[0]:.2f}, init {dec[1]:.2f}, "
+          f"frozen {dec[2]:.2f}; a {RUNS}-run protocol "
+          f"{once + stage_d / images + RUNS * sum(dec):.1f}; a grid of {CELLS} cells "
+          f"{RUNS * CELLS * dec[0]:.1f} more")  # fmt: skip
+    names = ("pal", "init", "frozen")
+    rows_after = {k: c[1]["rows"] / n for k, c in zip(names, after, strict=True)}
     before_p, before_g = RUNS * sum(rows.values()), RUNS * CELLS * rows["pal"]
-    after_p = stage / n + RUNS * sum(after.values())
-    after_g = RUNS * CELLS * after["pal"]  # the cells hit the stage's run-cache
+    after_p = stage / n + RUNS * sum(rows_after.values())
+    after_g = RUNS * CELLS * rows_after["pal"]  # the cells hit the stage's run-cache
     print(f"frozen forward rows per sample, without `pal frozen`: PAL run "
           f"{rows['pal']:.2f}, init {rows['init']:.2f}, frozen "
           f"{rows['frozen']:.2f}; with it: the stage {stage / n:.2f} once per "
-          f"dataset, then PAL {after['pal']:.2f}, init {after['init']:.2f}, "
-          f"frozen {after['frozen']:.2f}")  # fmt: skip
+          f"dataset, then PAL {rows_after['pal']:.2f}, init {rows_after['init']:.2f}, "
+          f"frozen {rows_after['frozen']:.2f}")  # fmt: skip
     print(f"frozen forward rows per sample over a {RUNS}-run protocol and a grid "
           f"of {CELLS} cells: {before_p + before_g:.1f} -> {after_p + after_g:.1f} "
           f"(protocol {before_p:.1f} -> {after_p:.1f}, grid {before_g:.1f} -> "

@@ -42,6 +42,10 @@ COMMANDS = {
         "pipeline.stages.frozen:cli",
         "Run the frozen backbone once over every sample of the dataset.",
     ),
+    "pixels": (
+        "pipeline.stages.pixels:cli",
+        "Decode every listed image once into a uint8 pixel cache.",
+    ),
     "tune": (
         "pipeline.stages.tune:cli",
         "Tune the prompt pools and BP head, task by task.",
@@ -62,7 +66,7 @@ COMMANDS = {
 def main(verbose: bool) -> None:
     """PAL pipeline: prompting analytic learning with missing modality.
 
-    Stages run in order demo → prepare → frozen → tune → extract, then
+    Stages run in order demo → prepare, frozen and pixels → tune → extract, then
     `pal-solver solve` and `pal-solver evaluate`. `dvc repro` runs them all
     from params.yaml.
     """

@@ -1,8 +1,8 @@
 """Params sections of the pipeline stages, as frozen, validated dataclasses.
 
-One dataclass per params.yaml section (`demo`, `data`, `model`, `prompt`,
-`tune`, `extract`); the `solve` section lives in `solver.params`. Load one with
-`load(path, "data")`; errors name the file and `section.key`.
+One dataclass per params.yaml section (`demo`, `data`, `pixels`, `model`,
+`prompt`, `tune`, `extract`); the `solve` section lives in `solver.params`. Load
+one with `load(path, "data")`; errors name the file and `section.key`.
 """
 
 from __future__ import annotations
@@ -293,9 +293,26 @@ class ExtractParams:
         check(self.num_workers >= 0, "extract.num_workers", "must be >= 0")
 
 
+@dataclasses.dataclass(frozen=True)
+class PixelsParams:
+    """`pixels:` — the pixel cache of `pal pixels`: every listed image decoded
+    and resized once, read by tune and extract instead of decoding."""
+
+    # false: no cache (the folder holds a marker), tune and extract decode each
+    # image every time they load it; true costs the disk 3·h·w bytes an image
+    # (Food101 at ViLT-B/32's size: about 52 GB)
+    enabled: bool = True
+    # decoding processes (run-only: the cache's bytes are the same); 0: one a core
+    workers: int = dataclasses.field(default=0, metadata=RUN_ONLY)
+
+    def __post_init__(self) -> None:
+        check(self.workers >= 0, "pixels.workers", f"must be >= 0, got {self.workers}")
+
+
 SECTIONS = {
     "demo": DemoParams,
     "data": DataParams,
+    "pixels": PixelsParams,
     "model": ModelParams,
     "prompt": PromptParams,
     "tune": TuneParams,

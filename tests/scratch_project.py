@@ -37,6 +37,7 @@ TINY: dict[str, dict[str, Any]] = {
         "missing_type": "both",
         "missing_rate": 0.5,
     },
+    "pixels": {"enabled": True, "workers": 1},
     "model": {"backbone": "data/demo/vilt"},
     "prompt": {"pool_size": 4, "length": 4, "layers": [0, 1]},
     "tune": {"epochs": 1, "batch_size": 4, "device": "cpu"},

@@ -24,7 +24,7 @@ from scratch_project import BIN, TINY, make_scratch_project
 
 pytestmark = pytest.mark.slow  # a real `dvc repro` of every stage: about 3 minutes
 
-STAGES = ("demo", "prepare", "frozen", "tune", "extract", "solve", "evaluate")
+STAGES = ("demo", "prepare", "pixels", "frozen", "tune", "extract", "solve", "evaluate")
 RUNS = (0, 1)
 VARIANTS = ("pal", "init", "frozen")
 

@@ -335,3 +335,73 @@ def test_a_model_without_prompts_embeds_each_test_set_once(
         head = model.head(torch.from_numpy(feats)).float().numpy()
     assert np.array_equal(shards[3]["task_01"]["bp_logits"][()], head)
     assert len(open_features(tmp_path / "x")) == 3  # the solver reads them
+
+
+def _cache(prepare, tiny_vilt, folder):
+    """A pixel cache of the prepare folder's images (`pal pixels`' file)."""
+    from pipeline.data.pixel_cache import FILE, write_cache
+    from pipeline.model.backbone import load_backbone
+
+    samples, tasks = read_prepare(prepare)
+    backbone = load_backbone(str(tiny_vilt), 12)
+    rels = [s.image for s in samples if s.image]
+    write_cache(folder / FILE, tasks.root, rels,
+                backbone.processor.image_processor, backbone.image_side)  # fmt: skip
+    return folder
+
+
+def test_one_loader_with_the_cache_starts_its_workers_once(
+    extracted, tuned, tiny_vilt, tmp_path, monkeypatch
+):
+    """Two workers over three steps, images from the pixel cache: the loader's
+    worker pool starts once for the stage (a loader per step started it three
+    times), and the shards are the bytes of a run that decodes."""
+    from torch.utils.data import dataloader
+
+    params, prepare, tune_dir = tuned
+    starts = []
+    init = dataloader._MultiProcessingDataLoaderIter.__init__
+
+    def counted(self, loader):
+        starts.append(loader.num_workers)
+        init(self, loader)
+
+    monkeypatch.setattr(dataloader._MultiProcessingDataLoaderIter, "__init__", counted)
+    ext = pparams.ExtractParams(batch_size=8, device="cpu", num_workers=2)
+    pixels = _cache(prepare, tiny_vilt, tmp_path / "pixels")
+    extract(prepare, tune_dir, tmp_path / "x", ext, pixels=pixels)
+    assert starts == [2]
+    assert _digests(tmp_path / "x") == _digests(extracted)
+
+
+def test_one_loader_writes_what_a_loader_per_step_embeds(extracted, tuned):
+    """Each step's features and BP logits, row for row, equal `embed_samples`
+    of the step's samples with a loader of their own (the path before one
+    loader served every step): the same batches under the same seeds."""
+    from pipeline.model.backbone import load_backbone
+    from pipeline.model.checkpoint import load_checkpoint, model_from_checkpoint
+    from pipeline.model.embed import embed_samples
+    from solver.shards import open_step
+
+    params, prepare, tune_dir = tuned
+    ext = pparams.load(params, "extract")
+    samples, tasks = read_prepare(prepare)
+    m = load_checkpoint(checkpoint_path(tune_dir, 1))["params"]["model"]
+    backbone = load_backbone(m["backbone"], m["max_text_len"])
+    for step in (1, 2, 3):
+        ckpt = load_checkpoint(checkpoint_path(tune_dir, step))
+        model = model_from_checkpoint(ckpt, backbone)
+        rows = select(samples, "train", [step]) + select(
+            samples, "test", range(1, step + 1)
+        )
+        x, logits = embed_samples(model, rows, tasks.root, ext)
+        shard = open_step(extracted / f"step_{step:02d}", step)
+        got = [shard.train.read_all()[0]]
+        bp = []
+        for task in range(1, step + 1):
+            feats, _, _, b = shard.test[task].read_all(with_bp_logits=True)
+            got.append(feats)
+            bp.append(b)
+        n_train = len(select(samples, "train", [step]))
+        assert np.concatenate(got).tobytes() == x.tobytes()
+        assert np.concatenate(bp).tobytes() == logits[n_train:].tobytes()

@@ -127,7 +127,7 @@ def test_the_section_registry_names_every_section_once():
         "protocol": ProtocolParams,
     }
     assert KNOWN_SECTIONS == (
-        "demo", "data", "model", "prompt", "tune", "extract",
+        "demo", "data", "pixels", "model", "prompt", "tune", "extract",
         "solve", "evaluate", "protocol", "ablation", "pipelines",
     )  # fmt: skip
 

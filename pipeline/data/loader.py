@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from torch.utils.data import DataLoader, Dataset
 from palcore.codes import Missing
 from palcore.errors import PalError
 from pipeline.data.samples import Batch, Sample
+
+if TYPE_CHECKING:
+    from pipeline.data.pixel_cache import PixelCache
 
 
 def legacy_path() -> bool:
@@ -56,7 +59,9 @@ class SampleDataset(Dataset):
     With `uint8` (and a processor that rescales and normalises), pixel_values
     is the resized image as (3, h, w) uint8, normalised later on the device
     (`vision.normalise_pixels`, bit for bit the same), and `dummy` says
-    whether it stands for the dummy image.
+    whether it stands for the dummy image. With `pixels` (a pixel cache made
+    for this processor), images are read from it instead of decoded: the
+    same bytes (`pipeline.data.pixel_cache`).
     """
 
     def __init__(
@@ -68,12 +73,16 @@ class SampleDataset(Dataset):
         image_side: int,
         draft: bool = True,
         uint8: bool = False,
+        pixels: PixelCache | None = None,
     ):
         self.samples = list(samples)
+        self.pixels = pixels
         self.root = Path(root)
         self.image_processor = processor.image_processor
         self.image_side = image_side
         self.draft = draft
+        if pixels is not None:
+            pixels.check(self.image_processor, image_side, draft)
         ip = self.image_processor
         self.uint8 = uint8 and bool(ip.do_rescale and ip.do_normalize)
         texts = ["" if s.missing == Missing.TEXT else s.text for s in self.samples] or [
@@ -130,7 +139,11 @@ class SampleDataset(Dataset):
             pixels = self.dummy_item_image()
         else:
             try:
-                pixels = self._image(self.root / s.image)
+                pixels = (
+                    self._image(self.root / s.image)
+                    if self.pixels is None
+                    else self._cached(s.image)
+                )
             except (
                 Exception
             ) as exc:  # PIL raises OSError, ValueError, DecompressionBomb…
@@ -151,20 +164,42 @@ class SampleDataset(Dataset):
         }
 
     def _image(self, path: Path) -> torch.Tensor:
-        from PIL import Image
+        """(3, h, w): the image at `path` decoded and processed (one decode)."""
+        x = decode_resized(path, self.image_processor, self.image_side, self.draft)
+        return self._pixels(x)
 
-        with Image.open(path) as im:
-            if self.draft and im.format == "JPEG":
-                # decode at 1/2, 1/4 or 1/8 scale when the result still covers
-                # the processor's size (shorter side image_side): several
-                # times faster on photos (bench/loader.py, tolerance there)
-                w, h = im.size
-                scale = self.image_side / min(w, h)
-                im.draft(None, (math.ceil(w * scale), math.ceil(h * scale)))
-            rgb = im.convert("RGB")
+    def _cached(self, image: str) -> torch.Tensor:
+        """(3, h, w): the image `image` (its path under the root) as the
+        pixel cache holds it, processed as `_image` processes a decode."""
+        x = self.pixels.read(image)  # (3, h, w) uint8
         if self.uint8:
-            return torch.from_numpy(vilt_uint8(rgb, self.image_processor))
-        return torch.from_numpy(vilt_pixels(rgb, self.image_processor))
+            return torch.from_numpy(x)
+        return torch.from_numpy(_normalised(x.transpose(1, 2, 0), self.image_processor))
+
+    def _pixels(self, x: np.ndarray) -> torch.Tensor:
+        """(3, h, w) uint8 or float32 of a resized image `x` (h, w, 3) uint8."""
+        if self.uint8:
+            return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
+        return torch.from_numpy(_normalised(x, self.image_processor))
+
+
+def decode_resized(path: Path, image_processor, image_side: int, draft: bool = True):
+    """(h, w, 3) uint8: the image at `path` decoded (JPEG at a reduced scale
+    with `draft`) and resized as ViLT's image processor resizes it. Both the
+    loader and the pixel cache (`pipeline.data.pixel_cache`) decode through
+    here, so the cache holds the loader's bytes."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        if draft and im.format == "JPEG":
+            # decode at 1/2, 1/4 or 1/8 scale when the result still covers
+            # the processor's size (shorter side image_side): several
+            # times faster on photos (bench/loader.py, tolerance there)
+            w, h = im.size
+            scale = image_side / min(w, h)
+            im.draft(None, (math.ceil(w * scale), math.ceil(h * scale)))
+        rgb = im.convert("RGB")
+    return np.asarray(_vilt_resize(rgb, image_processor))
 
 
 def vilt_uint8(rgb, image_processor) -> np.ndarray:
@@ -199,10 +234,14 @@ def vilt_pixels(rgb, image_processor) -> np.ndarray:
     normalise), bit for bit, through the same PIL resize and NumPy functions,
     without the processor's per-call overhead (several times its cost for one
     image; bench/loader.py)."""
+    return _normalised(np.asarray(_vilt_resize(rgb, image_processor)), image_processor)
+
+
+def _normalised(x: np.ndarray, ip) -> np.ndarray:
+    """(3, h, w) float32: a resized image `x` (h, w, 3) uint8 rescaled and
+    normalised by the image processor `ip` (as `vilt_pixels`)."""
     from transformers.image_transforms import normalize, rescale
 
-    ip = image_processor
-    x = np.asarray(_vilt_resize(rgb, ip))  # (h, w, 3) uint8
     if ip.do_rescale:
         x = rescale(x, ip.rescale_factor, input_data_format="channels_last")
     if ip.do_normalize:
@@ -336,16 +375,21 @@ def make_loader(
     seed: int = 0,
     num_workers: int = 0,
     device: torch.device | None = None,
+    batch_sampler: Sequence[Sequence[int]] | None = None,
 ) -> Batches:
     """Batches of `dataset` from a DataLoader; shuffling is seeded by `seed`
-    (same order on every run), pinned memory on CUDA."""
+    (same order on every run), pinned memory on CUDA. `batch_sampler`: the
+    batches' dataset indices, in order (instead of `batch_size`, `shuffle`)."""
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     cuda = device is not None and device.type == "cuda"
+    sizes = (
+        {"batch_sampler": batch_sampler}
+        if batch_sampler is not None
+        else {"batch_size": batch_size, "shuffle": shuffle, "generator": generator}
+    )
     loader = DataLoader(
         dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        generator=generator,
+        **sizes,
         num_workers=num_workers,
         collate_fn=Collate(dataset, copies),
         pin_memory=cuda,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,8 @@ from tqdm import tqdm
 
 from pipeline import params as pparams
 from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
-from pipeline.data.samples import Sample
+from pipeline.data.pixel_cache import PixelCache
+from pipeline.data.samples import Batch, Sample
 from pipeline.model.device import autocast
 from pipeline.model.network import PalModel
 
@@ -35,12 +37,15 @@ def embed_samples(
     desc: str = "extract",
     first_batch: int = 0,
     queries: np.ndarray | None = None,
+    batches: Iterable[Batch] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Joint embeddings (n, D) float32 and head logits (n, C_k) float32 of
     `samples` (image paths relative to `root`), in order. Also the forward of
     `pal predict`. `queries` (n, 2, D) float32: the samples' stored frozen
     queries (`pal frozen`; None: the frozen pass runs here); a model without
-    prompts then needs no image and no forward."""
+    prompts then needs no image and no forward. `batches`: the samples'
+    batches, in order, from a loader shared with other calls
+    (`StepLoader.part`); None: a loader of their own."""
     backbone = model.backbone
     D, C = backbone.hidden_size, sum(model.classes_per_task[: model.step])
     if not samples:
@@ -51,30 +56,27 @@ def embed_samples(
         with torch.inference_mode(), autocast(device):
             x, logits = model.features(None, q_all)
         return x.float().cpu().numpy(), logits.float().cpu().numpy()
-    dataset = SampleDataset(
-        samples,
-        root,
-        backbone.processor,
-        backbone.max_text_len,
-        backbone.image_side,
-        uint8=not legacy_path(),  # normalised on the device, same bits
-    )
-    loader = make_loader(
-        dataset, params.batch_size, num_workers=params.num_workers, device=device
-    )
-    xs, ls = [], []
-    clock, t0 = WaitClock(loader), time.perf_counter()
+    if batches is None:
+        dataset = _dataset(samples, root, backbone)
+        batches = make_loader(
+            dataset, params.batch_size, num_workers=params.num_workers, device=device
+        )
+    xs, ls, done = [], [], 0
+    clock, t0 = WaitClock(batches), time.perf_counter()
     with (
         torch.inference_mode(),
         autocast(device),
         tqdm(
-            total=len(dataset), desc=desc, unit="sample", disable=None, leave=False
+            total=len(samples), desc=desc, unit="sample", disable=None, leave=False
         ) as bar,
     ):
         for b, batch in enumerate(clock):
             # ViLT's patch order: the same batch gets the same seed, and bytes
             torch.manual_seed(first_batch + b)
-            q = None if q_all is None else q_all[batch.index.to(device)]
+            # the batches walk the samples in order (a shared loader's
+            # batch.index counts in its union of steps, not in `samples`)
+            q = None if q_all is None else q_all[done : done + batch.n]
+            done += batch.n
             x, logits = model.features(batch, q)
             xs.append(x.float())
             ls.append(logits.float())
@@ -82,8 +84,73 @@ def embed_samples(
     log.info(
         "%s: %d samples in %.1f s, %.1f s of it waiting for data",
         desc,
-        len(dataset),
+        len(samples),
         time.perf_counter() - t0,
         clock.seconds,
     )
     return torch.cat(xs).cpu().numpy(), torch.cat(ls).cpu().numpy()
+
+
+def _dataset(
+    samples: list[Sample], root: Path, backbone, pixels: PixelCache | None = None
+) -> SampleDataset:
+    return SampleDataset(
+        samples,
+        root,
+        backbone.processor,
+        backbone.max_text_len,
+        backbone.image_side,
+        uint8=not legacy_path(),  # normalised on the device, same bits
+        pixels=None if legacy_path() else pixels,
+    )
+
+
+class StepLoader:
+    """One DataLoader for the sample lists of several steps, so its workers
+    start once per stage, not once per step: a dataset over the lists' union
+    (each sample once, by id) and a batch sampler that walks each list in
+    order in batches of `batch_size`, the same batches a loader of each list
+    makes. `part(k)` yields list k's batches; call it for k = 0, 1, … in turn
+    and consume each fully."""
+
+    def __init__(
+        self,
+        parts: list[list[Sample]],
+        root: Path,
+        backbone,
+        params: pparams.ExtractParams,
+        pixels: PixelCache | None = None,
+    ):
+        index: dict[str, int] = {}
+        union: list[Sample] = []
+        batches: list[list[int]] = []
+        self.n_batches: list[int] = []
+        bs = params.batch_size
+        for part in parts:
+            rows = []
+            for s in part:
+                if s.id not in index:
+                    index[s.id] = len(union)
+                    union.append(s)
+                rows.append(index[s.id])
+            batches += [rows[i : i + bs] for i in range(0, len(rows), bs)]
+            self.n_batches.append(-(-len(rows) // bs))
+        self.dataset = _dataset(union, root, backbone, pixels)
+        self.loader = make_loader(
+            self.dataset,
+            bs,
+            num_workers=params.num_workers,
+            device=backbone.device,
+            batch_sampler=batches,
+        )
+        self._it: Iterator[Batch] | None = None
+        self._next = 0
+
+    def part(self, k: int) -> Iterator[Batch]:
+        """The batches of list `k`: the next part of the one iteration."""
+        assert k == self._next, f"parts are read in order: expected {self._next}"
+        self._next += 1
+        if self._it is None:
+            self._it = iter(self.loader)
+        it, n = self._it, self.n_batches[k]
+        return (next(it) for _ in range(n))

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from pipeline import params as pparams
 from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
+from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample, Tasks
 from pipeline.model.backbone import autocast
 from pipeline.model.checkpoint import CheckpointError
@@ -98,9 +99,11 @@ def train_task(
     tasks: Tasks,
     tune_p: pparams.TuneParams,
     frozen: FrozenQueries | None = None,
+    pixels: PixelCache | None = None,
 ) -> list[dict]:
     """Train step `task` in place; returns its log entries (one per epoch,
-    with `seconds`). `frozen`: `pal frozen`'s queries (None: computed here)."""
+    with `seconds`). `frozen`: `pal frozen`'s queries (None: computed here);
+    images come from `pixels` when given (same bytes)."""
     if not train:
         raise CheckpointError(f"task {task} has no training samples")
     seed = task_seed(tune_p.seed, task)
@@ -111,7 +114,7 @@ def train_task(
         log.info("task %d: tune.epochs 0, prompts and head stay at their init", task)
         model.eval()
         return []
-    session = _session(model, task, train, tasks, tune_p, seed, frozen)
+    session = _session(model, task, train, tasks, tune_p, seed, frozen, pixels)
     model.train()
     entries = [
         _epoch(model, session, task, epoch, tune_p)
@@ -140,6 +143,7 @@ def _session(
     tune_p: pparams.TuneParams,
     seed: int,
     frozen: FrozenQueries | None,
+    pixels: PixelCache | None = None,
 ) -> Session:
     """Dataset, frozen queries, optimiser, step and loader of one task."""
     backbone, method = model.backbone, model.prompts
@@ -151,6 +155,7 @@ def _session(
         backbone.max_text_len,
         backbone.image_side,
         uint8=not legacy_path(),  # normalised on the device, same bits
+        pixels=None if legacy_path() else pixels,
     )
     if method is not None and 0 < tune_p.prompt_tasks < task:
         log.info("task %d: tune.prompt_tasks %d, prompts stay at their init",

@@ -40,6 +40,8 @@ from palcore.errors import PalError
 from palcore.outputs import step_of_name
 from palcore.params import Source, outcome_record
 from pipeline import params as pparams
+from pipeline.data.loader import legacy_path
+from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
 from pipeline.model.backbone import Backbone, load_backbone
 from pipeline.model.checkpoint import (
@@ -50,8 +52,9 @@ from pipeline.model.checkpoint import (
     params_diff,
 )
 from pipeline.model.device import resolve_device
+from pipeline.model.embed import StepLoader
 from pipeline.model.queries import FrozenQueries, frozen_option, open_frozen
-from pipeline.stages.extract_shards import extract_step, reusable
+from pipeline.stages.extract_shards import extract_step, step_plan
 from pipeline.stages.resume import (
     PartialRun,
     hash_samples,
@@ -96,16 +99,20 @@ def extract(
     fresh: bool = False,
     data_root: str | Path | None = None,
     frozen_dir: str | Path | None = None,
+    pixels: str | Path | None = None,
 ) -> list[Path]:
     """Write the shards of `steps` (default: all; a string as for `--steps`);
     returns the step folders. `data_root`: where the images are (`data.root`);
-    `frozen_dir`: `pal frozen`'s folder (None: the frozen pass runs here).
+    `frozen_dir`: `pal frozen`'s folder (None: the frozen pass runs here);
+    `pixels`: a folder written by `pal pixels`, read instead of decoding. One
+    loader serves every step (`embed.StepLoader`: its workers start once).
 
     Finished steps wait in `<out>.partial/` (`-rankNNNNN` under torchrun) until
     every step is done, then move into `out`; a rerun with the same code,
     params and inputs reuses them (`pipeline.stages.resume`), `fresh` discards them.
     """
     samples, tasks = read_prepare(prepare_dir, data_root)
+    cache = open_pixels(pixels)
     if steps is None or isinstance(steps, str):
         steps = parse_steps(steps, tasks.n_tasks)
     rank, world = rank_and_world()
@@ -120,14 +127,16 @@ def extract(
     partial = PartialRun(out, sources, fresh=fresh, suffix=suffix)
     names = _shard_names(world, rank)
     ready = partial.reusable([step_dir_name(s) for s in steps], names)  # verified
-    backbone: Backbone | None = None
-    for step in steps:
+    todo = [s for s in steps if step_dir_name(s) not in ready]
+    reuse, parts = step_plan(todo, samples, ckpts, params, partial.path, names,
+                             rank, world)  # fmt: skip
+    backbone, loader = None, None
+    for i, step in enumerate(todo):
         folder = step_dir_name(step)
-        if folder in ready:
-            continue
         ckpt = ckpts[step]
         if backbone is None:
             backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
+            loader = _step_loader(parts, tasks, backbone, params, cache, ckpt, frozen)
         key = _extract_key(ckpt["hash"], digests[step - 1], params.dtype, world)
         extract_step(
             model_from_checkpoint(ckpt, backbone),
@@ -140,14 +149,33 @@ def extract(
             _provenance(ckpt, key, digests[step - 1], params),
             rank,
             world,
-            reusable(ckpt, params, partial.path, step, names, world),
+            reuse[step],
             frozen,
+            None if loader is None else loader.part(i),
         )
         partial.seal(folder, names)
     _finish(partial, out, steps, ready, names, device)
     if rank == 0:
         _remove_other_layouts(out, steps, world, tasks.n_tasks)
     return [out / step_dir_name(step) for step in steps]
+
+
+def _step_loader(
+    parts: list[list[Sample]],
+    tasks: Tasks,
+    backbone: Backbone,
+    params: pparams.ExtractParams,
+    pixels: PixelCache | None,
+    ckpt: dict,
+    frozen: FrozenQueries | None,
+) -> StepLoader | None:
+    """One loader for every step's rows; None on the legacy image path (a
+    loader per step, as before: `loader.legacy_path`) and where no step loads
+    an image (a model without prompts reading `pal frozen`'s queries)."""
+    no_images = frozen is not None and not ckpt["params"]["prompt"]["enabled"]
+    if legacy_path() or no_images:
+        return None
+    return StepLoader(parts, tasks.root, backbone, params, pixels)
 
 
 def _device(params: pparams.ExtractParams, rank: int, world: int) -> torch.device:
@@ -319,6 +347,7 @@ def _provenance(
     metavar="LIST",
     help="Only these steps, e.g. 2, 1,3 or 2-4 (default: all).",
 )
+@pixels_option
 @click.option(
     "--fresh",
     is_flag=True,
@@ -333,6 +362,7 @@ def cli(
     tune_dir: str,
     out_dir: str,
     steps: str | None,
+    pixels: str | None,
     fresh: bool,
     frozen_dir: str | None,
 ) -> None:
@@ -352,10 +382,11 @@ def cli(
         args = [*params_file.args(), "--prepare", prepare_dir, "--tune", tune_dir]
         args += ["--out", out_dir, *(["--steps", steps] if steps else [])]
         args += ["--frozen", frozen_dir] if frozen_dir else []
+        args += ["--pixels", pixels] if pixels else []
         sys.exit(launch(params.processes, [*args, *(["--fresh"] if fresh else [])]))
     root = pparams.data_root(params_file)
     extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh,
-            data_root=root, frozen_dir=frozen_dir)  # fmt: skip
+            data_root=root, frozen_dir=frozen_dir, pixels=pixels)  # fmt: skip
 
 
 def launch(processes: int, args: list[str]) -> int:

@@ -12,13 +12,14 @@ shards only the new task's samples need the backbone (`reusable`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from pipeline import params as pparams
-from pipeline.data.samples import Sample, Tasks, select
+from pipeline.data.samples import Batch, Sample, Tasks, select
 from pipeline.model.device import autocast
 from pipeline.model.embed import embed_samples
 from pipeline.model.network import PalModel
@@ -52,18 +53,21 @@ def reusable(
     step: int,
     names: tuple[str, str],
     world: int,
+    coming: bool = False,
 ) -> Path | None:
     """The previous step's folder when its test features can be reused: a
     model without prompts embeds a sample the same at every step (only its
     BP head grows), so only the new task's samples need the backbone. With
-    one process and float32 shards, the stored features are the exact ones."""
+    one process and float32 shards, the stored features are the exact ones.
+    `coming`: the previous step is written earlier in this run (its files
+    need not exist yet)."""
     prev = partial / step_dir_name(step - 1)
     if (
         step == 1
         or ckpt["params"]["prompt"]["enabled"]
         or world != 1
         or params.dtype != "float32"
-        or not all((prev / name).is_file() for name in names)
+        or not (coming or all((prev / name).is_file() for name in names))
     ):
         return None
     return prev
@@ -82,18 +86,18 @@ def extract_step(
     world: int,
     reuse: Path | None = None,
     frozen: FrozenQueries | None = None,
+    batches: Iterable[Batch] | None = None,
 ) -> None:
     """Embed and write one step's shards. Task `step`'s training samples, then
     the test samples of tasks 1..step, are embedded as one list in batches;
     this rank takes whole batches of it. With `reuse` (a model without
     prompts, one process), only task `step`'s test samples are embedded: the
     earlier tasks' test features come from that step folder. `frozen`: the
-    stored frozen queries (`pal frozen`), in place of the frozen pass."""
-    train = select(samples, "train", [step])
-    first = step if reuse is not None else 1
-    blocks = [train] + [select(samples, "test", [t]) for t in range(first, step + 1)]
-    every = [s for block in blocks for s in block]
-    lo, hi = rank_range(len(every), params.batch_size, rank, world)
+    stored frozen queries (`pal frozen`), in place of the frozen pass.
+    `batches`: this rank's batches of those samples from a loader shared by
+    the steps (`embed.StepLoader`); None: a loader of their own."""
+    blocks = step_blocks(step, samples, reuse)
+    every, lo, hi = step_rows(blocks, params.batch_size, rank, world)
     x, logits = embed_samples(
         model,
         every[lo:hi],
@@ -102,6 +106,7 @@ def extract_step(
         f"step {step}",
         first_batch=lo // params.batch_size,
         queries=None if frozen is None else frozen.queries(every[lo:hi]),
+        batches=batches,
     )
     x = x.astype(params.dtype)
     parts, start = [], 0
@@ -116,6 +121,47 @@ def extract_step(
         log.info("step %d: reused the test features of tasks 1-%d from %s",
                  step, step - 1, reuse.name)  # fmt: skip
     _write_step(step, tasks, folder, names, provenance, parts, x.shape[1])
+
+
+def step_plan(
+    todo: list[int],
+    samples: list[Sample],
+    ckpts: dict[int, dict],
+    params: pparams.ExtractParams,
+    partial: Path,
+    names: tuple[str, str],
+    rank: int,
+    world: int,
+) -> tuple[dict[int, Path | None], list[list[Sample]]]:
+    """For the steps `todo` (in order), before the first runs: each one's
+    `reuse` folder (`reusable`; a previous step in `todo` will be written by
+    then) and the rows this rank embeds at each, for one loader over all."""
+    reuse = {s: reusable(ckpts[s], params, partial, s, names, world,
+                         coming=s - 1 in todo) for s in todo}  # fmt: skip
+    parts = []
+    for s in todo:
+        every, lo, hi = step_rows(step_blocks(s, samples, reuse[s]),
+                                  params.batch_size, rank, world)  # fmt: skip
+        parts.append(every[lo:hi])
+    return reuse, parts
+
+
+def step_blocks(
+    step: int, samples: list[Sample], reuse: Path | None
+) -> list[list[Sample]]:
+    """The samples step `step` embeds, as blocks: task `step`'s training
+    samples, then each task's test samples (only task `step`'s with `reuse`)."""
+    train = select(samples, "train", [step])
+    first = step if reuse is not None else 1
+    return [train] + [select(samples, "test", [t]) for t in range(first, step + 1)]
+
+
+def step_rows(
+    blocks: list[list[Sample]], batch_size: int, rank: int, world: int
+) -> tuple[list[Sample], int, int]:
+    """(the blocks' samples as one list, this rank's rows [lo, hi) of it)."""
+    every = [s for block in blocks for s in block]
+    return every, *rank_range(len(every), batch_size, rank, world)
 
 
 def _reused_tests(model: PalModel, prev: Path, step: int) -> list[Block]:

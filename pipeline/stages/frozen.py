@@ -45,6 +45,7 @@ from palcore.params import Source, section_value
 from pipeline import params as pparams
 from pipeline.data.listing import listed
 from pipeline.data.loader import SampleDataset, legacy_path, make_loader
+from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
 from pipeline.data.samples import Sample
 from pipeline.model.backbone import Backbone, autocast, load_backbone
 from pipeline.model.device import resolve_device
@@ -72,6 +73,7 @@ def frozen_pairs(
     root: str | Path,
     batch_size: int = BATCH,
     num_workers: int = 0,
+    pixels: PixelCache | None = None,
 ) -> np.ndarray:
     """(n, 3, 2, D) float32: (q_t, q_v) of each sample in each state, NaN in
     the states it cannot take. A sample's `missing` is its natural code: 0
@@ -85,6 +87,7 @@ def frozen_pairs(
         backbone.max_text_len,
         backbone.image_side,
         uint8=not legacy_path(),  # normalised on the device, same bits
+        pixels=None if legacy_path() else pixels,  # `pal pixels`: no decoding
     )
     batches = make_loader(
         dataset, batch_size, copies=True, num_workers=num_workers, device=device
@@ -110,15 +113,20 @@ def frozen(
     out_dir: str | Path,
     device: str = "auto",
     num_workers: int = 0,
+    pixels: str | Path | None = None,
 ) -> Path:
     """List the dataset, run the frozen pass and write `<out>/queries.h5`;
-    returns its path."""
+    returns its path. `pixels`: a folder written by `pal pixels`, read
+    instead of decoding."""
     dev = resolve_device(device, "extract.device")
     # the backbone first: a bad one stops the stage before the listing's scan
     backbone = load_backbone(model_p.backbone, model_p.max_text_len).place(dev)
     samples = dataset_samples(data_p)
     t0 = time.perf_counter()
-    pairs = frozen_pairs(backbone, samples, data_p.root, num_workers=num_workers)
+    cache = open_pixels(pixels)
+    pairs = frozen_pairs(
+        backbone, samples, data_p.root, num_workers=num_workers, pixels=cache
+    )
     path = write_queries(
         queries_path(out_dir),
         [s.id for s in samples],
@@ -153,8 +161,9 @@ def listing_params(source: Source) -> pparams.DataParams:
 @click.command("frozen")
 @params_option
 @folder_option("out", "data/frozen", "Output folder for queries.h5.")
+@pixels_option
 @clean_errors
-def cli(params_file: str, out: str) -> None:
+def cli(params_file: str, out: str, pixels: str | None) -> None:
     """Run the frozen backbone once over every sample of the dataset.
 
     For each sample the dataset lists (data.dataset at data.root, after
@@ -170,4 +179,4 @@ def cli(params_file: str, out: str) -> None:
     model_p = pparams.load(params_file, "model")
     device = section_value(source, "extract", "device") or "auto"
     workers = section_value(source, "extract", "num_workers") or 0
-    frozen(data_p, model_p, out, device, int(workers))
+    frozen(data_p, model_p, out, device, int(workers), pixels)

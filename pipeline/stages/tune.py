@@ -27,6 +27,7 @@ import torch
 from palcore.cliutil import clean_errors, file_option, folder_option, run_params_option
 from palcore.outputs import write_bytes_atomic
 from pipeline import params as pparams
+from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
 from pipeline.data.samples import (
     Sample,
     Tasks,
@@ -68,17 +69,20 @@ def tune(
     timings: str | Path | None = None,
     data_root: str | Path | None = None,
     frozen_dir: str | Path | None = None,
+    pixels: str | Path | None = None,
 ) -> list[Path]:
     """Run prompt tuning for all tasks; returns the checkpoint paths.
     `data_root`: where the images are (`data.root`; tasks.json does not say).
     `frozen_dir`: `pal frozen`'s folder, whose stored queries replace the
-    frozen pass (None: the pass runs here).
+    frozen pass (None: the pass runs here). `pixels`: a folder written by
+    `pal pixels`, read instead of decoding.
 
     Finished steps wait in `<out>.partial/` until every task is done, then
     move into `out` (see `pipeline.stages.resume`); `fresh` discards them. Per-epoch
     seconds are appended to `timings` (a JSON-lines file), never to `out`.
     """
     samples, tasks = read_prepare(prepare_dir, data_root)
+    cache = open_pixels(pixels)
     out = Path(out_dir)
     record = params_record(model_p, prompt_p, tune_p, tasks.n_tasks)
     device = resolve_device(tune_p.device, "tune.device")
@@ -101,7 +105,9 @@ def tune(
             partial.path,
         )
     for task in range(done + 1, tasks.n_tasks + 1):
-        entries += _tune_task(model, task, samples, tasks, tune_p, timings, frozen)
+        entries += _tune_task(
+            model, task, samples, tasks, tune_p, timings, frozen, cache
+        )
         path = checkpoint_path(partial.path, task)
         digest = save_checkpoint(
             path, task, record, tasks.record(), model.tuned_state()
@@ -124,11 +130,12 @@ def _tune_task(
     tune_p: pparams.TuneParams,
     timings: str | Path | None,
     frozen: FrozenQueries | None = None,
+    pixels: PixelCache | None = None,
 ) -> list[dict]:
     """Train task `task` (`train_task`); returns its log.jsonl entries, one
     per epoch, with the epoch's seconds moved to the `timings` file."""
     train = select(samples, "train", [task])
-    epochs = train_task(model, task, train, tasks, tune_p, frozen)
+    epochs = train_task(model, task, train, tasks, tune_p, frozen, pixels)
     for entry in epochs:  # timings stay out of the DVC output
         clock = {k: entry.pop(k) for k in ("seconds", "data_wait")}
         if timings is not None:
@@ -229,6 +236,7 @@ def _append_timing(path: Path, entry: dict) -> None:
 @folder_option(
     "out", "data/tune", "Folder for step_XX.pt and log.jsonl.", dest="out_dir"
 )
+@pixels_option
 @click.option(
     "--fresh",
     is_flag=True,
@@ -249,6 +257,7 @@ def cli(
     fresh: bool,
     timings: str,
     frozen_dir: str | None,
+    pixels: str | None,
 ) -> None:
     """Tune the prompt pools and the BP head, task by task.
 
@@ -275,4 +284,5 @@ def cli(
         timings=timings,
         data_root=root,
         frozen_dir=frozen_dir,
+        pixels=pixels,
     )
