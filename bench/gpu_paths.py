@@ -80,12 +80,12 @@ def priced(report: dict[str, Any], counts: tuple[int, int] | None) -> dict:
         if not p:
             continue
         entry = {"tune_min": p["tune_min"], "extract_min": p["extract_min"],
+                 "once_min": p.get("once_min", 0.0),
                  "protocol_h": p["protocol_h"]}  # fmt: skip
-        if counts:
+        if counts:  # the per-dataset stages once, whatever the cells
             t, e = counts
-            entry["plan_all_h"] = round(
-                (t * p["tune_min"] + e * p["extract_min"]) / 60, 1
-            )
+            minutes = t * p["tune_min"] + e * p["extract_min"] + entry["once_min"]
+            entry["plan_all_h"] = round(minutes / 60, 1)
         out[path] = entry
     return {"counts": counts, "paths": out}
 
@@ -109,11 +109,13 @@ def markdown(report: dict[str, Any]) -> list[str]:
         if counts:
             what = f"`pal-paper plan all`: {counts[0]} tunings, {counts[1]} extractions"
         lines += ["", f"## Projected Food101 hours per image path; {what}", "",
-                  "| path | tune min | extract min | protocol h | plan all h |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+                  "| path | tune min | extract min | once per dataset min "
+                  "| protocol h | plan all h |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
         for path, p in plan["paths"].items():
             lines.append(
                 f"| {path} | {p['tune_min']} | {p['extract_min']} "
-                f"| {p['protocol_h']} | {p.get('plan_all_h', '–')} |"
+                f"| {p.get('once_min', 0.0)} | {p['protocol_h']} "
+                f"| {p.get('plan_all_h', '–')} |"
             )
     return lines

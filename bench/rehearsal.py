@@ -59,16 +59,26 @@ from rehearsal_figures import analyse, markdown  # noqa: E402
 BACKBONE = "models/vilt-b32-mlm"
 
 
-def stage_commands(python: str) -> list[tuple[str, list[str]]]:
-    """One run of PAL, as dvc.yaml's stages prepare@0 … evaluate@pal-0 run it."""
+def stage_commands(python: str, once: bool = True) -> list[tuple[str, list[str]]]:
+    """One run of PAL, as dvc.yaml's stages prepare@0 … evaluate@pal-0 run it;
+    `once`: with the stages a dataset runs once (the pixel cache and the
+    frozen queries), which tune and extract then read; without: as before
+    them (the legacy path's rehearsal)."""
     pal, solver = [python, "-m", "pipeline"], [python, "-m", "solver"]
     chain = ["--variant", "pal"]
+    read = ["--pixels", "data/pixels", "--frozen", "data/frozen"] if once else []
+    per_dataset = [
+        ("pixels", [*pal, "pixels", "--out", "data/pixels"]),
+        ("frozen", [*pal, "frozen", "--pixels", "data/pixels", "--out", "data/frozen"]),
+    ]
     return [
         ("prepare", [*pal, "prepare", "--run", "0", "--out", "data/prepare/0"]),
+        *(per_dataset if once else []),
         ("tune", [*pal, "tune", "--run", "0", *chain, "--prepare", "data/prepare/0",
-                  "--out", "data/tune/pal/0"]),
+                  "--out", "data/tune/pal/0", *read]),
         ("extract", [*pal, "extract", *chain, "--prepare", "data/prepare/0",
-                     "--tune", "data/tune/pal/0", "--out", "data/extract/pal/0"]),
+                     "--tune", "data/tune/pal/0", "--out", "data/extract/pal/0",
+                     *read]),
         ("solve", [*solver, "solve", "--run", "0", *chain,
                    "--features", "data/extract/pal/0", "--out", "data/solve/pal/0"]),
         ("evaluate", [*solver, "evaluate", "--run", "0", *chain,
@@ -97,7 +107,8 @@ def rehearsal_params(
 def run_direct(work: Path, env: dict[str, str], log: list[str]) -> dict[str, float]:
     """Each stage command in turn; returns its wall seconds by stage."""
     wall = {}
-    for name, cmd in stage_commands(sys.executable):
+    once = env.get("PAL_IMAGE_PATH") != "legacy"  # the legacy path: as before
+    for name, cmd in stage_commands(sys.executable, once):
         log.append(f"$ {' '.join(cmd)}\n")
         start = time.perf_counter()
         proc = subprocess.run(

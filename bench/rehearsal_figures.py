@@ -96,12 +96,25 @@ def stage_rows(
     return stages, rate, startup
 
 
+def once_figures(wall: dict[str, float], text: str) -> dict[str, float]:
+    """The stages a dataset runs once (`pal pixels`, `pal frozen`): their wall
+    seconds per listed sample (0 when the rehearsal ran without them)."""
+    listed = re.findall(r"wrote \S+: (\d+) samples, \d+ \(sample, state\) pairs", text)
+    n = int(listed[-1]) if listed else 0
+    seconds = wall.get("pixels", 0.0) + wall.get("frozen", 0.0)
+    return {"samples": n, "s_per_sample": seconds / n if n else 0.0}
+
+
 def projections(
-    rate: dict[str, float], startup: dict[str, float], figures: dict[str, dict]
+    rate: dict[str, float],
+    startup: dict[str, float],
+    figures: dict[str, dict],
+    once: dict[str, float],
 ) -> dict[str, dict]:
     """Minutes of tune and extract, hours of the protocol, per full dataset.
     The preset's protocol: PAL tunes once per run; PAL, init and frozen each
-    extract once per run (init's and frozen's tune stages only start up)."""
+    extract once per run (init's and frozen's tune stages only start up); the
+    pixel cache and the frozen queries once, scaled by the listed samples."""
     tune, ext = figures["tune"], figures["extract"]
     out = {}
     for name, (train, test, k) in FULL.items():
@@ -112,12 +125,16 @@ def projections(
         t += train / tune["query_rate"] if tune["query_rate"] else 0.0
         t += k * round(tune["capture_s_per_task"], 2)
         e = startup["extract"] + k * ext["per_step"] + n_ext / rate["extract"]
+        first = once["s_per_sample"] * (train + test)
         out[name] = {
             "epochs": epochs,
             "runs": runs,
             "tune_min": round(t / 60, 1),
             "extract_min": round(e / 60, 1),
-            "protocol_h": round(runs * (t + 2 * startup["tune"] + 3 * e) / 3600, 2),
+            "once_min": round(first / 60, 1),
+            "protocol_h": round(
+                (first + runs * (t + 2 * startup["tune"] + 3 * e)) / 3600, 2
+            ),
         }
     return out
 
@@ -152,7 +169,8 @@ def analyse(
         "projections": {},
     }
     if "tune" in rate and "extract" in rate:  # else no steady time to project
-        result["projections"] = projections(rate, startup, figures)
+        once = once_figures(wall, text)
+        result["projections"] = projections(rate, startup, figures, once)
     return result
 
 
@@ -190,6 +208,7 @@ def markdown(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"Projected {name}, one run of PAL: tune {p['tune_min']:.0f} min "
             f"({p['epochs']} epochs), extract {p['extract_min']:.1f} min; the "
+            f"pixel cache and frozen queries once: {p['once_min']:.1f} min; the "
             f"protocol ({p['runs']} runs of PAL, init, frozen): about "
             f"{p['protocol_h']:.1f} h."
         )

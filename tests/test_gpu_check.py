@@ -18,6 +18,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import gpu_check  # noqa: E402
 
 STAGES = ["prepare", "tune", "extract", "solve", "evaluate"]
+# after: the pixel cache and the frozen queries once per dataset, read by tune
+# and extract; before (the legacy path): as the pipeline ran without them
+ONCE = ["prepare", "pixels", "frozen", "tune", "extract", "solve", "evaluate"]
 
 
 @pytest.mark.slow
@@ -48,7 +51,11 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     assert (solver["exit"], solver["rows"], solver["width"]) == (0, 2000, 1024)
     assert solver["backend"] == "NumPy (solve.device cpu)"
     rehearsal = report["rehearsal"]
-    assert rehearsal["exit"] == 0 and list(rehearsal["stages"]) == STAGES
+    assert rehearsal["exit"] == 0 and list(rehearsal["stages"]) == ONCE
+    assert list(report["rehearsal_legacy"]["stages"]) == STAGES
+    # the new path's tune reads the stored queries: no frozen pass of its own
+    assert rehearsal["queries"]["seconds"] == 0.0
+    assert report["rehearsal_legacy"]["queries"]["seconds"] > 0
     assert rehearsal["setup"]["runner"] == "direct"  # no dvc on PATH
     assert rehearsal["setup"]["photos"] == 11 * 3 - 1 + 11 * 2
     assert rehearsal["train_samples"] == 10 * 3  # the smallest class dropped
@@ -68,7 +75,9 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     assert set(report["plan"]["paths"]) == {"legacy", "new"}
     for p in report["plan"]["paths"].values():
         minutes = tunings * p["tune_min"] + extractions * p["extract_min"]
-        assert p["plan_all_h"] == round(minutes / 60, 1)
+        assert p["plan_all_h"] == round((minutes + p["once_min"]) / 60, 1)
+    assert report["plan"]["paths"]["legacy"]["once_min"] == 0.0
+    assert report["plan"]["paths"]["new"]["once_min"] > 0.0
     md = (out / "report.md").read_text().splitlines()
     assert md[0] == "# GPU check on no GPU (CPU only)"
     assert "## Rehearsal: one run of PAL on a Food101-shaped tree" in md
