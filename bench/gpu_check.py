@@ -47,7 +47,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_paths  # noqa: E402
-from gpu_parts import gpu_tests, rehearsal_check, solver_check  # noqa: E402
+from gpu_parts import (  # noqa: E402
+    cells_check,
+    gpu_tests,
+    rehearsal_check,
+    solver_check,
+)
 from gpu_report import render, write_report  # noqa: E402
 
 # import name -> distribution name: what every part needs (pytest for part 2)
@@ -136,7 +141,7 @@ def versions() -> dict[str, Any]:
     return info
 
 
-PARTS = ("tests", "solver", "paths", "rehearsal")
+PARTS = ("tests", "solver", "paths", "rehearsal", "cells")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -151,7 +156,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--parts", default="tests,solver,paths,rehearsal",
-        help="comma-separated subset of tests, solver, paths, rehearsal",
+        help="comma-separated subset of tests, solver, paths, rehearsal, cells "
+        "(N tunes side by side on one card, after the rehearsal's new path)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--jobs", default="1,2,4",
+        help="cells: the numbers of tunes run side by side, in order",
     )  # fmt: skip
     ap.add_argument(
         "--paths", default="legacy,new",
@@ -216,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     write_report(a.out, report)
     run_parts(a, parts, report, work, scale)
     print(render(report))
-    failed = [p for p in ("tests", "solver", "paths", "rehearsal", "rehearsal_legacy")
+    failed = [p for p in ("tests", "solver", "paths", "rehearsal", "rehearsal_legacy",
+                          "cells")
               if p in report and report[p]["exit"] not in (0, 5)]  # fmt: skip
     return 1 if failed else 0
 
@@ -254,6 +265,14 @@ def run_parts(
                   f"{r['wall_s']} s", flush=True)  # fmt: skip
             write_report(a.out, report)
         report["plan"] = gpu_paths.priced(report, gpu_paths.plan_counts())
+        write_report(a.out, report)
+    if "cells" in parts:
+        jobs = tuple(int(j) for j in a.jobs.split(","))
+        report["cells"] = cells_check(a.out, work / "rehearsal-new", jobs, 600)
+        r = report["cells"]
+        print(f"gpu_check: cells: exit {r['exit']}, " + ", ".join(
+            f"-j {n}: {j['samples_per_s']} samples/s" for n, j in r["jobs"].items()
+        ), flush=True)  # fmt: skip
         write_report(a.out, report)
 
 

@@ -113,3 +113,69 @@ def rehearsal_check(
     if log.exists():
         (out / log_name).write_text(log.read_text())
     return result
+
+
+def cells_check(
+    out: Path, work: Path, jobs: tuple[int, ...], timeout: float
+) -> dict[str, Any]:
+    """Several cells on one card, as `pal-paper run -j N` puts them there: N
+    copies of the rehearsal's tune (in `work`, after the new path's rehearsal:
+    its prepare, pixel cache and frozen queries) started together, for each N
+    of `jobs`. Per N: the exit, the wall time, training samples a second over
+    the N (all their epochs over the wall, and over the slowest one's steady
+    epochs), and each process's GPU memory peak. The GPU image has no dvc, so
+    the tunes are the stage command itself, not DVC's queue."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import rehearsal
+
+    tune = dict(rehearsal.stage_commands(sys.executable))["tune"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    rows: dict[int, dict[str, Any]] = {}
+    text = []
+    for n in jobs:
+        cmds = [_tune_copy(tune, f"j{n}-{i}") for i in range(n)]
+        start = time.perf_counter()
+        procs = [
+            subprocess.Popen(
+                c,
+                cwd=work,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
+            for c in cmds
+        ]
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        wall = time.perf_counter() - start
+        text += [f"$ {' '.join(c)}\n{o}" for c, o in zip(cmds, outs, strict=True)]
+        epochs = [
+            [json.loads(x) for x in (work / f"logs/tune-j{n}-{i}.jsonl").open()]
+            if (work / f"logs/tune-j{n}-{i}.jsonl").exists() else []
+            for i in range(n)
+        ]  # fmt: skip
+        samples = sum(e["samples"] for log in epochs for e in log)
+        busy = max((sum(e["seconds"] for e in log) for log in epochs), default=0.0)
+        peak = re.compile(r"tune: GPU memory peak ([\d.]+) GiB")
+        peaks = [float(m) for o in outs for m in peak.findall(o)]
+        rows[n] = {
+            "exit": max(p.returncode for p in procs),
+            "wall_s": round(wall, 1),
+            "samples_per_s": round(samples / wall, 2),
+            "steady_samples_per_s": round(samples / busy, 2) if busy else None,
+            "gpu_peak_gib_each": max(peaks) if peaks else None,
+        }
+    (out / "cells.log").write_text("".join(text))
+    one = rows[jobs[0]]["samples_per_s"]
+    for r in rows.values():
+        r["speedup"] = round(r["samples_per_s"] / one, 2) if one else None
+    return {"exit": max(r["exit"] for r in rows.values()), "jobs": rows}
+
+
+def _tune_copy(tune: list[str], name: str) -> list[str]:
+    """The rehearsal's tune command writing to its own folder and timings."""
+    cmd = list(tune)
+    cmd[cmd.index("--out") + 1] = f"data/tune-{name}"
+    return [*cmd, "--timings", f"logs/tune-{name}.jsonl"]

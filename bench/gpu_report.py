@@ -68,6 +68,17 @@ def render(report: dict[str, Any]) -> str:
                 f"accuracy {r['accuracy']} % (random weights)."
             )
             lines += ["", *rehearsal.markdown(r)]
+    if "cells" in report:
+        lines += ["", "## Several cells on one card (`pal-paper run -j N`)", "",
+                  "| tunes side by side | exit | wall s | samples/s (all) | "
+                  "speed-up | samples/s (steady) | GPU peak GiB each |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for n, j in report["cells"]["jobs"].items():
+            lines.append(
+                f"| {n} | {j['exit']} | {j['wall_s']} | {j['samples_per_s']} "
+                f"| {j['speedup']} | {j['steady_samples_per_s']} "
+                f"| {j['gpu_peak_gib_each']} |"
+            )
     return "\n".join(lines) + "\n"
 
 

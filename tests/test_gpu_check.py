@@ -29,10 +29,12 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     cmd = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--scale",
            "smallest", "--device", "cpu", "--out", str(out),
+           "--parts", "tests,solver,paths,rehearsal,cells", "--jobs", "1,2",
            "--workdir", str(tmp_path / "work")]  # fmt: skip
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.name for p in out.iterdir()) == [
+        "cells.log",
         "gpu_tests.log",
         "rehearsal-legacy.log",
         "rehearsal.log",
@@ -78,10 +80,18 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
         assert p["plan_all_h"] == round((minutes + p["once_min"]) / 60, 1)
     assert report["plan"]["paths"]["legacy"]["once_min"] == 0.0
     assert report["plan"]["paths"]["new"]["once_min"] > 0.0
+    # several cells on one device: 1, then 2 tunes side by side, each on its
+    # own folder; every training sample of both counted
+    cells = report["cells"]
+    assert cells["exit"] == 0 and list(cells["jobs"]) == ["1", "2"]
+    one, two = cells["jobs"]["1"], cells["jobs"]["2"]
+    assert one["speedup"] == 1.0 and two["samples_per_s"] > 0
+    assert round(two["samples_per_s"] / one["samples_per_s"], 2) == two["speedup"]
     md = (out / "report.md").read_text().splitlines()
     assert md[0] == "# GPU check on no GPU (CPU only)"
     assert "## Rehearsal: one run of PAL on a Food101-shaped tree" in md
     assert "## The image path, before (legacy) and after" in md
+    assert "## Several cells on one card (`pal-paper run -j N`)" in md
 
 
 def test_missing_packages_are_named_in_one_line():
