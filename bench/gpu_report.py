@@ -69,17 +69,23 @@ def render(report: dict[str, Any]) -> str:
             )
             lines += ["", *rehearsal.markdown(r)]
     if "cells" in report:
-        lines += ["", "## Several cells on one card (`pal-paper run -j N`)", "",
-                  "| tunes side by side | exit | wall s | samples/s (all) | "
-                  "speed-up | samples/s (steady) | GPU peak GiB each |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for n, j in report["cells"]["jobs"].items():
-            lines.append(
-                f"| {n} | {j['exit']} | {j['wall_s']} | {j['samples_per_s']} "
-                f"| {j['speedup']} | {j['steady_samples_per_s']} "
-                f"| {j['gpu_peak_gib_each']} |"
-            )
+        lines += cells_lines(report["cells"])
     return "\n".join(lines) + "\n"
+
+
+def cells_lines(cells: dict[str, Any]) -> list[str]:
+    """The `cells` part (N tunes side by side on one card) as Markdown."""
+    lines = ["", "## Several cells on one card (`pal-paper run -j N`)", "",
+             "| tunes side by side | exit | wall s | samples/s (all) | "
+             "speed-up | samples/s (steady) | GPU peak GiB each |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for n, j in cells["jobs"].items():
+        lines.append(
+            f"| {n} | {j['exit']} | {j['wall_s']} | {j['samples_per_s']} "
+            f"| {j['speedup']} | {j['steady_samples_per_s']} "
+            f"| {j['gpu_peak_gib_each']} |"
+        )
+    return lines
 
 
 def write_report(out: Path, report: dict[str, Any]) -> None:
