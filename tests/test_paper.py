@@ -251,11 +251,11 @@ def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
         env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
     )
     assert out.returncode == 0, out.stderr
-    # bench/README.md's H100 rates: 62.6 min of tune and 5.29 of extract; the
-    # frozen queries once, 3 rows of each of the 83,843 samples at 111.4 rows/s
-    tune = (15.3 + 10 * 61127 / 163.9 + 10 * 1.0) / 60
-    extract = (22.5 + 10 * 6.1 + (61127 + 22716 * 5.5) / 795.2) / 60
-    frozen = 3 * (61127 + 22716) / 111.4 / 60
+    # bench/README.md's H200 rates: 50.6 min of tune and 3.4 of extract; the
+    # frozen queries once, 3 rows of each of the 83,843 samples at 727.3 rows/s
+    tune = (23.3 + 10 * 61127 / 203.4 + 10 * 0.9) / 60
+    extract = (24.1 + 10 * 0.0 + (61127 + 22716 * 5.5) / 1030.3) / 60
+    frozen = 3 * (61127 + 22716) / 727.3 / 60
     hours = (trained * tune + extracted * extract) / 60
     # 14 cells of equal cost (pal, init and frozen, and the baselines, 3 runs
     # each), the committed scenario's (the baselines only) and upsampling's 5
@@ -265,9 +265,10 @@ def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
     base = 3 * n_base * (tune + extract) / 60
     wall = frozen / 60 + max(4 * cell, 3 * cell + base)
     assert out.stdout.splitlines() == [
-        "food101, one NVIDIA H100 80GB HBM3 (tune.device cuda): tune 62.6 min and "
-        "extract 5.3 min per (variant, run) at the committed params (bench/README.md, "
-        f"bench/rehearsal.py at 30 photos a class); the frozen queries {frozen:.1f} "
+        "food101, one NVIDIA H200 (tune.device cuda): tune 50.6 min and extract "
+        "3.4 min per (variant, run) at the committed params (bench/README.md, "
+        "bench/gpu_check.py's rehearsal, 12 photos a class); the frozen queries "
+        f"{frozen:.1f} "
         "min once (shared by every cell)",
         f"  missing: 15 cells, {trained} tunings, {extracted} extractions: "
         f"{hours:.1f} h",
@@ -436,7 +437,7 @@ def test_a_params_file_without_a_key_the_grids_read_is_one_line(tmp_path: Path) 
 def test_plan_follows_the_params_and_the_device(tmp_path: Path) -> None:
     """A CPU rehearsal of the preset (one photo of each class and split, one
     epoch, one run, PAL alone) is priced at this machine's CPU rates, not at
-    the preset's full-size H100 run."""
+    the preset's full-size GPU run."""
     from palpaper.plan import costs
 
     params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
