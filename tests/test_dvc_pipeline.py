@@ -200,88 +200,6 @@ def test_shared_cache_lets_a_clone_skip_every_stage(
         assert _run(["git", "status", "--porcelain"], clone, env) == ""
 
 
-def test_a_paper_grid_runs_in_dvcs_queue_and_resumes(
-    repo: tuple[Path, dict[str, str]],
-    work: tuple[Path, dict[str, str]],
-    tmp_path: Path,
-) -> None:
-    """Table 4 (width × η) on the tiny project: cells 1 and 3 first; a second
-    clone runs its share (--shard 2/2: cells 2 and 4) and its experiments are
-    fetched; then the grid queues only the cell it still lacks. Every
-    cell reruns only the analytic stages, and the table holds each
-    experiment's numbers."""
-    from palpaper.grids import RESULTS
-
-    path, env = work
-    head = _run(["git", "rev-parse", "HEAD"], path, env).strip()
-    params = yaml.safe_load((path / "params.yaml").read_text())
-    cols = RESULTS["upsampling"].columns(params, None)
-    names = [c.cell.name for c in cols]
-    first = pal_paper(
-        path, env, "run", "upsampling", "--cells", f"{names[0]},{names[2]}"
-    )
-    assert first.returncode == 0, first.stderr
-    assert f"5 cells on {head[:7]}" not in first.stderr  # --cells: 2 of them
-    assert "2 cells on" in first.stderr and "2 queued now" in first.stderr
-
-    out = pal_paper(path, env, "collect", "upsampling")  # a partial grid
-    assert out.returncode == 0, out.stderr
-    lacking = [n for n in names if n not in (names[0], names[2])]
-    assert out.stderr.splitlines()[0] == (
-        "WARNING palpaper.collect: upsampling: 3 of 5 cells marked – (no finished "
-        f"experiment on {head[:7]}: {', '.join(lacking)}); run them: pal-paper run "
-        f"upsampling --cells {','.join(lacking)}"
-    )
-    partial = (path / "results/paper/demo/upsampling.md").read_text().splitlines()
-    assert [line.endswith("| – | – |") for line in partial[4:]] == [
-        False,
-        True,
-        False,
-        True,
-        True,
-    ]
-
-    other = tmp_path / "other"  # another clone of the same commit, its own queue
-    _run(["git", "clone", "-q", str(repo[0]), str(other)], tmp_path, env)
-    cache = str(repo[0] / ".dvc/cache")
-    _run([str(BIN / "dvc"), "cache", "dir", "--local", cache], other, env)
-    _run([str(BIN / "dvc"), "checkout", "-q", "dvc.yaml"], other, env)
-    out = pal_paper(
-        other, dict(env, PYTHONPATH=str(other)), "run", "upsampling", "--shard", "2/2"
-    )
-    assert out.returncode == 0, out.stderr
-    assert "2 cells on" in out.stderr and "1 finished before" not in out.stderr
-    _run(["git", "fetch", "-q", str(other), "refs/exps/*:refs/exps/*"], path, env)
-
-    out = pal_paper(path, env, "run", "upsampling")
-    assert out.returncode == 0, out.stderr
-    assert (
-        f"5 cells on {head[:7]}: 4 finished before (kept), 1 queued now, "
-        "0 already queued" in out.stderr
-    )
-    assert f"queued cell {names[4]}" in out.stderr
-    lines = (path / "results/paper/demo/upsampling.md").read_text().splitlines()
-    expected = []
-    for c in cols:
-        ref = f"refs/exps/{head[:2]}/{head[2:]}/{head[:7]}-{c.cell.name}"
-        m = json.loads(
-            _run(["git", "show", f"{ref}:results/demo/metrics.json"], path, env)
-        )
-        acc, fg = m["pal"]["acc"], m["pal"]["fg"]
-        assert m["runs"] == list(RUNS)
-        expected.append(
-            f"| {c.label} | {acc['mean']:.2f} ± {acc['std']:.2f} | "
-            f"{fg['mean']:.2f} ± {fg['std']:.2f} |"
-        )
-        where = other if c.cell.name in (names[1], names[3]) else path  # its queue
-        logs = _run(
-            [str(BIN / "dvc"), "queue", "logs", f"{head[:7]}-{c.cell.name}"], where, env
-        )
-        assert _ran(logs) <= {"solve", "evaluate"}, logs  # from the cached features
-    assert lines[4:] == expected
-    assert lines[2] == "| Width and η | Acc | FG |"
-
-
 def test_a_cell_the_data_cannot_take_is_stopped_before_queuing(
     work: tuple[Path, dict[str, str]],
 ) -> None:
@@ -311,7 +229,7 @@ def test_a_cell_the_data_cannot_take_is_stopped_before_queuing(
     )
 
 
-def test_two_machines_share_features_run_cache_and_a_grid(
+def test_two_machines_share_features_run_cache_and_a_resumed_grid(
     work: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
     """Machine A (a clone with the features) and machine B (a clone of the
@@ -319,10 +237,86 @@ def test_two_machines_share_features_run_cache_and_a_grid(
     remote and a bare git remote, with the commands of docs/USAGE.md: B pulls
     A's features and an η change reruns only the analytic stages; A's tuned
     experiment, pushed with its run-cache, is restored on B instead of tuned
-    again; A and B each run half of Table 4's grid and B renders one table."""
+    again. Then Table 4 (width × η): A runs cells 1 and 3 and renders a
+    partial table; B runs its share (--shard 2/2: cells 2 and 4); A pulls B's
+    experiments and the grid queues only the cell it still lacks. Every cell
+    reruns only the analytic stages, and the table holds each experiment's
+    numbers."""
     from palpaper.grids import RESULTS
 
     a, env = work
+    dvc = str(BIN / "dvc")
+    b, b_env = _machine_b_shares_a_features_and_run_cache(a, env, tmp_path)
+
+    # Table 4 on A: cells 1 and 3 first, a partial table
+    head = _run(["git", "rev-parse", "HEAD"], a, env).strip()
+    params = yaml.safe_load((a / "params.yaml").read_text())
+    cols = RESULTS["upsampling"].columns(params, None)
+    names = [c.cell.name for c in cols]
+    first = pal_paper(a, env, "run", "upsampling", "--cells", f"{names[0]},{names[2]}")
+    assert first.returncode == 0, first.stderr
+    assert f"5 cells on {head[:7]}" not in first.stderr  # --cells: 2 of them
+    assert "2 cells on" in first.stderr and "2 queued now" in first.stderr
+    out = pal_paper(a, env, "collect", "upsampling")  # a partial grid
+    assert out.returncode == 0, out.stderr
+    lacking = [n for n in names if n not in (names[0], names[2])]
+    assert out.stderr.splitlines()[0] == (
+        "WARNING palpaper.collect: upsampling: 3 of 5 cells marked – (no finished "
+        f"experiment on {head[:7]}: {', '.join(lacking)}); run them: pal-paper run "
+        f"upsampling --cells {','.join(lacking)}"
+    )
+    partial = (a / "results/paper/demo/upsampling.md").read_text().splitlines()
+    assert [line.endswith("| – | – |") for line in partial[4:]] == [
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
+
+    # B's share; its experiments travel through git; A queues only cell 5
+    out = pal_paper(b, b_env, "run", "upsampling", "--shard", "2/2")
+    assert out.returncode == 0, out.stderr
+    assert "2 cells on" in out.stderr and "1 finished before" not in out.stderr
+    _run([dvc, "exp", "push", "origin", "--run-cache"], b, b_env)
+    _run([dvc, "exp", "pull", "team"], a, env)
+    out = pal_paper(a, env, "run", "upsampling")
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"5 cells on {head[:7]}: 4 finished before (kept), 1 queued now, "
+        "0 already queued" in out.stderr
+    )
+    assert f"queued cell {names[4]}" in out.stderr
+    lines = (a / "results/paper/demo/upsampling.md").read_text().splitlines()
+    assert lines[2] == "| Width and η | Acc | FG |"
+    expected = []
+    for c in cols:
+        ref = f"refs/exps/{head[:2]}/{head[2:]}/{head[:7]}-{c.cell.name}"
+        m = json.loads(
+            _run(["git", "show", f"{ref}:results/demo/metrics.json"], a, env)
+        )
+        acc, fg = m["pal"]["acc"], m["pal"]["fg"]
+        assert m["runs"] == list(RUNS)
+        expected.append(
+            f"| {c.label} | {acc['mean']:.2f} ± {acc['std']:.2f} | "
+            f"{fg['mean']:.2f} ± {fg['std']:.2f} |"
+        )
+        on_b = c.cell.name in (names[1], names[3])  # B's share ran in B's queue
+        logs = _run(
+            [dvc, "queue", "logs", f"{head[:7]}-{c.cell.name}"],
+            b if on_b else a,
+            b_env if on_b else env,
+        )
+        assert _ran(logs) <= {"solve", "evaluate"}, logs  # from the cached features
+    assert lines[4:] == expected
+
+
+def _machine_b_shares_a_features_and_run_cache(
+    a: Path, env: dict[str, str], tmp_path: Path
+) -> tuple[Path, dict[str, str]]:
+    """Machine B, a clone of the team's git remote with an empty cache of its
+    own: it pulls A's features (an η change reruns only the analytic stages)
+    and A's tuned experiment with its run-cache (restored, not tuned again)."""
     dvc = str(BIN / "dvc")
     origin, store = tmp_path / "origin.git", tmp_path / "store"
     _run(["git", "init", "-q", "--bare", str(origin)], tmp_path, env)
@@ -359,28 +353,7 @@ def test_two_machines_share_features_run_cache_and_a_grid(
     assert "Stage 'extract@pal-0' is cached - skipping run" in out, out
     assert _ran(out) == {"evaluate"}, out  # its report files live in git
     _reset(b, b_env)
-
-    # half a grid each; A's experiments travel through git, B renders the table
-    out = pal_paper(a, env, "run", "upsampling", "--shard", "1/2")
-    assert out.returncode == 0, out.stderr
-    _run([dvc, "exp", "push", "team", "--run-cache"], a, env)
-    out = pal_paper(b, b_env, "run", "upsampling", "--shard", "2/2")
-    assert out.returncode == 0, out.stderr
-    _run([dvc, "exp", "pull", "origin"], b, b_env)
-    out = pal_paper(b, b_env, "collect", "upsampling")
-    assert out.returncode == 0, out.stderr
-    params = yaml.safe_load((b / "params.yaml").read_text())
-    lines = (b / "results/paper/demo/upsampling.md").read_text().splitlines()
-    head = _run(["git", "rev-parse", "HEAD"], b, env).strip()
-    cols = RESULTS["upsampling"].columns(params, None)
-    for line, c in zip(lines[4:], cols, strict=True):
-        ref = f"refs/exps/{head[:2]}/{head[2:]}/{head[:7]}-{c.cell.name}"
-        m = json.loads(
-            _run(["git", "show", f"{ref}:results/demo/metrics.json"], b, env)
-        )
-        acc = m["pal"]["acc"]
-        assert line.startswith(f"| {c.label} | {acc['mean']:.2f} ± {acc['std']:.2f} |")
-    assert len(lines) == 4 + 5
+    return b, b_env
 
 
 def _reset(path: Path, env: dict[str, str]) -> None:
