@@ -299,6 +299,11 @@ class Repo:
             return None
 
 
+# A task that a worker is taking from DVC's queue is for a moment in neither its
+# queued nor its running list: a cell counts as lost only after this many polls
+LOST_POLLS = 3
+
+
 def wait(
     repo: Repo,
     cells: Sequence[Cell],
@@ -316,6 +321,7 @@ def wait(
     names = {repo.exp_name(c) for c in cells}
     seen = 0
     idle = 0
+    absent: dict[str, int] = {}  # pending cell -> polls in a row DVC lists it nowhere
     while True:
         done = names & set(repo.finished())
         status = repo.queue_status()
@@ -335,7 +341,8 @@ def wait(
                 log.info("cell %s lost its process: queued again", c.name)
                 repo.requeue(c, copy_paths)
                 status[repo.exp_name(c)] = "Queued"
-        lost = {n for n in pending if n not in status}
+        absent = {n: absent.get(n, 0) + 1 for n in pending if n not in status}
+        lost = {n for n, polls in absent.items() if polls >= LOST_POLLS}
         if lost:
             raise ExperimentError(
                 f"cell '{sorted(lost)[0]}' is neither finished nor in DVC's queue "

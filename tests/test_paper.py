@@ -677,3 +677,56 @@ def test_rows_are_named_from_the_cells_metrics_or_else_the_params() -> None:
     data = {col.key: {"pal": {"label": "the PAL row"}, "bp": {}}}
     assert row_name(data, "pal", "ablation") == "the PAL row"
     assert row_name(data, "bp", "ablation") == "bp"
+
+
+# --- waiting for the queue ---------------------------------------------------
+
+
+class _Queue:
+    """A stand-in for `experiments.Repo` whose `dvc queue status` answers come
+    from a script: one dict (name -> status) per poll; a name in none of a
+    poll's lists and not finished is what DVC shows while a worker takes it."""
+
+    def __init__(self, polls: list[dict[str, str]], finished: list[set[str]]):
+        self.polls, self.finishes, self.calls = polls, finished, 0
+
+    def exp_name(self, cell) -> str:
+        return cell.name
+
+    def finished(self) -> set[str]:
+        return self.finishes[min(self.calls, len(self.finishes) - 1)]
+
+    def queue_status(self) -> dict[str, str]:
+        self.calls += 1
+        return self.polls[min(self.calls - 1, len(self.polls) - 1)]
+
+    def interrupted(self, name: str) -> bool:
+        return False
+
+    def start(self, jobs: int, gpus) -> None:
+        pass
+
+
+def test_a_cell_a_worker_is_taking_is_not_lost() -> None:
+    """Between `Queued` and `Running` DVC lists a task nowhere for a poll or
+    two; the wait goes on. Absent for LOST_POLLS polls in a row, it is lost."""
+    from palpaper.experiments import LOST_POLLS, ExperimentError, wait
+    from palpaper.grids import Cell
+
+    a, b = Cell((("solve.eta", 0.5),)), Cell((("solve.eta", 2),))
+    polls = [{b.name: "Running", a.name: "Queued"}, {}, {a.name: "Queued"}, {},
+             {}, {a.name: "Running"}]  # fmt: skip
+    finished = [set(), set(), {b.name}, {b.name}, {b.name}, {b.name},
+                {a.name, b.name}]  # fmt: skip
+    assert wait(_Queue(polls, finished), [a, b], 1, poll=0) == {
+        a.name: "done",
+        b.name: "done",
+    }
+    gone = [{a.name: "Queued"}] + [{}] * LOST_POLLS
+    with pytest.raises(ExperimentError) as err:
+        wait(_Queue(gone, [set()]), [a], 1, poll=0)
+    assert str(err.value) == (
+        f"cell '{a.name}' is neither finished nor in DVC's queue (removed by "
+        "hand?); run the command again to queue it"
+    )
+    assert LOST_POLLS == 3
