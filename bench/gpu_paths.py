@@ -108,14 +108,21 @@ def markdown(report: dict[str, Any]) -> list[str]:
         what = "`pal-paper plan all` (did not run)"
         if counts:
             what = f"`pal-paper plan all`: {counts[0]} tunings, {counts[1]} extractions"
-        lines += ["", f"## Projected Food101 hours per image path; {what}", "",
-                  "| path | tune min | extract min | once per dataset min "
-                  "| protocol h | plan all h |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        for path, p in plan["paths"].items():
-            lines.append(
-                f"| {path} | {p['tune_min']} | {p['extract_min']} "
-                f"| {p.get('once_min', 0.0)} | {p['protocol_h']} "
-                f"| {p.get('plan_all_h', '–')} |"
-            )
+        lines += ["", f"## Projected Food101 hours per image path; {what}", ""]
+        lines += md_table(
+            ["path", "tune min", "extract min", "once per dataset min", "protocol h",
+             "plan all h"],
+            [[path, p["tune_min"], p["extract_min"], p.get("once_min", 0.0),
+              p["protocol_h"], p.get("plan_all_h", "–")]
+             for path, p in plan["paths"].items()],
+        )  # fmt: skip
     return lines
+
+
+def md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table: the header, its rule, one line per row."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(str(v) for v in row) + " |" for row in rows),
+    ]

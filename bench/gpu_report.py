@@ -75,16 +75,14 @@ def render(report: dict[str, Any]) -> str:
 
 def cells_lines(cells: dict[str, Any]) -> list[str]:
     """The `cells` part (N tunes side by side on one card) as Markdown."""
-    lines = ["", "## Several cells on one card (`pal-paper run -j N`)", "",
-             "| tunes side by side | exit | wall s | samples/s (all) | "
-             "speed-up | samples/s (steady) | GPU peak GiB each |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for n, j in cells["jobs"].items():
-        lines.append(
-            f"| {n} | {j['exit']} | {j['wall_s']} | {j['samples_per_s']} "
-            f"| {j['speedup']} | {j['steady_samples_per_s']} "
-            f"| {j['gpu_peak_gib_each']} |"
-        )
+    lines = ["", "## Several cells on one card (`pal-paper run -j N`)", ""]
+    lines += gpu_paths.md_table(
+        ["tunes side by side", "exit", "wall s", "samples/s (all)", "speed-up",
+         "samples/s (steady)", "GPU peak GiB each"],
+        [[n, j["exit"], j["wall_s"], j["samples_per_s"], j["speedup"],
+          j["steady_samples_per_s"], j["gpu_peak_gib_each"]]
+         for n, j in cells["jobs"].items()],
+    )  # fmt: skip
     return lines
 
 
