@@ -11,7 +11,7 @@ from helpers import write_params
 from palcore.errors import ParamsError
 from pipeline import params as pparams
 from pipeline.methods import Method, Out, View, layer_prompts, no_aux, registry
-from pipeline.model.encoder import Backbone
+from pipeline.model.backbone import Backbone
 from pipeline.params import PromptParams
 
 

@@ -3,7 +3,8 @@
 `load_backbone(model.backbone, model.max_text_len)` checks that `model.backbone`
 names a ViLT (a local folder, or a hub id in the local HF cache:
 `cached_snapshot`), loads `ViltModel` and its `ViltProcessor`, and wraps them
-in the prompt-aware encoder `pipeline.model.encoder.Backbone`.
+in the prompt-aware encoder `pipeline.model.encoder.Backbone`. `Backbone`,
+`LayerPrompt`, `autocast` and `resolve_device` are importable from here too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,19 @@ import logging
 from pathlib import Path
 
 from palcore.errors import PalError
-from pipeline.model.encoder import Backbone
+from pipeline.model.device import autocast, resolve_device
+from pipeline.model.encoder import Backbone, LayerPrompt
+
+__all__ = [
+    "Backbone",
+    "BackboneError",
+    "LayerPrompt",
+    "autocast",
+    "backbone_folder",
+    "cached_snapshot",
+    "load_backbone",
+    "resolve_device",
+]
 
 log = logging.getLogger(__name__)
 
