@@ -136,16 +136,15 @@ def run_params_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def folder_option(
-    flag: str, default: str | None, help: str, dest: str | None = None
+    flag: str, default: str, help: str, dest: str | None = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """`--<flag> DIR`: a stage's input or output folder (default shown in
-    --help; None: the option is off unless given); `dest` names the parameter
-    when it differs from the flag."""
+    --help); `dest` names the parameter when it differs from the flag."""
     names = [f"--{flag}", dest] if dest else [f"--{flag}"]
     return click.option(
         *names,
         default=default,
-        show_default=default is not None,
+        show_default=True,
         metavar="DIR",
         type=click.Path(file_okay=False),
         help=help,
