@@ -30,6 +30,10 @@ COMMANDS = {
         "pipeline.stages.check:cli",
         "Check params, paths, devices and data before dvc repro.",
     ),
+    "contracts": (
+        "pipeline.stages.contracts:cli",
+        "Guard and verify the output contracts of the GPU stages.",
+    ),
     "demo": (
         "pipeline.stages.demo:cli",
         "Make the offline demo dataset and tiny ViLT.",

@@ -16,6 +16,11 @@ run moves), with `--variant NAME`, also `ablation.NAME.changes` (the keys it
 changes), with `--pipeline NAME`, also `pipelines.NAME` and the variant rows
 of `ablation` (their changes and labels).
 
+The expensive stages (pixels, frozen, tune, extract) declare no code: they
+are keyed on their output contract instead (DESIGN §2), the stamp the
+`contracts` stage writes for them, and that stage declares the code of all
+four (`pipeline.contract_code.watched_files`) beside its own.
+
 The stages are those DVC resolves from dvc.yaml and ablation/dvc.yaml (one
 per run and variant of a `matrix`/`foreach` stage).
 """
@@ -35,6 +40,8 @@ from helpers import committed_params
 
 from palcore.params import outcome_keys
 from pipeline import cli as pipeline_cli
+from pipeline.contract_code import watched_files
+from pipeline.contracts import STAGES as CONTRACTED
 from pipeline.sections import PARAM_CLASSES
 from pipeline.stages.resume import ROOT, code_closure, imported_modules
 from solver import cli as solver_cli
@@ -127,6 +134,8 @@ def run_params(cmd: str) -> set[str]:
     """The params a stage's --run and --variant options make it read."""
     words = shlex.split(cmd)
     keys = {"protocol.vary"} if "--run" in words else set()
+    if words[:3] == ["pal", "contracts", "stamp"]:
+        keys.add("ablation")  # a stamp for every variant row
     if "--variant" in words:
         keys.add(f"ablation.{words[words.index('--variant') + 1]}.changes")
     # --pipeline NAME: the variants pipelines.NAME lists, their rows (labels,
@@ -137,11 +146,32 @@ def run_params(cmd: str) -> set[str]:
     return keys
 
 
+def contract_stamp(cmd: str) -> str | None:
+    """The stamp a contracted stage's command must depend on (None: the stage
+    is not contracted and declares its code)."""
+    words = shlex.split(cmd)
+    stage = words[1]
+    if words[0] != "pal" or stage not in CONTRACTED:
+        return None
+    if "--variant" in words:
+        return f"data/contracts/{stage}/{words[words.index('--variant') + 1]}.json"
+    return f"data/contracts/{stage}.json"
+
+
 def mismatches(spec: dict[str, Any], root: Path = ROOT) -> list[str]:
     """What is wrong with one stage's deps and params (empty: nothing)."""
-    files = code_closure(stage_module(spec["cmd"]), root)
+    module = stage_module(spec["cmd"])
+    files = code_closure(module, root)
     code = {p.relative_to(root).as_posix() for p in files}
-    problems = code_problems(code, spec.get("deps", []), root)
+    stamp = contract_stamp(spec["cmd"])
+    deps = spec.get("deps", [])
+    if stamp is not None:  # keyed on its contract: no code declared
+        problems = [f"declared code dep {d}" for d in deps if d.startswith(CODE)]
+        problems += [] if stamp in deps else [f"no contract stamp {stamp}"]
+    else:
+        if module == "pipeline.stages.contracts":  # the guard of the four
+            code |= set(watched_files(root))
+        problems = code_problems(code, deps, root)
     params = expected_params(loaded_sections(files)) | run_params(spec["cmd"])
     params |= single_keys(files)
     declared = set(spec.get("params", []))
@@ -293,7 +323,9 @@ def _stages_reading(path: str) -> set[str]:
 
 def test_solver_code_reruns_only_the_analytic_stages() -> None:
     """A change to solve-side code never reruns tune or extract (hours of GPU
-    on a real dataset); a change to palcore reruns every stage."""
+    on a real dataset); a change to palcore reruns the cheap stages and the
+    contracts' guard, and no contracted stage: their code is checked by the
+    guard, and their outputs keyed on their contracts."""
     analytic = {
         "solve",
         "evaluate",
@@ -303,8 +335,10 @@ def test_solver_code_reruns_only_the_analytic_stages() -> None:
     }
     assert _stages_reading("solver/solve.py") == analytic
     assert _stages_reading("solver/rls.py") == analytic
-    per_run = {n for n in STAGES if "@" in n}
-    assert {n for n in per_run if n.split(":")[-1].startswith("extract@")} == {
-        n for n in per_run if "solver/shards.py" in STAGES[n]["deps"]
-    }  # the shard format: extract writes it
-    assert _stages_reading("palcore/params.py") == set(STAGES)
+    # the shard format extract writes: the guard watches it for extract
+    assert _stages_reading("solver/shards.py") == analytic | {"contracts"}
+    contracted = {n for n in STAGES if n.split(":")[-1].split("@")[0] in CONTRACTED}
+    assert len(contracted) > len(CONTRACTED)  # every run and variant
+    cheap = set(STAGES) - contracted
+    assert _stages_reading("palcore/params.py") == cheap
+    assert _stages_reading("pipeline/methods/pal.py") == {"contracts"}

@@ -160,7 +160,12 @@ def test_steps_beyond_the_tasks_are_removed(extracted, tuned, tmp_path):
     (out / "step_04").mkdir(parents=True)
     (out / "step_04" / "train.h5").write_bytes(b"from a run with 4 tasks")
     extract(prepare, tune_dir, out, pparams.load(params, "extract"))
-    assert sorted(p.name for p in out.iterdir()) == ["step_01", "step_02", "step_03"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "contract.json",
+        "step_01",
+        "step_02",
+        "step_03",
+    ]
 
 
 def test_batch_size_changes_only_float_noise(extracted, tuned, tmp_path):

@@ -181,7 +181,7 @@ def test_pal_pixels_caches_every_listed_image_or_writes_the_marker(tmp_path):
     assert len(rels) == 6  # 2 classes of 2 + 1 (the reader drops the smallest)
     one = pparams.DataParams(dataset="food101", root=str(root), per_class=1)
     assert len(listed_images(one)) == 4  # data.per_class: 1 of each class and split
-    assert sorted(p.name for p in out.iterdir()) == [FILE]
+    assert sorted(p.name for p in out.iterdir()) == ["contract.json", FILE]
     with h5py.File(out / FILE) as f:
         assert f["paths"].asstr()[()].tolist() == sorted(rels)
     cache = open_pixels(out)
@@ -195,7 +195,7 @@ def test_pal_pixels_caches_every_listed_image_or_writes_the_marker(tmp_path):
     off = _params(tmp_path / "off.yaml", root, hub, enabled=False)
     result = CliRunner().invoke(cli, ["--params", str(off), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == [OFF_MARKER]
+    assert sorted(p.name for p in out.iterdir()) == ["contract.json", OFF_MARKER]
     assert (out / OFF_MARKER).read_bytes() == b""
     assert open_pixels(out) is None
     shutil.rmtree(out)

@@ -53,11 +53,22 @@ def test_checkpoints_log_and_frozen_earlier_slices(tuned):
     }  # no timings: same inputs, same bytes
     assert all(e["recon"] > 0 for e in lines)
     assert sorted(p.name for p in out.iterdir()) == [
+        "contract.json",
         "log.jsonl",
         "step_01.pt",
         "step_02.pt",
         "step_03.pt",
     ]
+    from pipeline.contracts import read_versions
+
+    made_under = json.loads((out / "contract.json").read_text())
+    version = read_versions().versions
+    assert made_under == {  # the output records its contract (DESIGN §2)
+        "stage": "tune",
+        "version": version["tune"],
+        "method": "pal",
+        "method_version": version["tune.pal"],
+    }
     assert not out.with_name("tune.partial").exists()
     timings = [
         json.loads(x) for x in (out.parent / "timings.jsonl").read_text().splitlines()
@@ -190,6 +201,7 @@ def test_stale_steps_of_a_longer_run_are_removed(tuned, tmp_path):
     (again / "step_07.pt").write_bytes(b"from a run with 7 tasks")
     _run(params, prepare, again)
     assert sorted(p.name for p in again.iterdir()) == [
+        "contract.json",
         "log.jsonl",
         "step_01.pt",
         "step_02.pt",

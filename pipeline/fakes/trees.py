@@ -1,6 +1,7 @@
 """Stand-ins for the real downloads, laid out exactly as they are: a ViLT in
 the hub's `dandelin/vilt-b32-mlm` layout (random weights, tiny or at
-ViLT-B/32's sizes) and a UPMC-Food101 tree of photo-sized JPEGs.
+ViLT-B/32's sizes), a UPMC-Food101 tree and an N24News tree of photo-sized
+JPEGs.
 
 For rehearsals of a real run (bench/rehearsal.py, bench/gpu_check.py) and the
 tests; no stage imports this module. Needs only the runtime packages (torch,
@@ -200,3 +201,34 @@ def make_food101_tree(
         for job in jobs:
             _save_photo(job)
     return len(jobs)
+
+
+def make_n24news_tree(root: Path, sections: int, per_split: dict[str, int]) -> int:
+    """N24News as released: news/nytimes_{train,dev,test}.json (article
+    records with `section`, `headline`, `abstract`, `caption`, `body` and
+    `image_id`) and imgs/<image_id>.jpg of the photo mix. `per_split` gives
+    the articles per section and split. Returns the number of photos."""
+    rng = np.random.default_rng(0)
+    (root / "news").mkdir(parents=True)
+    k = 0
+    for split, count in per_split.items():
+        items = []
+        for s in range(sections):
+            for _ in range(count):
+                image_id = f"img{k:05d}"
+                words = " ".join(rng.choice(TITLE_WORDS, 8))
+                items.append(
+                    {
+                        "section": f"Section {s:02d}",
+                        "headline": words,
+                        "abstract": f"abstract {words}",
+                        "caption": f"caption {image_id}",
+                        "body": f"body {words}",
+                        "image_id": image_id,
+                        "image_url": "http://example.invalid/x.jpg",
+                    }
+                )
+                _save_photo((root / "imgs" / f"{image_id}.jpg", SIZES[k % 6], k))
+                k += 1
+        (root / "news" / f"nytimes_{split}.json").write_text(json.dumps(items))
+    return k

@@ -41,6 +41,7 @@ from palcore.params import (
 )
 from palcore.paramsfile import read_params_file
 from palcore.variants import pipeline_variants
+from pipeline.contract_code import guard_problem
 from pipeline.params import SECTIONS, DataParams, ModelParams, PromptParams
 from pipeline.sections import KNOWN_SECTIONS, PARAM_CLASSES
 
@@ -219,6 +220,8 @@ def check_all(
     """Every check of `pal check` on the params file at `path`, from the
     current folder (a project's root): (problems, summary lines)."""
     problems = check_params(path)
+    guard = guard_problem()  # the cached features' code (DESIGN §2)
+    problems += [f"contracts: {guard}"] if guard else []
     summary: list[str] = []
     seen: set[str] = set()
     for pipeline_file in (Path("dvc.yaml"), Path("ablation/dvc.yaml")):

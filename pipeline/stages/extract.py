@@ -40,6 +40,7 @@ from palcore.errors import PalError
 from palcore.outputs import step_of_name
 from palcore.params import Source, outcome_record
 from pipeline import params as pparams
+from pipeline.contracts import prompt_method, write_stamp
 from pipeline.data.loader import legacy_path
 from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
@@ -157,6 +158,7 @@ def extract(
     _finish(partial, out, steps, ready, names, device)
     if rank == 0:
         _remove_other_layouts(out, steps, world, tasks.n_tasks)
+        write_stamp(out, "extract", prompt_method(ckpts[steps[0]]["params"]["prompt"]))
     return [out / step_dir_name(step) for step in steps]
 
 

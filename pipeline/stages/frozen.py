@@ -43,6 +43,7 @@ from palcore.cliutil import clean_errors, folder_option, params_option
 from palcore.codes import Missing
 from palcore.params import Source, section_value
 from pipeline import params as pparams
+from pipeline.contracts import write_stamp
 from pipeline.data.listing import listed
 from pipeline.data.loader import SampleDataset, legacy_path, make_loader
 from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
@@ -180,3 +181,4 @@ def cli(params_file: str, out: str, pixels: str | None) -> None:
     device = section_value(source, "extract", "device") or "auto"
     workers = section_value(source, "extract", "num_workers") or 0
     frozen(data_p, model_p, out, device, int(workers), pixels)
+    write_stamp(Path(out), "frozen")

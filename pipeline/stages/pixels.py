@@ -31,6 +31,7 @@ from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.errors import PalError
 from palcore.params import Source, section_value
 from pipeline import params as pparams
+from pipeline.contracts import write_stamp
 from pipeline.data.datasets import FileIndex, read_dataset
 from pipeline.data.listing import per_class
 from pipeline.data.pixel_cache import FILE, OFF_MARKER, write_cache
@@ -138,3 +139,4 @@ def cli(params_file: Source, out: str) -> None:
     if backbone is None:
         raise PalError(f"{params_file.path}: model.backbone is not set")
     pixels(params, _data_params(params_file), str(backbone), out)
+    write_stamp(Path(out), "pixels")

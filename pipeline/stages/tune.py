@@ -27,6 +27,7 @@ import torch
 from palcore.cliutil import clean_errors, file_option, folder_option, run_params_option
 from palcore.outputs import write_bytes_atomic
 from pipeline import params as pparams
+from pipeline.contracts import prompt_method, write_stamp
 from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
 from pipeline.data.samples import (
     Sample,
@@ -115,6 +116,7 @@ def tune(
         _write_log(partial.path, entries)
         log.info("step %d done: %s (%s)", task, path.name, digest[:12])
     _finish(out, partial, tasks.n_tasks)
+    write_stamp(out, "tune", prompt_method(prompt_p))
     log.info("wrote %s (%d steps)", out, tasks.n_tasks)
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**30

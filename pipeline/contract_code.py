@@ -1,0 +1,188 @@
+"""The code an output contract covers, and its record (DESIGN §2).
+
+A *unit* is a contracted stage (`tune`: its import closure without the method
+modules) or a stage's method (`tune.pal`: the method modules that
+`pipeline.methods.pal` imports, transitively). `contracts.lock` holds each
+unit's version and the sha256 of the code of each of its files as last
+verified by `pal contracts verify`; code means a file's lines without
+comments, trailing spaces and blank lines, so a comment edit is no change.
+`guard_problem` is the workspace's check of the code against that record
+(`pal contracts stamp`, the dvc.yaml stage upstream of the contracted ones,
+and `pal check`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tokenize
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, get_args
+
+from palcore.outputs import write_bytes_atomic
+from pipeline.contracts import (
+    METHOD_STAGES,
+    RECORD_FILE,
+    ROOT,
+    STAGES,
+    VERSIONS_FILE,
+    ContractError,
+    read_versions,
+)
+
+
+def method_names() -> tuple[str, ...]:
+    """The prompt methods (`prompt.method`), in `MethodName`'s order."""
+    from pipeline.params import MethodName
+
+    return get_args(MethodName)
+
+
+def stage_module(stage: str) -> str:
+    return f"pipeline.stages.{stage}"
+
+
+def method_module(method: str) -> str:
+    return f"pipeline.methods.{method}"
+
+
+def method_file(method: str) -> str:
+    return f"pipeline/methods/{method}.py"
+
+
+def _closure(module: str, root: Path) -> list[str]:
+    from pipeline.stages.resume import code_closure
+
+    return [p.relative_to(root).as_posix() for p in code_closure(module, root)]
+
+
+def unit_files(root: Path = ROOT) -> dict[str, list[str]]:
+    """Each unit's code files, relative to `root`: a stage's import closure
+    (for tune and extract without the method modules), and per method of
+    tune and extract the method modules its own closure holds (RebQ builds
+    on PAL's module, DualPrompt on L2P's)."""
+    own = {method_file(m) for m in method_names()}
+    units: dict[str, list[str]] = {}
+    for stage in STAGES:
+        files = _closure(stage_module(stage), root)
+        if stage not in METHOD_STAGES:
+            units[stage] = files
+            continue
+        units[stage] = [f for f in files if f not in own]
+        for method in method_names():
+            units[f"{stage}.{method}"] = _method_closure(method, root)
+    return units
+
+
+def _method_closure(method: str, root: Path) -> list[str]:
+    """The method modules that method `method`'s module imports, transitively
+    (not through `pipeline.methods`' registry, which imports them all)."""
+    from pipeline.stages.resume import imported_modules
+
+    names = {f"pipeline.methods.{m}": m for m in method_names()}
+    seen, todo = set(), [method]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = root / method_file(name)
+        found = imported_modules(path, method_module(name), root)
+        todo.extend(names[m] for m in found if m in names)
+    return sorted(method_file(m) for m in seen)
+
+
+def watched_files(root: Path = ROOT) -> list[str]:
+    """Every file of every unit: what the `contracts` stage depends on."""
+    return sorted({f for files in unit_files(root).values() for f in files})
+
+
+def code_digest(path: Path) -> str:
+    """sha256 of a Python file's code: its lines without comments and trailing
+    spaces, blank lines dropped. Comments are found by Python's tokenizer, so
+    a `#` inside a string is code."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError) as err:
+        raise ContractError(f"{path}: not Python the tokenizer reads ({err})") from err
+    for tok in reversed(tokens):  # from the end: earlier columns stay valid
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            lines[row - 1] = lines[row - 1][:col]
+    kept = [line.rstrip() for line in lines if line.strip()]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()
+
+
+def read_record(root: Path = ROOT) -> dict[str, Any]:
+    """contracts.lock: {"files": {path: code sha256}, "units": {unit:
+    {"version": N, "files": [path, ...]}}}; empty when there is none."""
+    path = root / RECORD_FILE
+    if not path.is_file():
+        return {"files": {}, "units": {}}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ContractError(f"{path}: damaged ({err}); `git checkout` it") from err
+    if not isinstance(record, dict) or set(record) != {"files", "units"}:
+        raise ContractError(f"{path}: not a contracts record; `git checkout` it")
+    return record
+
+
+def current_record(root: Path = ROOT, units: list[str] | None = None) -> dict:
+    """The record of the code as it is now, for `units` (default: all)."""
+    versions = read_versions(root)
+    files = unit_files(root)
+    chosen = sorted(files) if units is None else units
+    return {
+        "files": {f: code_digest(root / f) for u in chosen for f in files[u]},
+        "units": {u: {"version": versions.of(u), "files": files[u]} for u in chosen},
+    }
+
+
+def changed_units(root: Path = ROOT) -> dict[str, list[str]]:
+    """Units whose code or version differs from contracts.lock → the files
+    that differ (new, changed or gone; [] when only the version moved)."""
+    record = read_record(root)
+    now = current_record(root)
+    out = {}
+    for unit, entry in now["units"].items():
+        held = record["units"].get(unit)
+        if held is None:
+            out[unit] = list(entry["files"])
+            continue
+        files = set(entry["files"]) | set(held.get("files", []))
+        moved = sorted(
+            f
+            for f in files
+            if f not in entry["files"]
+            or f not in held.get("files", [])
+            or record["files"].get(f) != now["files"][f]
+        )
+        if moved or held.get("version") != entry["version"]:
+            out[unit] = moved
+    return out
+
+
+def guard_problem(root: Path = ROOT) -> str | None:
+    """One line when the code of some unit differs from contracts.lock (the
+    features in the cache were not made by it), else None."""
+    changed = changed_units(root)
+    if not changed:
+        return None
+    files = sorted({f for fs in changed.values() for f in fs})
+    where = ", ".join(files) if files else f"versions in {VERSIONS_FILE}"
+    return (
+        f"the code of {', '.join(sorted(changed))} differs from what its output "
+        f"contract was verified with ({where}): `pal contracts verify` proves "
+        f"the outputs unchanged and records it; a change meant to move outputs "
+        f"raises those versions in {VERSIONS_FILE} first (DESIGN §2)"
+    )
+
+
+def write_record(record: Mapping[str, Any], root: Path = ROOT) -> None:
+    text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+    write_bytes_atomic(root / RECORD_FILE, text.encode())

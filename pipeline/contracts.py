@@ -1,0 +1,110 @@
+"""Output contracts: what keys the outputs of the expensive stages (DESIGN §2).
+
+`pixels`, `frozen`, `tune` and `extract` take hours on a GPU for a real
+dataset. dvc.yaml keys them on their data, the backbone, the params that can
+change their output and a *contract*, not on the bytes of their code: a version
+number per stage and, for tune and extract, one per prompt method
+(`contracts.yaml`). A refactor that moves no output byte keeps every version,
+so no researcher's features are discarded for it; a change that moves output
+bytes raises the versions of exactly the stages and methods it changes.
+
+The code each contract covers and its record (`contracts.lock`) are
+`pipeline.contract_code`'s; `pal contracts verify` proves a change of code
+on a tiny fixture (`pipeline.stages.contract_runs`). The `contracts` stage
+(`pal contracts stamp`, upstream of the four) stops `dvc repro` with one
+line when the workspace's code differs from the record, and writes one
+stamp per stage and variant (`data/contracts/tune/pal.json`): the versions
+that variant's output is made under. The contracted stages depend on their
+stamp, and write the same record into their output folder (`contract.json`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from palcore.errors import PalError
+from palcore.outputs import write_bytes_atomic
+
+ROOT = Path(__file__).resolve().parents[1]  # the folder holding the packages
+STAGES = ("pixels", "frozen", "tune", "extract")
+METHOD_STAGES = ("tune", "extract")  # stages whose output depends on the method
+VERSIONS_FILE = "contracts.yaml"
+RECORD_FILE = "contracts.lock"
+STAMP_NAME = "contract.json"  # in each contracted output folder
+
+
+class ContractError(PalError):
+    """The code differs from what its contract was verified with, or the
+    contract files are damaged."""
+
+
+@dataclass(frozen=True)
+class Versions:
+    """contracts.yaml: each unit's version and the stated reasons of bumps
+    whose outputs are byte-identical (`"tune.pal@2": why`)."""
+
+    versions: dict[str, int]
+    reasons: dict[str, str]
+
+    def of(self, unit: str) -> int:
+        if unit not in self.versions:
+            raise ContractError(f"{VERSIONS_FILE}: no version for '{unit}'")
+        return self.versions[unit]
+
+
+def parse_versions(text: str, where: str = VERSIONS_FILE) -> Versions:
+    import yaml
+
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ContractError(f"{where}: not valid YAML") from None
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("versions"), Mapping):
+        raise ContractError(f"{where}: expected a mapping 'versions: {{unit: N}}'")
+    versions = dict(raw["versions"])
+    for unit, value in versions.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ContractError(f"{where}: versions.{unit} must be a whole number ≥ 1")
+    reasons = dict(raw.get("reasons") or {})
+    return Versions(versions, {str(k): str(v) for k, v in reasons.items()})
+
+
+def read_versions(root: Path = ROOT) -> Versions:
+    path = root / VERSIONS_FILE
+    if not path.is_file():
+        raise ContractError(f"{path}: not found (the output contracts, DESIGN §2)")
+    return parse_versions(path.read_text(encoding="utf-8"), str(path))
+
+
+def stamp(stage: str, method: str | None, versions: Versions) -> dict[str, Any]:
+    """The contract an output of `stage` made with prompt method `method`
+    (None: no prompts, or a stage without methods) is made under."""
+    out: dict[str, Any] = {"stage": stage, "version": versions.of(stage)}
+    if stage in METHOD_STAGES:
+        out["method"] = method
+        out["method_version"] = (
+            None if method is None else versions.of(f"{stage}.{method}")
+        )
+    return out
+
+
+def stamp_bytes(record: Mapping[str, Any]) -> bytes:
+    return (json.dumps(record, sort_keys=True) + "\n").encode()
+
+
+def write_stamp(out: Path, stage: str, method: str | None = None) -> None:
+    """`contract.json` in output folder `out`: the contract it was made under."""
+    record = stamp(stage, method, read_versions())
+    write_bytes_atomic(Path(out) / STAMP_NAME, stamp_bytes(record))
+
+
+def prompt_method(prompt: Any) -> str | None:
+    """The method whose code makes a variant's output (`prompt` params, or
+    their record in a checkpoint); None without prompts."""
+    if isinstance(prompt, Mapping):
+        return prompt.get("method", "pal") if prompt.get("enabled", True) else None
+    return prompt.method if prompt.enabled else None

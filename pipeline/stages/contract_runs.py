@@ -1,0 +1,349 @@
+"""The fixture that proves a contract: the contracted stages run on tiny data
+with two versions of the code, outputs compared byte for byte (DESIGN §2).
+
+The inputs are built once, by the newer code: the demo's dataset and tiny
+ViLT, a UPMC-Food101 tree and an N24News tree (both readers of the paper's
+data), and each dataset's prepare folder. Then the newer code runs every
+selected job, its pixels, frozen and tune outputs becoming the inputs of the
+later jobs, and the older code runs the same jobs on those same inputs. Each
+version reads its own `params.yaml` with the fixture's sizes laid over it, and
+runs in a process of its own (`PYTHONPATH` at its tree, through the `pal`
+command group only, so the driver does not depend on either version's
+internals).
+
+The jobs reach every method, the frozen variant, the pixel cache on and off
+(images decoded by the loader), a tune killed after its first step and
+resumed, and a 2-rank extract. `Job.units` names the contract units a job's
+output depends on, so a difference is blamed on the units that changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.contracts import STAMP_NAME
+
+DATASETS = ("demo", "food101", "n24news")
+VARIANTS = {  # variant (a row of params' `ablation`) → its prompt method
+    "pal": "pal",
+    "frozen": None,
+    "map": "map",
+    "msp": "msp",
+    "rebq": "rebq",
+    "l2p": "l2p",
+    "dualprompt": "dualprompt",
+}
+FIXTURE: dict[str, dict[str, Any]] = {  # laid over each version's params.yaml
+    "demo": {
+        "seed": 0,
+        "n_classes": 4,
+        "train_per_class": 8,
+        "test_per_class": 4,
+        "pretrain_steps": 20,
+    },
+    "data": {"tasks": 2, "missing_type": "both", "missing_rate": 0.5, "seed": 0},
+    "pixels": {"enabled": True, "workers": 1},
+    "prompt": {"pool_size": 4, "length": 4, "layers": [0, 1]},
+    "tune": {"epochs": 1, "batch_size": 4, "device": "cpu"},
+    "extract": {"batch_size": 16, "device": "cpu", "processes": 1},
+}
+DATA = {  # per dataset: its `data` keys (root relative to the inputs)
+    "demo": {"dataset": "demo", "root": "demo/dataset"},
+    "food101": {"dataset": "food101", "root": "food101"},
+    "n24news": {"dataset": "n24news", "root": "n24news"},
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One command of the fixture: `args` after `pal` ({in} and {out} and
+    {params:NAME} filled in per version), the units its output depends on."""
+
+    name: str
+    args: tuple[str, ...]
+    units: frozenset[str]
+    needs: tuple[str, ...] = ()  # jobs whose newer-code output it reads
+    kill_after: str | None = None  # a file in <out>.partial: kill, then rerun
+    params: str = "demo"
+
+
+def jobs() -> list[Job]:
+    """Every job of the fixture, inputs before the jobs that read them."""
+    out: list[Job] = []
+    for ds in DATASETS:
+        out.append(Job(f"pixels/{ds}", ("pixels",), frozenset({"pixels"}), params=ds))
+    out.append(
+        Job("pixels/demo-off", ("pixels",), frozenset({"pixels"}), params="demo-off")
+    )
+    for ds in DATASETS:
+        out.append(
+            Job(
+                f"frozen/{ds}",
+                ("frozen", "--pixels", f"{{job:pixels/{ds}}}"),
+                frozenset({"frozen"}),
+                needs=(f"pixels/{ds}",),
+                params=ds,
+            )
+        )
+    out.append(Job("frozen/demo-decode", ("frozen",), frozenset({"frozen"})))
+    cached = ("--pixels", "{job:pixels/demo}", "--frozen", "{job:frozen/demo}")
+    inputs = ("pixels/demo", "frozen/demo")
+    for variant, method in VARIANTS.items():
+        units = {"tune"} | ({f"tune.{method}"} if method else set())
+        args = (
+            "tune",
+            "--run",
+            "0",
+            "--variant",
+            variant,
+            "--prepare",
+            "{prepare:demo}",
+            *cached,
+        )
+        out.append(Job(f"tune/{variant}", args, frozenset(units), inputs))
+    pal = ("tune", "--run", "0", "--variant", "pal", "--prepare", "{prepare:demo}")
+    out.append(Job("tune/pal-decode", pal, frozenset({"tune", "tune.pal"})))
+    out.append(
+        Job(
+            "tune/pal-resume",
+            (*pal, *cached),
+            frozenset({"tune", "tune.pal"}),
+            inputs,
+            kill_after="step_01.pt",
+        )
+    )
+    for variant, method in VARIANTS.items():
+        units = {"extract"} | ({f"extract.{method}"} if method else set())
+        args = (
+            "extract",
+            "--variant",
+            variant,
+            "--prepare",
+            "{prepare:demo}",
+            "--tune",
+            f"{{job:tune/{variant}}}",
+            *cached,
+        )
+        out.append(
+            Job(
+                f"extract/{variant}",
+                args,
+                frozenset(units),
+                (*inputs, f"tune/{variant}"),
+            )
+        )
+    two = (
+        "extract",
+        "--variant",
+        "pal",
+        "--prepare",
+        "{prepare:demo}",
+        "--tune",
+        "{job:tune/pal}",
+        *cached,
+    )
+    out.append(
+        Job(
+            "extract/pal-2rank",
+            two,
+            frozenset({"extract", "extract.pal"}),
+            (*inputs, "tune/pal"),
+            params="demo-2rank",
+        )
+    )
+    return out
+
+
+def selected(units: Iterable[str]) -> list[Job]:
+    """The jobs whose output depends on one of `units`."""
+    wanted = set(units)
+    return [job for job in jobs() if job.units & wanted]
+
+
+def build_inputs(code: Path, where: Path) -> None:
+    """The demo (through the newer code's `pal demo`), the two real layouts'
+    trees and every dataset's prepare folder, in `where`."""
+    from pipeline.fakes.trees import make_food101_tree, make_n24news_tree
+
+    where.mkdir(parents=True, exist_ok=True)
+    make_food101_tree(where / "food101", classes=5, train=3, test=2)
+    make_n24news_tree(where / "n24news", 4, {"train": 3, "dev": 1, "test": 2})
+    params = write_params(code, where, where / "params")
+    _pal(code, where, ["demo", "--params", str(params["demo"]), "--out", "demo"])
+    for ds in DATASETS:
+        _pal(
+            code,
+            where,
+            [
+                "prepare",
+                "--params",
+                str(params[ds]),
+                "--run",
+                "0",
+                "--out",
+                f"prepare/{ds}",
+            ],
+        )
+
+
+def write_params(code: Path, inputs: Path, folder: Path) -> dict[str, Path]:
+    """One params file per dataset (and the pixel-cache-off and 2-rank
+    variants of the demo's): `code`'s params.yaml with the fixture laid over."""
+    base = yaml.safe_load((code / "params.yaml").read_text(encoding="utf-8"))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    names = {**{ds: ds for ds in DATASETS}, "demo-off": "demo", "demo-2rank": "demo"}
+    for name, ds in names.items():
+        raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
+        for section, values in FIXTURE.items():
+            raw[section] = {**raw.get(section, {}), **values}
+        data = dict(DATA[ds], root=str(inputs / DATA[ds]["root"]))
+        raw["data"] = {**raw["data"], **data, "per_class": None}
+        raw["model"] = {**raw["model"], "backbone": str(inputs / "demo" / "vilt")}
+        if name == "demo-off":
+            raw["pixels"]["enabled"] = False
+        if name == "demo-2rank":
+            raw["extract"]["processes"] = 2
+        paths[name] = folder / f"{name}.yaml"
+        paths[name].write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return paths
+
+
+def _env(code: Path) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(code), HF_HUB_OFFLINE="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _pal(code: Path, cwd: Path, args: list[str]) -> None:
+    cmd = [sys.executable, "-m", "pipeline", *args]
+    done = subprocess.run(cmd, cwd=cwd, env=_env(code), capture_output=True, text=True)
+    if done.returncode:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        raise RuntimeError(f"pal {' '.join(args[:1])} failed: {' '.join(tail)}")
+
+
+@dataclass
+class Version:
+    """One version of the code: its tree and where its jobs write."""
+
+    code: Path
+    work: Path
+    params: dict[str, Path] = field(default_factory=dict)
+
+    def resolve(self, job: Job, inputs: Path, newer: Version) -> list[str]:
+        """The job's command line for this version (inputs from `newer`)."""
+        out = []
+        for arg in job.args:
+            if arg.startswith("{job:"):
+                arg = str(newer.work / arg[5:-1])
+            elif arg.startswith("{prepare:"):
+                arg = str(inputs / "prepare" / arg[9:-1])
+            out.append(arg)
+        return [
+            *out,
+            "--params",
+            str(self.params[job.params]),
+            "--out",
+            str(self.work / job.name),
+        ]
+
+
+DRIVER = r"""
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+from pipeline.cli import main
+
+for job in json.loads(Path(sys.argv[1]).read_text()):
+    args, kill = job["args"], job["kill_after"]
+    if kill:  # a run killed after its first step, then resumed in-process
+        out = Path(args[args.index("--out") + 1])
+        partial = out.with_name(out.name + ".partial") / kill
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args])
+        while proc.poll() is None and not partial.exists():
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+    try:
+        main(args, standalone_mode=False)
+    except SystemExit as exc:
+        if exc.code:
+            sys.exit(f"{job['name']}: exit {exc.code}")
+    except Exception as exc:
+        sys.exit(f"{job['name']}: {exc}")
+"""
+
+
+def run_version(
+    version: Version, todo: list[Job], inputs: Path, newer: Version, cover: Path | None
+) -> None:
+    """Run `todo` with `version`'s code in one driver process (under
+    coverage.py, subprocesses too, when `cover` is a data file)."""
+    version.work.mkdir(parents=True, exist_ok=True)
+    version.params = write_params(version.code, inputs, version.work / "params")
+    listing = [
+        {
+            "name": j.name,
+            "args": version.resolve(j, inputs, newer),
+            "kill_after": j.kill_after,
+        }
+        for j in todo
+    ]
+    (version.work / "jobs.json").write_text(json.dumps(listing))
+    (version.work / "driver.py").write_text(DRIVER)
+    cmd = [
+        sys.executable,
+        str(version.work / "driver.py"),
+        str(version.work / "jobs.json"),
+    ]
+    if cover is not None:
+        rc = version.work / "coveragerc"
+        rc.write_text(
+            "[run]\nparallel = True\npatch = subprocess\n"
+            f"data_file = {cover}\nsource = {version.code}\n"
+        )
+        cmd[1:1] = ["-m", "coverage", "run", f"--rcfile={rc}"]
+    log = version.work / "driver.log"
+    with log.open("w") as f:
+        done = subprocess.run(
+            cmd,
+            cwd=version.work,
+            env=_env(version.code),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    if done.returncode:
+        last = log.read_text(errors="replace").strip().splitlines()[-1:]
+        raise RuntimeError(
+            f"{version.code}: the fixture failed: {' '.join(last)} ({log})"
+        )
+
+
+def differences(a: Path, b: Path) -> list[str]:
+    """Files of output folder `a` and `b` that differ (names or bytes); the
+    contract stamps are left out (a bump changes them by definition)."""
+
+    def files(root: Path) -> dict[str, Path]:
+        if not root.exists():
+            return {}
+        return {
+            p.relative_to(root).as_posix(): p
+            for p in root.rglob("*")
+            if p.is_file() and p.name != STAMP_NAME
+        }
+
+    fa, fb = files(a), files(b)
+    odd = sorted(set(fa) ^ set(fb))
+    odd += sorted(
+        n for n in set(fa) & set(fb) if fa[n].read_bytes() != fb[n].read_bytes()
+    )
+    return odd

@@ -1,0 +1,259 @@
+"""The output contracts of pixels, frozen, tune and extract (DESIGN §2).
+
+The record: contracts.lock holds the code that every unit's contract was
+verified with, and equals the code of the tree. The guard: a code edit that
+the record does not hold stops `pal contracts stamp` (the dvc.yaml stage) and
+`pal check` with one line; a comment edit does not. The proof: `pal contracts
+verify` runs each unit whose code differs from the commit that set its
+version on a tiny fixture, with both versions of the code, and compares the
+outputs byte for byte; on scratch clones of the project, a change of output
+without a raised version fails, with it passes, a pure refactor passes, and
+a raised version whose outputs are identical fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import committed_params
+
+from pipeline import contract_code as code
+from pipeline.contracts import STAGES, read_versions
+from pipeline.stages import contract_runs as runs
+from pipeline.stages import contracts as guard
+
+ROOT = Path(__file__).resolve().parents[1]
+PAL = ROOT / "pipeline" / "methods" / "pal.py"
+JOINT = "return backbone.encode(h, mask, prompts)[:, 0].float()"
+GIT = dict(
+    GIT_AUTHOR_NAME="t",
+    GIT_AUTHOR_EMAIL="t@example.com",
+    GIT_COMMITTER_NAME="t",
+    GIT_COMMITTER_EMAIL="t@example.com",
+)
+
+
+def test_the_record_holds_the_code_of_this_tree() -> None:
+    """contracts.lock is what `pal contracts verify` wrote for this code: no
+    unit differs (else the guard stops every `dvc repro`)."""
+    assert code.changed_units() == {}
+    record = code.read_record()
+    assert set(record["units"]) == set(read_versions().versions)
+    assert set(record["files"]) == set(code.watched_files())
+
+
+def test_units_split_the_methods_from_their_stage() -> None:
+    files = code.unit_files()
+    assert set(files) == set(read_versions().versions)
+    methods = {f"pipeline/methods/{m}.py" for m in code.method_names()}
+    for stage in ("tune", "extract"):
+        assert not methods & set(files[stage])  # a method's edit: its unit only
+        assert f"pipeline/stages/{stage}.py" in files[stage]
+        assert files[f"{stage}.pal"] == ["pipeline/methods/pal.py"]
+        assert files[f"{stage}.rebq"] == [
+            "pipeline/methods/pal.py",
+            "pipeline/methods/rebq.py",
+        ]  # RebQ builds on PAL's module: a PAL fix reaches RebQ too
+        assert files[f"{stage}.dualprompt"] == [
+            "pipeline/methods/dualprompt.py",
+            "pipeline/methods/l2p.py",
+        ]
+    assert "pipeline/data/pixel_cache.py" in files["pixels"]
+    assert "solver/shards.py" in files["extract"]  # the shard format it writes
+    assert "pipeline/model/queries.py" in files["frozen"]
+
+
+def test_code_digest_leaves_out_comments_and_blank_lines(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text('x = 1  # one\ns = "# not a comment"\n')
+    b.write_text('# a header\n\nx = 1\ns = "# not a comment"   \n\n')
+    c.write_text('x = 1\ns = "# not a comment!"\n')
+    assert code.code_digest(a) == code.code_digest(b)
+    assert code.code_digest(a) != code.code_digest(c)  # a string is code
+
+
+def _copy(tmp_path: Path) -> Path:
+    """The project's packages and contract files, copied."""
+    for package in ("palcore", "pipeline", "solver"):
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc")
+        )
+    for name in ("contracts.yaml", "contracts.lock", "params.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    return tmp_path
+
+
+def test_the_guard_names_changed_code_and_passes_comments(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    pal = root / "pipeline" / "methods" / "pal.py"
+    pal.write_text(pal.read_text() + "\n# a note on the method\n")
+    assert code.guard_problem(root) is None  # a comment: no change of code
+    pal.write_text(pal.read_text().replace(JOINT, JOINT + " * 1.001"))
+    assert code.guard_problem(root) == (
+        "the code of extract.pal, extract.rebq, tune.pal, tune.rebq differs from "
+        "what its output contract was verified with (pipeline/methods/pal.py): "
+        "`pal contracts verify` proves the outputs unchanged and records it; a "
+        "change meant to move outputs raises those versions in contracts.yaml "
+        "first (DESIGN §2)"
+    )
+    errors = root / "palcore" / "errors.py"
+    errors.write_text(errors.read_text() + "\nX = 1\n")
+    pal_units = {"tune.pal", "tune.rebq", "extract.pal", "extract.rebq"}
+    assert set(code.changed_units(root)) == set(STAGES) | pal_units  # not map's
+
+
+def test_stamps_name_each_variants_contract(tmp_path: Path) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    written = guard.write_stamps(str(params), tmp_path / "out")
+    rows = committed_params()["ablation"]
+    assert len(written) == 2 + 2 * len(rows)
+    v = read_versions().versions
+    for stage in ("tune", "extract"):
+        pal = json.loads((tmp_path / "out" / stage / "pal.json").read_text())
+        assert pal == {
+            "stage": stage,
+            "version": v[stage],
+            "method": "pal",
+            "method_version": v[f"{stage}.pal"],
+        }
+        frozen = json.loads((tmp_path / "out" / stage / "frozen.json").read_text())
+        assert frozen["method"] is None and frozen["method_version"] is None
+        l2p = json.loads((tmp_path / "out" / stage / "l2p.json").read_text())
+        assert l2p["method"] == "l2p"
+    pixels = json.loads((tmp_path / "out" / "pixels.json").read_text())
+    assert pixels == {"stage": "pixels", "version": v["pixels"]}
+
+
+def test_the_fixture_reaches_every_unit() -> None:
+    """Each unit has jobs; every method, the frozen variant, the pixel cache
+    off, a resumed tune, both real layouts and a 2-rank extract are there."""
+    jobs = runs.jobs()
+    for unit in read_versions().versions:
+        assert runs.selected([unit]), unit
+    names = {j.name for j in jobs}
+    assert {"pixels/food101", "pixels/n24news", "pixels/demo-off"} <= names
+    assert {"tune/pal-resume", "tune/pal-decode", "extract/pal-2rank"} <= names
+    assert {f"tune/{v}" for v in runs.VARIANTS} <= names
+    assert [j.name for j in runs.selected(["tune.l2p"])] == ["tune/l2p"]
+    assert set(STAGES) == {j.name.split("/")[0] for j in jobs}
+
+
+@pytest.mark.slow
+def test_code_is_verified_against_each_contract() -> None:
+    """The guard of the project's own history: every unit whose code differs
+    from the commit that set its version makes the same outputs on the fixture
+    (and a raised version, other outputs): what `pal contracts verify` checks."""
+    outcome = guard.verify(ROOT)
+    assert outcome.problems == []
+
+
+# --- on scratch clones: what a developer meets ---------------------------------
+
+
+def _clone(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+    env = dict(os.environ, PYTHONPATH=str(repo), HF_HUB_OFFLINE="1", **GIT)
+    return repo, env
+
+
+def _commit(repo: Path, env: dict[str, str], message: str) -> None:
+    subprocess.run(["git", "commit", "-qam", message], cwd=repo, env=env, check=True)
+
+
+def _verify(repo: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "contracts", "verify", "--unit", "tune.pal"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
+def _edit(repo: Path, old: str, new: str) -> None:
+    pal = repo / "pipeline" / "methods" / "pal.py"
+    text = pal.read_text()
+    assert old in text
+    pal.write_text(text.replace(old, new))
+
+
+def _bump(repo: Path, unit: str) -> None:
+    path = repo / "contracts.yaml"
+    text = path.read_text()
+    assert f"  {unit}: 1\n" in text
+    path.write_text(text.replace(f"  {unit}: 1\n", f"  {unit}: 2\n"))
+
+
+@pytest.mark.slow
+def test_a_change_of_output_without_a_raised_version_fails(tmp_path: Path) -> None:
+    repo, env = _clone(tmp_path)
+    _edit(repo, JOINT, JOINT + " * 1.001")  # PAL's features scaled: other bytes
+    _commit(repo, env, "scale PAL's joint embedding")
+    done = _verify(repo, env)
+    assert done.returncode == 1
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: tune.pal: the outputs of the working tree differ")
+    assert "(tune/pal: step_01.pt, step_02.pt)" in line
+    assert line.endswith(
+        "under the same contract: raise versions.tune.pal in contracts.yaml"
+    )
+    # the same change with the version raised: the new outputs are version 2's
+    _bump(repo, "tune.pal")
+    _commit(repo, env, "tune.pal 2")
+    done = _verify(repo, env)
+    assert done.returncode == 0, done.stderr
+    assert "tune.pal: compared on 3 jobs" in done.stdout
+    record = json.loads((repo / "contracts.lock").read_text())
+    assert record["units"]["tune.pal"]["version"] == 2
+    assert code.changed_units(repo) == {
+        u: ["pipeline/methods/pal.py"] for u in ("extract.pal", "extract.rebq")
+    } | {"tune.rebq": ["pipeline/methods/pal.py"]}  # verified tune.pal alone
+
+
+def _head(repo: Path) -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True)
+    return out.stdout.decode().strip()
+
+
+@pytest.mark.slow
+def test_a_pure_refactor_passes_and_an_empty_bump_fails(tmp_path: Path) -> None:
+    repo, env = _clone(tmp_path)
+    before = _head(repo)  # the commit that set tune.pal's version
+    _edit(
+        repo,
+        "prompts = self(q_t, q_v, text_on=on, image_on=on)\n",
+        "chosen = self(q_t, q_v, text_on=on, image_on=on)\n",
+    )
+    _edit(
+        repo,
+        "return backbone.encode(h, mask, prompts)[:, 0]",
+        "return backbone.encode(h, mask, chosen)[:, 0]",
+    )
+    _commit(repo, env, "rename a local")
+    done = _verify(repo, env)
+    assert done.returncode == 0, done.stderr
+    assert "tune.pal: compared on 3 jobs" in done.stdout
+    # a raised version whose outputs are byte-identical is no contract change
+    _bump(repo, "tune.pal")
+    _commit(repo, env, "tune.pal 2 for a rename")
+    done = _verify(repo, env)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"Error: tune.pal: version raised to 2 at {_head(repo)[:10]} but its "
+        f"outputs equal {before[:10]}'s byte for byte: state why under reasons "
+        "('tune.pal@2: ...') in contracts.yaml, or keep the version"
+    )
+    path = repo / "contracts.yaml"
+    why = 'reasons:\n  "tune.pal@2": the checkpoints gain a field a later reader needs'
+    path.write_text(path.read_text().replace("reasons: {}", why))
+    _commit(repo, env, "state why")
+    done = _verify(repo, env)
+    assert done.returncode == 0, done.stderr
