@@ -117,29 +117,33 @@ def code_digest(path: Path) -> str:
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()
 
 
-def read_record(root: Path = ROOT) -> dict[str, Any]:
-    """contracts.lock: {"files": {path: code sha256}, "units": {unit:
-    {"version": N, "files": [path, ...]}}}; empty when there is none."""
+def read_record(root: Path = ROOT) -> dict[str, dict[str, Any]]:
+    """contracts.lock: {unit: {"version": N, "code": {path: code sha256}}};
+    empty when there is none."""
     path = root / RECORD_FILE
     if not path.is_file():
-        return {"files": {}, "units": {}}
+        return {}
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
         raise ContractError(f"{path}: damaged ({err}); `git checkout` it") from err
-    if not isinstance(record, dict) or set(record) != {"files", "units"}:
+    if not isinstance(record, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("code"), dict) for e in record.values()
+    ):
         raise ContractError(f"{path}: not a contracts record; `git checkout` it")
     return record
 
 
-def current_record(root: Path = ROOT, units: list[str] | None = None) -> dict:
+def current_record(
+    root: Path = ROOT, units: list[str] | None = None
+) -> dict[str, dict[str, Any]]:
     """The record of the code as it is now, for `units` (default: all)."""
     versions = read_versions(root)
     files = unit_files(root)
-    chosen = sorted(files) if units is None else units
+    digests = {f: code_digest(root / f) for fs in files.values() for f in fs}
     return {
-        "files": {f: code_digest(root / f) for u in chosen for f in files[u]},
-        "units": {u: {"version": versions.of(u), "files": files[u]} for u in chosen},
+        u: {"version": versions.of(u), "code": {f: digests[f] for f in files[u]}}
+        for u in (sorted(files) if units is None else units)
     }
 
 
@@ -147,22 +151,12 @@ def changed_units(root: Path = ROOT) -> dict[str, list[str]]:
     """Units whose code or version differs from contracts.lock → the files
     that differ (new, changed or gone; [] when only the version moved)."""
     record = read_record(root)
-    now = current_record(root)
     out = {}
-    for unit, entry in now["units"].items():
-        held = record["units"].get(unit)
-        if held is None:
-            out[unit] = list(entry["files"])
-            continue
-        files = set(entry["files"]) | set(held.get("files", []))
-        moved = sorted(
-            f
-            for f in files
-            if f not in entry["files"]
-            or f not in held.get("files", [])
-            or record["files"].get(f) != now["files"][f]
-        )
-        if moved or held.get("version") != entry["version"]:
+    for unit, entry in current_record(root).items():
+        held = record.get(unit, {"version": None, "code": {}})
+        now, then = entry["code"], held["code"]
+        moved = sorted(f for f in set(now) | set(then) if now.get(f) != then.get(f))
+        if moved or held["version"] != entry["version"]:
             out[unit] = moved
     return out
 

@@ -44,8 +44,9 @@ def test_the_record_holds_the_code_of_this_tree() -> None:
     unit differs (else the guard stops every `dvc repro`)."""
     assert code.changed_units() == {}
     record = code.read_record()
-    assert set(record["units"]) == set(read_versions().versions)
-    assert set(record["files"]) == set(code.watched_files())
+    assert set(record) == set(read_versions().versions)
+    files = {f for entry in record.values() for f in entry["code"]}
+    assert files == set(code.watched_files())
 
 
 def test_units_split_the_methods_from_their_stage() -> None:
@@ -164,6 +165,11 @@ def _clone(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return repo, env
 
 
+def _head(repo: Path) -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True)
+    return out.stdout.decode().strip()
+
+
 def _commit(repo: Path, env: dict[str, str], message: str) -> None:
     subprocess.run(["git", "commit", "-qam", message], cwd=repo, env=env, check=True)
 
@@ -195,15 +201,15 @@ def _bump(repo: Path, unit: str) -> None:
 @pytest.mark.slow
 def test_a_change_of_output_without_a_raised_version_fails(tmp_path: Path) -> None:
     repo, env = _clone(tmp_path)
+    before = _head(repo)  # the commit that set tune.pal's version
     _edit(repo, JOINT, JOINT + " * 1.001")  # PAL's features scaled: other bytes
     _commit(repo, env, "scale PAL's joint embedding")
     done = _verify(repo, env)
     assert done.returncode == 1
-    line = done.stderr.strip().splitlines()[-1]
-    assert line.startswith("Error: tune.pal: the outputs of the working tree differ")
-    assert "(tune/pal: step_01.pt, step_02.pt)" in line
-    assert line.endswith(
-        "under the same contract: raise versions.tune.pal in contracts.yaml"
+    assert done.stderr.strip().splitlines()[-1] == (
+        "Error: tune.pal: the outputs of the working tree differ from "
+        f"{before[:10]}'s (tune/pal: log.jsonl, step_01.pt, step_02.pt) under the "
+        "same contract: raise versions.tune.pal in contracts.yaml"
     )
     # the same change with the version raised: the new outputs are version 2's
     _bump(repo, "tune.pal")
@@ -212,15 +218,10 @@ def test_a_change_of_output_without_a_raised_version_fails(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     assert "tune.pal: compared on 3 jobs" in done.stdout
     record = json.loads((repo / "contracts.lock").read_text())
-    assert record["units"]["tune.pal"]["version"] == 2
+    assert record["tune.pal"]["version"] == 2
     assert code.changed_units(repo) == {
         u: ["pipeline/methods/pal.py"] for u in ("extract.pal", "extract.rebq")
     } | {"tune.rebq": ["pipeline/methods/pal.py"]}  # verified tune.pal alone
-
-
-def _head(repo: Path) -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True)
-    return out.stdout.decode().strip()
 
 
 @pytest.mark.slow

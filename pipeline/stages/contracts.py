@@ -378,8 +378,6 @@ def verify_cmd(
         raise con.ContractError("\n".join(outcome.problems))
     record = code.current_record(units=sorted(units) if units else None)
     if units:
-        held = code.read_record()
-        record["units"] = {**held["units"], **record["units"]}
-        record["files"] = {**held["files"], **record["files"]}
+        record = {**code.read_record(), **record}
     code.write_record(record)
     click.echo(f"verified: {code.RECORD_FILE} records the code of every unit checked")
