@@ -21,6 +21,11 @@ no dvc, no dev extras, no tests/ helpers. In order:
    new), each with its data wait and projections, and `pal-paper plan all`'s
    tunings and extractions for Food101 priced at each path's projected
    minutes.
+6. (`--parts contracts`) the output contracts' fixture (DESIGN §2,
+   `pipeline/stages/contract_runs.py`) on the card: the same code twice,
+   then an older tree (`--baseline`) on the same inputs, with the largest
+   absolute difference of each file that differs: whether bf16 and CUDA
+   graphs repeat their bytes, and what tolerance holds where they do not.
 
 After each part it rewrites `report.md` and `report.json` under --out (the
 logs of each part beside them), so a run cut short still leaves a report.
@@ -49,6 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import gpu_paths  # noqa: E402
 from gpu_parts import (  # noqa: E402
     cells_check,
+    contracts_check,
     gpu_tests,
     rehearsal_check,
     solver_check,
@@ -141,7 +147,7 @@ def versions() -> dict[str, Any]:
     return info
 
 
-PARTS = ("tests", "solver", "paths", "rehearsal", "cells")
+PARTS = ("tests", "solver", "paths", "rehearsal", "cells", "contracts")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -157,8 +163,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--parts", default="tests,solver,paths,rehearsal",
         help="comma-separated subset of tests, solver, paths, rehearsal, cells "
-        "(N tunes side by side on one card, after the rehearsal's new path)",
+        "(N tunes side by side on one card, after the rehearsal's new path), "
+        "contracts (the output contracts' fixture on the card, twice, and "
+        "against --baseline)",
     )  # fmt: skip
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="contracts: an older tree of the project (git archive COMMIT "
+        "palcore pipeline solver params.yaml contracts.yaml)",
+    )
+    ap.add_argument(
+        "--units",
+        help="contracts: only the jobs of these units (e.g. tune.pal,extract.pal); "
+        "default: every job",
+    )
     ap.add_argument(
         "--jobs", default="1,2,4",
         help="cells: the numbers of tunes run side by side, in order",
@@ -227,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     run_parts(a, parts, report, work, scale)
     print(render(report))
     failed = [p for p in ("tests", "solver", "paths", "rehearsal", "rehearsal_legacy",
-                          "cells")
+                          "cells", "contracts")
               if p in report and report[p]["exit"] not in (0, 5)]  # fmt: skip
     return 1 if failed else 0
 
@@ -274,6 +293,23 @@ def run_parts(
             f"-j {n}: {j['samples_per_s']} samples/s" for n, j in r["jobs"].items()
         ), flush=True)  # fmt: skip
         write_report(a.out, report)
+    if "contracts" in parts:
+        device = a.device
+        if device == "auto":
+            device = "cuda" if info_has_gpu() else "cpu"
+        units = a.units.split(",") if a.units else None
+        report["contracts"] = contracts_check(
+            a.out, work / "contracts", device, a.baseline, units
+        )
+        r = report["contracts"]
+        print(f"gpu_check: contracts: exit {r['exit']}, {r['wall_s']} s", flush=True)
+        write_report(a.out, report)
+
+
+def info_has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 if __name__ == "__main__":

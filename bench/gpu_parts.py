@@ -4,6 +4,7 @@ run of PAL (bench/rehearsal.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -179,3 +180,100 @@ def _tune_copy(tune: list[str], name: str) -> list[str]:
     cmd = list(tune)
     cmd[cmd.index("--out") + 1] = f"data/tune-{name}"
     return [*cmd, "--timings", f"logs/tune-{name}.jsonl"]
+
+
+def contracts_check(
+    out: Path, work: Path, device: str, baseline: Path | None, units: list[str] | None
+) -> dict[str, Any]:
+    """The output contracts' fixture on `device` (DESIGN §2): the same code
+    twice (does the card repeat its bytes?) and, given `baseline` (an older
+    tree: `git archive COMMIT palcore pipeline solver params.yaml
+    contracts.yaml | tar -x -C DIR`), the older code once on the same inputs.
+    Where bytes differ, the largest absolute difference of each differing
+    file's floats: the tolerance that holds."""
+    from pipeline.stages import contract_runs as runs
+
+    start = time.perf_counter()
+    jobs = runs.selected(units) if units else runs.jobs()
+    if device != "cpu":  # one card: a 2-rank extract would need a second
+        jobs = [j for j in jobs if not j.name.endswith("-2rank")]
+    inputs = work / "inputs"
+    report: dict[str, Any] = {"exit": 0, "device": device, "jobs": len(jobs)}
+    try:
+        runs.build_inputs(ROOT, inputs)
+        first = runs.Version(ROOT, work / "first", device)
+        needed = {n for j in jobs for n in j.needs}
+        todo = [j for j in runs.jobs() if j in jobs or j.name in needed]
+        runs.run_version(first, todo, inputs, first, None)
+        again = runs.Version(ROOT, work / "again", device)
+        runs.run_version(again, jobs, inputs, first, None)
+        report["repeat"] = _compared(jobs, first.work, again.work)
+        if baseline is not None:
+            older = runs.Version(baseline, work / "older", device)
+            runs.run_version(older, jobs, inputs, first, None)
+            report["baseline"] = _compared(jobs, older.work, first.work)
+    except RuntimeError as exc:
+        report.update(exit=1, error=str(exc))
+    report["wall_s"] = round(time.perf_counter() - start, 1)
+    (out / "contracts.log").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def _compared(jobs: list[Any], a: Path, b: Path) -> dict[str, Any]:
+    """Jobs whose outputs are byte-identical, and per differing file the
+    largest absolute difference of its floats."""
+    from pipeline.stages.contract_runs import differences
+
+    same, differ = [], {}
+    for job in jobs:
+        files = differences(a / job.name, b / job.name)
+        if not files:
+            same.append(job.name)
+            continue
+        differ[job.name] = {
+            f: _max_abs(a / job.name / f, b / job.name / f) for f in files
+        }
+    return {"identical": same, "differ": differ}
+
+
+def _max_abs(a: Path, b: Path) -> float | None:
+    """max |a − b| over the float arrays of two .h5 or .pt files (None: not
+    comparable as floats, e.g. a file only one side has)."""
+    if not (a.is_file() and b.is_file()):
+        return None
+    if a.suffix == ".h5":
+        import h5py
+        import numpy as np
+
+        worst = 0.0
+        with h5py.File(a) as fa, h5py.File(b) as fb:
+            names: list[str] = []
+            fa.visititems(lambda n, o: names.append(n) if hasattr(o, "dtype") else None)
+            for name in names:
+                x = fa[name][()]
+                if name in fb and np.issubdtype(x.dtype, np.floating):
+                    diff = np.abs(x.astype(np.float64) - fb[name][()]).max(initial=0)
+                    worst = max(worst, float(diff))
+        return worst
+    if a.suffix == ".pt":
+        import torch
+
+        def tensors(obj: Any) -> list[Any]:
+            if isinstance(obj, torch.Tensor):
+                return [obj] if obj.is_floating_point() else []
+            if isinstance(obj, dict):
+                return [t for v in obj.values() for t in tensors(v)]
+            return []
+
+        ta = tensors(torch.load(a, map_location="cpu", weights_only=False))
+        tb = tensors(torch.load(b, map_location="cpu", weights_only=False))
+        if len(ta) != len(tb):
+            return None
+        return max(
+            (
+                (x.double() - y.double()).abs().max().item()
+                for x, y in zip(ta, tb, strict=True)
+            ),
+            default=0.0,
+        )
+    return None

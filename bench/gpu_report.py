@@ -70,7 +70,28 @@ def render(report: dict[str, Any]) -> str:
             lines += ["", *rehearsal.markdown(r)]
     if "cells" in report:
         lines += cells_lines(report["cells"])
+    if "contracts" in report:
+        lines += contracts_lines(report["contracts"])
     return "\n".join(lines) + "\n"
+
+
+def contracts_lines(c: dict[str, Any]) -> list[str]:
+    """The `contracts` part (the contracts' fixture on the card) as Markdown."""
+    lines = ["", f"## Output contracts' fixture on `{c['device']}` (DESIGN §2)", ""]
+    if c["exit"]:
+        return [*lines, f"Failed: {c['error']} (see contracts.log)."]
+    for key, title in (("repeat", "the same code twice"), ("baseline", "--baseline")):
+        if key not in c:
+            continue
+        r = c[key]
+        lines.append(
+            f"- {title}: {len(r['identical'])} of {c['jobs']} jobs byte-identical"
+            + "".join(
+                f"; {job}: " + ", ".join(f"{f} max |Δ| {d}" for f, d in files.items())
+                for job, files in r["differ"].items()
+            )
+        )
+    return [*lines, "", f"{c['wall_s']:.0f} s in all."]
 
 
 def cells_lines(cells: dict[str, Any]) -> list[str]:

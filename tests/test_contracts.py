@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import committed_params
 
 from pipeline import contract_code as code
@@ -165,6 +166,26 @@ def _clone(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return repo, env
 
 
+def _set_at(repo: Path, unit: str) -> str:
+    """The commit that set `unit`'s current version in contracts.yaml."""
+    log = subprocess.run(
+        ["git", "log", "--format=%H", "--", "contracts.yaml"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    shown = [
+        yaml.safe_load(
+            subprocess.run(
+                ["git", "show", f"{c}:contracts.yaml"], cwd=repo, capture_output=True
+            ).stdout
+        )["versions"][unit]
+        for c in log
+    ]
+    same = [c for c, v in zip(log, shown, strict=True) if v == shown[0]]
+    return same[-1]
+
+
 def _head(repo: Path) -> str:
     out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True)
     return out.stdout.decode().strip()
@@ -201,7 +222,7 @@ def _bump(repo: Path, unit: str) -> None:
 @pytest.mark.slow
 def test_a_change_of_output_without_a_raised_version_fails(tmp_path: Path) -> None:
     repo, env = _clone(tmp_path)
-    before = _head(repo)  # the commit that set tune.pal's version
+    before = _set_at(repo, "tune.pal")
     _edit(repo, JOINT, JOINT + " * 1.001")  # PAL's features scaled: other bytes
     _commit(repo, env, "scale PAL's joint embedding")
     done = _verify(repo, env)
@@ -227,7 +248,7 @@ def test_a_change_of_output_without_a_raised_version_fails(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_a_pure_refactor_passes_and_an_empty_bump_fails(tmp_path: Path) -> None:
     repo, env = _clone(tmp_path)
-    before = _head(repo)  # the commit that set tune.pal's version
+    before = _set_at(repo, "tune.pal")
     _edit(
         repo,
         "prompts = self(q_t, q_v, text_on=on, image_on=on)\n",

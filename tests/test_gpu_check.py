@@ -114,3 +114,46 @@ def test_versions_older_than_the_known_good_ones_are_refused():
 def test_unknown_part_is_one_line(tmp_path, capsys):
     assert gpu_check.main(["--parts", "tests,gpu", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "gpu_check: --parts: unknown part 'gpu'\n"
+
+
+@pytest.mark.slow
+def test_the_contracts_part_compares_the_fixture_twice_and_with_a_baseline(tmp_path):
+    """On a GPU it shows whether the card repeats its bytes and how far an
+    older tree's outputs are; here on the CPU, both byte for byte."""
+    baseline = tmp_path / "baseline"
+    baseline.mkdir()
+    names = ["palcore", "pipeline", "solver", "params.yaml", "contracts.yaml"]
+    tree = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "HEAD", *names],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(baseline)], input=tree, check=True)
+    out = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "gpu_check.py"),
+        "--parts",
+        "contracts",
+        "--units",
+        "tune.pal",
+        "--device",
+        "cpu",
+        "--baseline",
+        str(baseline),
+        "--out",
+        str(out),
+        "--workdir",
+        str(tmp_path / "w"),
+    ]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    c = json.loads((out / "report.json").read_text())["contracts"]
+    jobs = ["tune/pal", "tune/pal-decode", "tune/pal-resume"]
+    assert (c["exit"], c["device"], c["jobs"]) == (0, "cpu", 3)
+    assert c["repeat"] == {"identical": jobs, "differ": {}}
+    assert c["baseline"] == {"identical": jobs, "differ": {}}
+    assert "- the same code twice: 3 of 3 jobs byte-identical" in (
+        (out / "report.md").read_text()
+    )

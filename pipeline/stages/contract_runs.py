@@ -195,9 +195,13 @@ def build_inputs(code: Path, where: Path) -> None:
         )
 
 
-def write_params(code: Path, inputs: Path, folder: Path) -> dict[str, Path]:
+def write_params(
+    code: Path, inputs: Path, folder: Path, device: str = "cpu"
+) -> dict[str, Path]:
     """One params file per dataset (and the pixel-cache-off and 2-rank
-    variants of the demo's): `code`'s params.yaml with the fixture laid over."""
+    variants of the demo's): `code`'s params.yaml with the fixture laid over,
+    tune and extract on `device` (bench/gpu_check.py's `contracts` part runs
+    the fixture on a GPU: bf16, CUDA graphs)."""
     base = yaml.safe_load((code / "params.yaml").read_text(encoding="utf-8"))
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -209,6 +213,7 @@ def write_params(code: Path, inputs: Path, folder: Path) -> dict[str, Path]:
         data = dict(DATA[ds], root=str(inputs / DATA[ds]["root"]))
         raw["data"] = {**raw["data"], **data, "per_class": None}
         raw["model"] = {**raw["model"], "backbone": str(inputs / "demo" / "vilt")}
+        raw["tune"]["device"] = raw["extract"]["device"] = device
         if name == "demo-off":
             raw["pixels"]["enabled"] = False
         if name == "demo-2rank":
@@ -238,6 +243,7 @@ class Version:
 
     code: Path
     work: Path
+    device: str = "cpu"
     params: dict[str, Path] = field(default_factory=dict)
 
     def resolve(self, job: Job, inputs: Path, newer: Version) -> list[str]:
@@ -289,7 +295,9 @@ def run_version(
     """Run `todo` with `version`'s code in one driver process (under
     coverage.py, subprocesses too, when `cover` is a data file)."""
     version.work.mkdir(parents=True, exist_ok=True)
-    version.params = write_params(version.code, inputs, version.work / "params")
+    version.params = write_params(
+        version.code, inputs, version.work / "params", version.device
+    )
     listing = [
         {
             "name": j.name,
