@@ -26,6 +26,7 @@ from helpers import committed_params
 
 from pipeline import contract_code as code
 from pipeline.contracts import STAGES, read_versions
+from pipeline.stages import contract_proof as proof
 from pipeline.stages import contract_runs as runs
 from pipeline.stages import contracts as guard
 
@@ -152,7 +153,7 @@ def test_code_is_verified_against_each_contract() -> None:
     """The guard of the project's own history: every unit whose code differs
     from the commit that set its version makes the same outputs on the fixture
     (and a raised version, other outputs): what `pal contracts verify` checks."""
-    outcome = guard.verify(ROOT)
+    outcome = proof.verify(ROOT)
     assert outcome.problems == []
 
 

@@ -76,91 +76,94 @@ class Job:
     params: str = "demo"
 
 
+CACHED = ("--pixels", "{job:pixels/demo}", "--frozen", "{job:frozen/demo}")
+CACHED_FROM = ("pixels/demo", "frozen/demo")  # the jobs whose outputs CACHED names
+
+
 def jobs() -> list[Job]:
     """Every job of the fixture, inputs before the jobs that read them."""
-    out: list[Job] = []
-    for ds in DATASETS:
-        out.append(Job(f"pixels/{ds}", ("pixels",), frozenset({"pixels"}), params=ds))
-    out.append(
-        Job("pixels/demo-off", ("pixels",), frozenset({"pixels"}), params="demo-off")
-    )
-    for ds in DATASETS:
-        out.append(
-            Job(
-                f"frozen/{ds}",
-                ("frozen", "--pixels", f"{{job:pixels/{ds}}}"),
-                frozenset({"frozen"}),
-                needs=(f"pixels/{ds}",),
-                params=ds,
-            )
-        )
-    out.append(Job("frozen/demo-decode", ("frozen",), frozenset({"frozen"})))
-    cached = ("--pixels", "{job:pixels/demo}", "--frozen", "{job:frozen/demo}")
-    inputs = ("pixels/demo", "frozen/demo")
-    for variant, method in VARIANTS.items():
-        units = {"tune"} | ({f"tune.{method}"} if method else set())
-        args = (
-            "tune",
-            "--run",
-            "0",
-            "--variant",
-            variant,
-            "--prepare",
-            "{prepare:demo}",
-            *cached,
-        )
-        out.append(Job(f"tune/{variant}", args, frozenset(units), inputs))
-    pal = ("tune", "--run", "0", "--variant", "pal", "--prepare", "{prepare:demo}")
-    out.append(Job("tune/pal-decode", pal, frozenset({"tune", "tune.pal"})))
-    out.append(
+    return [*_pixels_and_frozen(), *_tunes(), *_extracts()]
+
+
+def _pixels_and_frozen() -> list[Job]:
+    """Each dataset's pixel cache and frozen queries; the cache off, and the
+    frozen pass decoding the images itself, on the demo."""
+    pixels = [
+        Job(f"pixels/{ds}", ("pixels",), frozenset({"pixels"}), params=ds)
+        for ds in (*DATASETS, "demo-off")
+    ]
+    frozen = [
         Job(
-            "tune/pal-resume",
-            (*pal, *cached),
-            frozenset({"tune", "tune.pal"}),
-            inputs,
-            kill_after="step_01.pt",
+            f"frozen/{ds}",
+            ("frozen", "--pixels", f"{{job:pixels/{ds}}}"),
+            frozenset({"frozen"}),
+            needs=(f"pixels/{ds}",),
+            params=ds,
         )
+        for ds in DATASETS
+    ]
+    return [
+        *pixels,
+        *frozen,
+        Job("frozen/demo-decode", ("frozen",), frozenset({"frozen"})),
+    ]
+
+
+def _units(stage: str, method: str | None) -> frozenset[str]:
+    return frozenset({stage} | ({f"{stage}.{method}"} if method else set()))
+
+
+def _tunes() -> list[Job]:
+    """Every variant's tune on the demo; PAL's also decoding its images and
+    running its frozen pass, and killed after its first step, then resumed."""
+    pal = ("tune", "--run", "0", "--variant", "pal", "--prepare", "{prepare:demo}")
+    out = [
+        Job(
+            f"tune/{v}",
+            (*pal[:4], v, *pal[5:], *CACHED),
+            _units("tune", m),
+            CACHED_FROM,
+        )
+        for v, m in VARIANTS.items()
+    ]
+    out.append(Job("tune/pal-decode", pal, _units("tune", "pal")))
+    resumed = Job(
+        "tune/pal-resume",
+        (*pal, *CACHED),
+        _units("tune", "pal"),
+        CACHED_FROM,
+        kill_after="step_01.pt",
     )
-    for variant, method in VARIANTS.items():
-        units = {"extract"} | ({f"extract.{method}"} if method else set())
-        args = (
+    return [*out, resumed]
+
+
+def _extracts() -> list[Job]:
+    """Every variant's extract from its tune; PAL's also as 2 ranks."""
+
+    def args(v: str) -> tuple[str, ...]:
+        return (
             "extract",
             "--variant",
-            variant,
+            v,
             "--prepare",
             "{prepare:demo}",
             "--tune",
-            f"{{job:tune/{variant}}}",
-            *cached,
+            f"{{job:tune/{v}}}",
+            *CACHED,
         )
-        out.append(
-            Job(
-                f"extract/{variant}",
-                args,
-                frozenset(units),
-                (*inputs, f"tune/{variant}"),
-            )
-        )
-    two = (
-        "extract",
-        "--variant",
-        "pal",
-        "--prepare",
-        "{prepare:demo}",
-        "--tune",
-        "{job:tune/pal}",
-        *cached,
+
+    out = [
+        Job(f"extract/{v}", args(v), _units("extract", m), (*CACHED_FROM, f"tune/{v}"))
+        for v, m in VARIANTS.items()
+    ]
+    two = Job(
+        "extract/pal-2rank",
+        args("pal"),
+        _units("extract", "pal"),
+        (*CACHED_FROM, "tune/pal"),
+        params="demo-2rank",
     )
-    out.append(
-        Job(
-            "extract/pal-2rank",
-            two,
-            frozenset({"extract", "extract.pal"}),
-            (*inputs, "tune/pal"),
-            params="demo-2rank",
-        )
-    )
-    return out
+    return [*out, two]
 
 
 def selected(units: Iterable[str]) -> list[Job]:

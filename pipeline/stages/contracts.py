@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -29,6 +29,7 @@ from palcore.outputs import write_bytes_atomic
 from palcore.params import Source, section_value
 from pipeline import contract_code as code
 from pipeline import contracts as con
+from pipeline.stages.contract_proof import Outcome, coverage_report, verify
 
 log = logging.getLogger(__name__)
 
@@ -58,220 +59,6 @@ def write_stamps(params_file: str, out: Path) -> list[Path]:
             written.append(out / stage / f"{variant}.json")
             write_bytes_atomic(written[-1], con.stamp_bytes(record))
     return written
-
-
-# --- baselines: which code each unit's outputs are proven against ----------
-
-
-def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True
-    )
-    if done.returncode:
-        raise con.ContractError(
-            f"git {' '.join(args[:2])}: {done.stderr.strip() or 'failed'} "
-            "(pal contracts verify needs the project's git history)"
-        )
-    return done.stdout
-
-
-def _versions_at(root: Path, commit: str) -> dict[str, int]:
-    try:
-        text = _git(root, "show", f"{commit}:{con.VERSIONS_FILE}")
-    except con.ContractError:
-        return {}
-    return con.parse_versions(text, f"{commit}:{con.VERSIONS_FILE}").versions
-
-
-@dataclass(frozen=True)
-class Check:
-    """A comparison to make: `unit`'s outputs with the code of `old` (a
-    commit) and `new` (a commit, or None: the working tree); `equal`: what
-    its version says they must be."""
-
-    unit: str
-    old: str
-    new: str | None
-    equal: bool
-
-
-def checks(root: Path = con.ROOT) -> list[Check]:
-    """Per unit: equality with the commit that set its version (none when it
-    was raised in the working tree), and, when it was raised, a difference
-    from the code of the commit that set the version before."""
-    now = con.read_versions(root).versions
-    history = _git(root, "log", "--format=%H", "--", con.VERSIONS_FILE).split()
-    held = [(c, _versions_at(root, c)) for c in history]  # newest first
-    out = []
-    for unit, version in sorted(now.items()):
-        runs = _runs(unit, held)  # [(version, the commit that set it)], newest first
-        if runs and runs[0][0] == version:
-            out.append(Check(unit, runs[0][1], None, equal=True))
-            runs = runs[1:]
-            new = out[-1].old
-        else:
-            new = None  # raised in the working tree
-        if runs:
-            out.append(Check(unit, runs[0][1], new, equal=False))
-    return out
-
-
-def _runs(unit: str, held: list[tuple[str, dict[str, int]]]) -> list[tuple[int, str]]:
-    """The versions `unit` had, newest first, each with the oldest commit of
-    its run (the one that set it); stops where the unit was not yet there."""
-    out: list[tuple[int, str]] = []
-    for commit, versions in held:
-        if unit not in versions:
-            break
-        if out and out[-1][0] == versions[unit]:
-            out[-1] = (versions[unit], commit)
-        else:
-            out.append((versions[unit], commit))
-    return out
-
-
-def _tree(root: Path, commit: str | None, where: Path) -> Path:
-    """The project's packages and params at `commit` (None: the working tree)."""
-    if commit is None:
-        return root
-    where.mkdir(parents=True, exist_ok=True)
-    paths = ["palcore", "pipeline", "solver", "params.yaml", con.VERSIONS_FILE]
-    archive = subprocess.run(
-        ["git", "-C", str(root), "archive", commit, *paths],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
-    return where
-
-
-def _code_of(tree: Path, unit: str) -> dict[str, str]:
-    files = code.unit_files(tree).get(unit, [])
-    return {f: code.code_digest(tree / f) for f in files}
-
-
-# --- verify: run the fixture with both versions, compare, record -----------
-
-
-@dataclass
-class Outcome:
-    """What `verify` found: a line per unit that failed, per unit checked."""
-
-    problems: list[str]
-    ran: dict[str, list[str]]  # unit → the jobs that compared it
-    skipped: list[str]  # units whose code equals their baseline's
-
-
-def verify(
-    root: Path = con.ROOT,
-    units: set[str] | None = None,
-    everything: bool = False,
-    coverage: Path | None = None,
-    work: Path | None = None,
-) -> Outcome:
-    """Make every check of `checks(root)` (for `units`, default all): on the
-    fixture when the two versions' code differ (or, `everything`, always)."""
-    from pipeline.stages import contract_runs as runs
-
-    todo = [c for c in checks(root) if units is None or c.unit in units]
-    outcome = Outcome([], {}, [])
-    reasons = con.read_versions(root).reasons
-    versions = con.read_versions(root).versions
-    with tempfile.TemporaryDirectory(dir=work) as tmp:
-        tmp = Path(tmp)
-        trees: dict[str | None, Path] = {None: root}
-        groups: dict[tuple[str, str | None], list[Check]] = {}
-        for check in todo:
-            for commit in (check.old, check.new):
-                if commit not in trees:
-                    trees[commit] = _tree(root, commit, tmp / "trees" / commit)
-            same = _code_of(trees[check.old], check.unit) == _code_of(
-                trees[check.new], check.unit
-            )
-            if same and not (everything and check.equal):
-                if check.equal:
-                    outcome.skipped.append(check.unit)
-                elif f"{check.unit}@{versions[check.unit]}" not in reasons:
-                    outcome.problems.append(_raised_but_equal(check, versions))
-                continue
-            groups.setdefault((check.old, check.new), []).append(check)
-        if groups:
-            inputs = tmp / "inputs"
-            runs.build_inputs(root, inputs)
-        for n, ((old, new), group) in enumerate(sorted(groups.items(), key=str)):
-            jobs = runs.selected(c.unit for c in group)
-            newer = runs.Version(trees[new], tmp / f"run{n}" / "new")
-            older = runs.Version(trees[old], tmp / f"run{n}" / "old")
-            names = {j.name for j in jobs}
-            needed = [j for j in runs.jobs() if j.name in names or _needed(j, jobs)]
-            cover = coverage if (coverage is not None and new is None) else None
-            runs.run_version(newer, needed, inputs, newer, cover)
-            runs.run_version(older, jobs, inputs, newer, None)
-            for check in group:
-                mine = [j for j in jobs if check.unit in j.units]
-                outcome.ran[check.unit] = [j.name for j in mine]
-                diff = {
-                    j.name: runs.differences(older.work / j.name, newer.work / j.name)
-                    for j in mine
-                }
-                diff = {k: v for k, v in diff.items() if v}
-                if check.equal and diff:
-                    outcome.problems.append(_differs(check, diff))
-                if not check.equal and not diff:
-                    if f"{check.unit}@{versions[check.unit]}" not in reasons:
-                        outcome.problems.append(_raised_but_equal(check, versions))
-    return outcome
-
-
-def _needed(job, selected) -> bool:
-    return any(job.name in s.needs for s in selected)
-
-
-def _where(commit: str | None) -> str:
-    return "the working tree" if commit is None else commit[:10]
-
-
-def _differs(check: Check, diff: dict[str, list[str]]) -> str:
-    job, files = next(iter(diff.items()))
-    return (
-        f"{check.unit}: the outputs of {_where(check.new)} differ from "
-        f"{_where(check.old)}'s ({job}: {', '.join(files[:3])}) under the same "
-        f"contract: raise versions.{check.unit} in {con.VERSIONS_FILE}"
-    )
-
-
-def _raised_but_equal(check: Check, versions: dict[str, int]) -> str:
-    key = f"{check.unit}@{versions[check.unit]}"
-    return (
-        f"{check.unit}: version raised to {versions[check.unit]} at "
-        f"{_where(check.new)} but its outputs equal {_where(check.old)}'s byte for "
-        f"byte: state why under reasons ('{key}: ...') in {con.VERSIONS_FILE}, "
-        "or keep the version"
-    )
-
-
-def coverage_report(data: Path, root: Path = con.ROOT) -> str:
-    """Per unit: the share of its code's statements the fixture reached, and
-    the lines it did not reach, file by file."""
-    import coverage
-
-    cov = coverage.Coverage(data_file=str(data))
-    cov.combine(strict=False)
-    cov.load()
-    lines = []
-    for unit, files in sorted(code.unit_files(root).items()):
-        total = reached = 0
-        missed = []
-        for rel in files:
-            _, statements, _, missing, text = cov.analysis2(str(root / rel))
-            total += len(statements)
-            reached += len(statements) - len(missing)
-            if missing:
-                missed.append(f"    {rel}: {text}")
-        share = 100.0 * reached / max(total, 1)
-        lines.append(f"{unit}: {share:.1f} % of {total} statements reached")
-        lines += missed
-    return "\n".join(lines) + "\n"
 
 
 # --- the commands -------------------------------------------------------------
@@ -349,9 +136,9 @@ def verify_cmd(
     Each unit (a stage, or a stage's method: tune.pal) whose code differs from
     the commit that set its version runs on a tiny fixture (every method, the
     pixel cache on and off, a resumed tune, both real dataset layouts, a
-    2-rank extract) with both versions of the code; the outputs must be equal
-    byte for byte. A version raised in contracts.yaml must instead change
-    them, or state why under `reasons`. Exit 1 with one line per failing unit.
+    2-rank extract) with both versions of the code: equal outputs, byte for
+    byte, or (a version raised in contracts.yaml) other ones, unless
+    `reasons` says why not. Exit 1 with one line per failing unit.
     """
     known = set(con.read_versions().versions)
     unknown = sorted(set(units) - known)
@@ -360,12 +147,20 @@ def verify_cmd(
             f"unknown unit {unknown[0]} (known: {', '.join(sorted(known))})"
         )
     cover = Path(tempfile.mkdtemp()) / ".coverage" if coverage_file else None
+    work_dir = Path(work) if work else None
+    every = everything or bool(coverage_file)
     outcome = verify(
-        units=set(units) or None,
-        everything=everything or bool(coverage_file),
-        coverage=cover,
-        work=Path(work) if work else None,
+        units=set(units) or None, everything=every, coverage=cover, work=work_dir
     )
+    _report(outcome, cover, coverage_file)
+    record = code.current_record(units=sorted(units) if units else None)
+    code.write_record({**code.read_record(), **record} if units else record)
+    click.echo(f"verified: {code.RECORD_FILE} records the code of every unit checked")
+
+
+def _report(outcome: Outcome, cover: Path | None, coverage_file: str | None) -> None:
+    """What `verify` compared and skipped, the coverage report; the failures
+    as one error (a line each)."""
     for unit, names in sorted(outcome.ran.items()):
         click.echo(f"{unit}: compared on {len(names)} jobs ({', '.join(names)})")
     if outcome.skipped:
@@ -376,8 +171,71 @@ def verify_cmd(
         click.echo(f"coverage of each unit: {coverage_file}")
     if outcome.problems:
         raise con.ContractError("\n".join(outcome.problems))
-    record = code.current_record(units=sorted(units) if units else None)
-    if units:
-        record = {**code.read_record(), **record}
-    code.write_record(record)
-    click.echo(f"verified: {code.RECORD_FILE} records the code of every unit checked")
+
+
+PIPELINE_FILES = ("dvc.yaml", "ablation/dvc.yaml")
+
+
+def adoptable(params_file: str, lock: Path) -> list[tuple[str, Path, dict]]:
+    """The contracted stages a lock file lists whose output folder is here:
+    (stage name, output folder, the contract its stamp names)."""
+    import shlex
+
+    import yaml
+
+    versions = con.read_versions()
+    stages = (yaml.safe_load(lock.read_text(encoding="utf-8")) or {}).get("stages", {})
+    out = []
+    for name, entry in stages.items():
+        words = shlex.split(entry.get("cmd", ""))
+        if words[:1] != ["pal"] or len(words) < 2 or words[1] not in con.STAGES:
+            continue
+        folder = Path(words[words.index("--out") + 1]) if "--out" in words else None
+        if folder is None or not folder.is_dir():
+            continue
+        method = None
+        if "--variant" in words:
+            source = Source(
+                Path(params_file), variant=words[words.index("--variant") + 1]
+            )
+            if section_value(source, "prompt", "enabled") is not False:
+                method = section_value(source, "prompt", "method")
+        out.append((name, folder, con.stamp(words[1], method, versions)))
+    return out
+
+
+@cli.command("adopt")
+@params_option
+@clean_errors
+def adopt_cmd(params_file: str) -> None:
+    """Move a workspace reproduced before contracts onto them, with no rerun.
+
+    For a workspace whose `dvc status` was clean on the commit before output
+    contracts (docs/USAGE.md, "Output contracts"): runs the `contracts`
+    stage, writes each contracted output's contract.json (version 1: the
+    code those outputs were made by) and `dvc commit`s those stages in each
+    pipeline file, so their new keys (the stamps) are recorded against the
+    outputs already there. The next `dvc repro` reruns the analytic stages
+    only (seconds; their input folders gained contract.json).
+    """
+    dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
+    _run([dvc, "repro", "--single-item", "contracts"])
+    for pipeline_file in PIPELINE_FILES:
+        lock = Path(pipeline_file).with_name("dvc.lock")
+        if not lock.is_file():
+            continue
+        found = adoptable(params_file, lock)
+        for _, folder, record in found:
+            write_bytes_atomic(folder / con.STAMP_NAME, con.stamp_bytes(record))
+        prefix = "" if pipeline_file == "dvc.yaml" else f"{pipeline_file}:"
+        names = [prefix + name for name, _, _ in found]
+        if names:
+            _run([dvc, "commit", "--force", "--quiet", *names])
+        click.echo(f"{pipeline_file}: {len(names)} stages adopted")
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        raise con.ContractError(f"{' '.join(cmd[:3])}: {' '.join(tail)}")

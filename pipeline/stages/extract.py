@@ -157,8 +157,7 @@ def extract(
         partial.seal(folder, names)
     _finish(partial, out, steps, ready, names, device)
     if rank == 0:
-        _remove_other_layouts(out, steps, world, tasks.n_tasks)
-        write_stamp(out, "extract", prompt_method(ckpts[steps[0]]["params"]["prompt"]))
+        _settle(out, steps, world, tasks.n_tasks, ckpts[steps[0]])
     return [out / step_dir_name(step) for step in steps]
 
 
@@ -222,17 +221,18 @@ def _finish(
         log.info("extract: GPU memory peak %.1f GiB", peak)
 
 
-def _remove_other_layouts(
-    out: Path, steps: Sequence[int], world: int, n_tasks: int
+def _settle(
+    out: Path, steps: Sequence[int], world: int, n_tasks: int, ckpt: dict
 ) -> None:
-    """Drop the part files of another layout from the steps written, and the
-    step folders of an earlier run with more tasks."""
+    """Drop the part files of another layout from the steps written and the
+    step folders of an earlier run with more tasks; record the contract."""
     for step in steps:
         _remove_stale(out / step_dir_name(step), world)
     for folder in out.glob("step_[0-9][0-9]*"):
         step = step_of_name(folder.name)
         if step is not None and step > n_tasks:
             shutil.rmtree(folder)
+    write_stamp(out, "extract", prompt_method(ckpt["params"]["prompt"]))
 
 
 def step_samples_digests(samples: list[Sample], tasks: Tasks) -> list[str]:

@@ -115,8 +115,7 @@ def tune(
         )
         _write_log(partial.path, entries)
         log.info("step %d done: %s (%s)", task, path.name, digest[:12])
-    _finish(out, partial, tasks.n_tasks)
-    write_stamp(out, "tune", prompt_method(prompt_p))
+    _finish(out, partial, tasks.n_tasks, prompt_method(prompt_p))
     log.info("wrote %s (%d steps)", out, tasks.n_tasks)
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**30
@@ -145,14 +144,16 @@ def _tune_task(
     return epochs
 
 
-def _finish(out: Path, partial: PartialRun, n_tasks: int) -> None:
+def _finish(out: Path, partial: PartialRun, n_tasks: int, method: str | None) -> None:
     """Move the checkpoints and the log into `out`, dropping the checkpoints
-    of an earlier run with more tasks."""
+    of an earlier run with more tasks, and record the contract they were made
+    under (prompt method `method`'s)."""
     names = [checkpoint_path("", k).name for k in range(1, n_tasks + 1)]
     for stale in out.glob("step_*.pt"):
         if stale.name not in names:
             stale.unlink()
     partial.finish([*names, LOG_NAME])
+    write_stamp(out, "tune", method)
 
 
 def _signatures(
