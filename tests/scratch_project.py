@@ -91,10 +91,9 @@ def complete_params(params: dict[str, Any]) -> dict[str, Any]:
     return full
 
 
-def make_scratch_project(dst: Path, params: dict[str, Any]) -> dict[str, str]:
-    """Copy the project's tracked and unignored files into `dst` (without
-    data/, results/ and dvc.lock), write `params` as params.yaml, commit it all
-    to a new git repository; returns `scratch_env(dst)`."""
+def copy_project_files(dst: Path, but: tuple[str, ...] = ()) -> None:
+    """Copy the project's tracked and unignored files into `dst`, without
+    data/, results/, the lock files and the paths `but` names."""
     listed = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"],
         cwd=ROOT,
@@ -106,13 +105,20 @@ def make_scratch_project(dst: Path, params: dict[str, Any]) -> dict[str, str]:
         src = ROOT / rel
         if (
             rel.startswith(("data/", "results/"))
-            or rel == "dvc.lock"
+            or rel in ("dvc.lock", "ablation/dvc.lock", *but)
             or not src.is_file()
         ):
             continue
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
+
+
+def make_scratch_project(dst: Path, params: dict[str, Any]) -> dict[str, str]:
+    """Copy the project's tracked and unignored files into `dst` (without
+    data/, results/ and the locks), write `params` as params.yaml, commit it
+    all to a new git repository; returns `scratch_env(dst)`."""
+    copy_project_files(dst)
     project = committed_params()
     # the project's variants and pipelines by default
     params = {

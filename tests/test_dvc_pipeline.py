@@ -20,11 +20,33 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import pal_paper
-from scratch_project import BIN, TINY, make_scratch_project
+from scratch_project import BIN, ROOT, TINY, copy_project_files, make_scratch_project
 
 pytestmark = pytest.mark.slow  # a real `dvc repro` of every stage: about 3 minutes
 
-STAGES = ("demo", "prepare", "pixels", "frozen", "tune", "extract", "solve", "evaluate")
+STAGES = (
+    "demo",
+    "prepare",
+    "contracts",
+    "pixels",
+    "frozen",
+    "tune",
+    "extract",
+    "solve",
+    "evaluate",
+)
+GPU_STAGES = {"pixels", "frozen", "tune", "extract"}  # keyed on their contracts
+# a comment in one file of each folder of code: no GPU stage may rerun
+COMMENTED = (
+    "palcore/errors.py",
+    "pipeline/data/loader.py",
+    "pipeline/model/encoder.py",
+    "pipeline/methods/pal.py",
+    "pipeline/stages/tune.py",
+    "solver/rls.py",
+    "palpaper/plan.py",
+)
+BEFORE_CONTRACTS = "10fe60d"  # the last commit that keyed every stage on code bytes
 RUNS = (0, 1)
 VARIANTS = ("pal", "init", "frozen")
 
@@ -106,6 +128,100 @@ def test_second_repro_runs_nothing(work: tuple[Path, dict[str, str]]) -> None:
     out = _run([str(BIN / "dvc"), "repro"], path, env)
     assert _ran(out) == set(), out
     assert "Data and pipelines are up to date." in out
+
+
+def test_comment_edits_rerun_no_gpu_stage_nor_a_grid_cell(
+    work: tuple[Path, dict[str, str]],
+) -> None:
+    """A comment in a file of each folder of code: the cheap stages whose code
+    it is rerun (to the same bytes), the GPU stages do not, and a grid cell
+    queued afterwards runs only its analytic stages."""
+    path, env = work
+    dvc = str(BIN / "dvc")
+    for rel in COMMENTED:
+        with (path / rel).open("a") as f:
+            f.write("\n# a note that changes no code\n")
+    dry = _run([dvc, "repro", "--dry"], path, env)
+    assert _ran(dry) == {"demo", "prepare", "contracts", "solve", "evaluate"}, dry
+    out = _run([dvc, "repro"], path, env)
+    assert not _ran(out) & GPU_STAGES, out
+    assert _run(["git", "status", "--porcelain", "results"], path, env) == ""
+    _run(["git", "commit", "-qam", "comments"], path, env)
+    _run([dvc, "exp", "run", "--queue", "-S", "solve.eta=0.5"], path, env)
+    out = _run([dvc, "exp", "run", "--run-all"], path, env)
+    assert _ran(out) == {"solve", "evaluate"}, out
+
+
+def test_an_edit_of_pal_stops_repro_before_any_gpu_stage(
+    work: tuple[Path, dict[str, str]],
+) -> None:
+    """What a method researcher meets: never the old features reused silently
+    for new code, but one line naming the files and the two ways on."""
+    path, env = work
+    pal = path / "pipeline/methods/pal.py"
+    joint = "return backbone.encode(h, mask, prompts)[:, 0].float()"
+    pal.write_text(pal.read_text().replace(joint, joint + " * 1.001"))
+    proc = subprocess.run(
+        [str(BIN / "dvc"), "repro"], cwd=path, env=env, capture_output=True, text=True
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert _ran(out) == {"contracts"}, out
+    assert (
+        "the code of extract.pal, extract.rebq, tune.pal, tune.rebq differs from "
+        "what its output contract was verified with (pipeline/methods/pal.py): "
+        "`pal contracts verify`" in out
+    ), out
+    check = subprocess.run(
+        [str(BIN / "pal"), "check"], cwd=path, env=env, capture_output=True, text=True
+    )
+    assert check.returncode == 1
+    assert "Error: contracts: the code of extract.pal" in check.stderr
+
+
+def test_a_workspace_made_before_contracts_moves_over_by_adopt(
+    repo: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """docs/USAGE.md's route: a project reproduced on the commit before the
+    contracts, then the new code over it (a pull), `pal contracts adopt` and
+    `dvc repro`: the analytic stages only; then `dvc status` is clean, the
+    next `dvc repro` runs nothing, and the lock is a fresh repro's."""
+    fresh, env = repo
+    old = tmp_path / "old"
+    old.mkdir()
+    tree = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", BEFORE_CONTRACTS],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=tree, check=True)
+    for rel in ("dvc.lock", "ablation/dvc.lock"):
+        (old / rel).unlink()
+    shutil.rmtree(old / "results")
+    shutil.copy(fresh / "params.yaml", old / "params.yaml")
+    env = dict(env, PYTHONPATH=str(old))
+    dvc = str(BIN / "dvc")
+    for args in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-qm", "old"],
+    ):
+        _run(args, old, env)
+    out = _run([dvc, "repro"], old, env)
+    assert _ran(out) == set(STAGES) - {"contracts"}, out  # no such stage yet
+    _run(["git", "add", "-A"], old, env)
+    _run(["git", "commit", "-qm", "reproduced"], old, env)
+    copy_project_files(old, but=("params.yaml",))  # the pull
+    _run(["git", "add", "-A"], old, env)
+    _run(["git", "commit", "-qm", "contracts"], old, env)
+    out = _run([str(BIN / "pal"), "contracts", "adopt"], old, env)
+    assert "dvc.yaml: 14 stages adopted" in out, out  # pixels, frozen, 2 × 3 × 2
+    out = _run([dvc, "repro"], old, env)
+    assert _ran(out) == {"solve", "evaluate"}, out
+    assert "Data and pipelines are up to date." in _run([dvc, "status"], old, env)
+    assert _ran(_run([dvc, "repro"], old, env)) == set()
+    assert (old / "dvc.lock").read_text() == (fresh / "dvc.lock").read_text()
+    assert (old / "data/tune/pal/1/contract.json").is_file()
 
 
 def test_eta_change_reruns_only_the_analytic_stages(
