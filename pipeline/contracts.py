@@ -52,7 +52,10 @@ class Versions:
 
     def of(self, unit: str) -> int:
         if unit not in self.versions:
-            raise ContractError(f"{VERSIONS_FILE}: no version for '{unit}'")
+            raise ContractError(
+                f"{VERSIONS_FILE}: no version for '{unit}' (a new method: "
+                f"'{unit}: 1' under versions, docs/USAGE.md \"Add a method\")"
+            )
         return self.versions[unit]
 
 

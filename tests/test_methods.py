@@ -9,6 +9,7 @@ import yaml
 from helpers import write_params
 
 from palcore.errors import ParamsError
+from pipeline import contracts
 from pipeline import params as pparams
 from pipeline.methods import Method, Out, View, layer_prompts, no_aux, registry
 from pipeline.model.backbone import Backbone
@@ -58,10 +59,17 @@ def test_an_eighth_method_runs_through_tune_and_extract(
     from pipeline.stages.extract import extract
     from pipeline.stages.tune import tune
 
-    # the section's steps 2 and 3: its line in METHODS, its name in MethodName
+    # the section's steps 2 to 4: its line in METHODS, its name in
+    # MethodName, its versions in contracts.yaml
     monkeypatch.setitem(registry.METHODS, "toy", Toy)
     names = (*get_args(pparams.MethodName), "toy")
     monkeypatch.setattr(pparams, "MethodName", Literal[names])
+    versions = contracts.read_versions()
+    with pytest.raises(contracts.ContractError, match="no version for 'tune.toy'"):
+        versions.of("tune.toy")
+    toy = {"tune.toy": 1, "extract.toy": 1}
+    added = contracts.Versions({**versions.versions, **toy}, versions.reasons)
+    monkeypatch.setattr(contracts, "read_versions", lambda root=None: added)
     params = write_params(tmp_path / "params.yaml", tiny_vilt, prompt={"method": "toy"})
     load = pparams.load
     ckpts = tune(
@@ -83,6 +91,8 @@ def test_an_eighth_method_runs_through_tune_and_extract(
     )
     assert [f.name for f in folders] == ["step_01", "step_02", "step_03"]
     assert all((f / "test.h5").is_file() for f in folders)
+    made_under = (tmp_path / "extract" / "contract.json").read_text()
+    assert '"method": "toy", "method_version": 1' in made_under
 
 
 def test_every_method_solves_and_evaluates_as_a_variant(tmp_path, tiny_prepare):
