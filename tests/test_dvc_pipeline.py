@@ -187,6 +187,9 @@ def test_a_workspace_made_before_contracts_moves_over_by_adopt(
     `dvc repro`: the analytic stages only; then `dvc status` is clean, the
     next `dvc repro` runs nothing, and the lock is a fresh repro's."""
     fresh, env = repo
+    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", BEFORE_CONTRACTS])
+    if known.returncode:
+        pytest.skip(f"a shallow clone: {BEFORE_CONTRACTS} is not in its history")
     old = tmp_path / "old"
     old.mkdir()
     tree = subprocess.run(
