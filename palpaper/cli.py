@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -202,8 +203,8 @@ def run_cmd(
     line per problem). A dataset or backbone folder that neither git nor DVC
     tracks is copied into each running cell's temporary copy of the project
     (`dvc exp run --copy-paths`; `dvc add` it to link it from the cache).
-    Ctrl-C stops DVC's queue workers and the cells they run; the same command
-    resumes the grid.
+    Ctrl-C, or SIGTERM from a batch scheduler, stops DVC's queue workers and
+    the cells they run; the same command resumes the grid.
     """
     ids = _results(names)
     run_ids = _runs(runs)
@@ -219,12 +220,20 @@ def run_cmd(
     running.refuse_uncommitted(repo, out)
     params = _params(DEFAULT_PARAMS)
     part = None if shard is None else _shard(shard)
+    # SIGTERM (what a batch scheduler or `kill` sends) stops the grid as Ctrl-C
+    previous = signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
         running.run_grid(
             repo, ids, run_ids, wanted, part, jobs, cards, no_wait, out, rerun, params
         )
     except KeyboardInterrupt:
         raise ExperimentError(running.interrupted(repo, rerun)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _as_ctrl_c(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @main.command("collect")

@@ -182,9 +182,11 @@ def test_a_worker_killed_mid_cell_and_a_rerun_completes_the_grid(
 
 
 @pytest.mark.slow
-def test_ctrl_c_ends_every_worker_and_a_rerun_resumes(
-    tmp_path: Path, env: dict[str, str]
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_ends_every_worker_and_a_rerun_resumes(
+    tmp_path: Path, env: dict[str, str], sent: signal.Signals
 ) -> None:
+    """Ctrl-C in a terminal, or SIGTERM from a batch scheduler: the same stop."""
     repo = make_project(tmp_path / "project")
     record = tmp_path / "record.txt"
     proc = subprocess.Popen(
@@ -207,7 +209,7 @@ def test_ctrl_c_ends_every_worker_and_a_rerun_resumes(
         for p in sorted((repo / ".dvc/tmp/exps/celery").glob("pal-gpu-*.pid"))
     ]
     assert len(pids) == 2
-    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    proc.send_signal(sent)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert err.splitlines()[-1] == (
