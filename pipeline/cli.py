@@ -58,6 +58,10 @@ COMMANDS = {
         "pipeline.stages.extract:cli",
         "Dump prompted joint embeddings into HDF5 shards.",
     ),
+    "verify": (
+        "pipeline.stages.verify:cli",
+        "Re-hash every output the locks name, and DVC's cache behind it.",
+    ),
     "predict": (
         "pipeline.stages.predict:cli",
         "Classify new image–text rows with a tuned step and its weights.",

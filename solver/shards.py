@@ -30,6 +30,7 @@ import numpy as np
 from palcore.codes import Missing
 from palcore.errors import ShardError
 from palcore.outputs import atomic_path, step_dir_name, task_group_name
+from palcore.recorded import check_content
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 1024  # HDF5 chunk rows; (1024, D) float32 is 3 MB at D = 768
@@ -326,6 +327,8 @@ def open_step(folder: str | Path, step: int) -> StepShards:
     folder = Path(folder)
     train_files = _shard_files(folder, "train")
     test_files = _shard_files(folder, "test")
+    for path in (*train_files, *test_files):  # the bytes DVC recorded, if any
+        check_content(path)
     train = _block_reader(train_files, "", step)
     tasks = {}
     for task in range(1, step + 1):
@@ -388,12 +391,22 @@ def _block_reader(files: tuple[Path, ...], group: str, step: int) -> BlockReader
             g = f[group] if group else f
             where = f"{path}:{group}" if group else f"{path}"
             n = _check_datasets(g, where, dim, classes)
+            stored = a.get("stored_dtype")  # the dtype extract wrote
+            if stored is not None and str(g["features"].dtype) != _text(stored):
+                raise ShardError(
+                    f"{where}: features are {g['features'].dtype} but attr "
+                    f"stored_dtype says {_text(stored)} (rewritten since extract)"
+                )
             bp = "bp_logits" in g
             if has_bp is not None and bp != has_bp:
                 raise ShardError(f"{where}: bp_logits present in some parts only")
             has_bp = bp
             n_rows += n
     return BlockReader(files, group, n_rows, dim, classes, bool(has_bp))
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _check_attrs(path: Path, a: h5py.AttributeManager, step: int) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 
 from palcore.errors import PalError
 from palcore.outputs import temp_path
+from palcore.recorded import check_content
 from solver.params import SolveParams
 from solver.shards import hdf5_reason, step_dir_name
 
@@ -132,6 +133,7 @@ class WeightsFile:
         where = str(self.path)
         if not self.path.is_file():
             raise WeightsError(f"{where}: weights file not found")
+        check_content(self.path)  # the bytes DVC recorded, if any
         try:
             f = h5py.File(self.path, "r")
         except OSError as exc:

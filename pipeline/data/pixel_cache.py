@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from palcore.errors import PalError
 from palcore.outputs import atomic_path
+from palcore.recorded import check_content
 from pipeline.data import loader
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,7 @@ def open_pixels(folder: str | Path | None) -> PixelCache | None:
         return None
     folder = Path(folder)
     if (folder / FILE).is_file():
+        check_content(folder / FILE)  # the whole file, names too, as DVC recorded it
         cache = PixelCache(folder / FILE)
         cache._open()
         cache.close()
@@ -205,9 +207,12 @@ class PixelCache:
             flat, offsets, sizes = f["pixels"], f["offsets"][:], f["sizes"][:]
             paths = f["paths"].asstr()[:]
             version = f.attrs["format_version"]
-        except (OSError, KeyError) as exc:
+        except (OSError, KeyError, UnicodeDecodeError) as exc:
             raise self._damaged(exc) from None
         n = len(paths)
+        if n and not (paths[1:] > paths[:-1]).all():  # written sorted, unique
+            f.close()
+            raise self._damaged(ValueError("its image names are not sorted and unique"))
         if (version != FORMAT_VERSION or offsets.shape != (n + 1,)
                 or sizes.shape != (n, 2) or offsets[-1] != flat.shape[0]
                 or np.any(np.diff(offsets) != 3 * sizes.prod(1))):  # fmt: skip

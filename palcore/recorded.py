@@ -1,0 +1,166 @@
+"""What DVC recorded of an output's content, and reading against it.
+
+DVC trusts a file's mtime and size: a bit flipped in a feature shard with its
+mtime kept (disk rot, `rsync -t`) passes `dvc status`, and a stage reading it
+would put wrong results into `dvc.lock` and the run-cache. But DVC recorded
+the md5 of every output file when the stage that wrote it finished: in a
+lock file (an output file) or in the directory manifest in its cache (a file
+inside an output folder, `<cache>/files/md5/ab/cdef….dir`). `recorded_md5`
+finds that md5 without DVC's own code (the solver runs without it), and
+`check_content` compares a file's bytes with it: readers call it on every
+file they read from a DVC output, before they read it, so a damaged file ends
+the reading stage with one line and nothing reaches the lock. A file that no
+lock records (a stage run by hand outside `dvc repro`) is not checked.
+"""
+
+from __future__ import annotations
+
+import configparser
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from palcore.errors import PalError
+
+LOCKS = ("dvc.lock", "ablation/dvc.lock")  # the project's pipeline files' locks
+
+
+class DamagedError(PalError):
+    """A file's bytes differ from what DVC recorded when its stage wrote it."""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One output file as a lock records it: its path under the project, its
+    md5, the stage that wrote it and the output (file or folder) it is in."""
+
+    path: str
+    md5: str
+    stage: str
+    out: str
+
+
+def project_root(path: Path) -> Path | None:
+    """The folder above `path` that holds `.dvc/` (None: not in a project)."""
+    for folder in Path(path).resolve().parents:
+        if (folder / ".dvc").is_dir():
+            return folder
+    return None
+
+
+def cache_dir(root: Path) -> Path:
+    """DVC's cache folder: `cache.dir` of .dvc/config.local or .dvc/config
+    (relative to .dvc/), else .dvc/cache."""
+    for name in ("config.local", "config"):
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        try:
+            parser.read(root / ".dvc" / name, encoding="utf-8")
+        except configparser.Error:
+            continue
+        if parser.has_option("cache", "dir"):
+            return (root / ".dvc" / parser.get("cache", "dir")).resolve()
+    return root / ".dvc" / "cache"
+
+
+def cache_object(cache: Path, md5: str) -> Path:
+    """Where DVC 3 keeps the object of `md5` (a folder's manifest: `….dir`)."""
+    return cache / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def md5_of(path: Path) -> str:
+    """md5 of a file's bytes, read in 1 MiB blocks (DVC's hash of a file)."""
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def recorded_outputs(root: Path) -> dict[str, Recorded]:
+    """Every output file the project's locks record, by path under `root`."""
+    locks = tuple(_stamp(root / lock) for lock in LOCKS)
+    return _recorded_outputs(root.resolve(), locks, _stamp(cache_dir(root)))
+
+
+@functools.lru_cache(maxsize=4)
+def _recorded_outputs(root: Path, *_: object) -> dict[str, Recorded]:
+    """(cached while the locks are unchanged)"""
+    cache = cache_dir(root)
+    found: dict[str, Recorded] = {}
+    for lock in LOCKS:
+        path = root / lock
+        if not path.is_file():
+            continue
+        try:
+            stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {})["stages"]
+        except (yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
+            continue
+        prefix = "" if lock == "dvc.lock" else f"{Path(lock).parent}/dvc.yaml:"
+        for name, entry in stages.items():
+            for out in entry.get("outs") or []:
+                found.update(_files_of(out, prefix + name, cache))
+    return found
+
+
+def _files_of(out: dict, stage: str, cache: Path) -> dict[str, Recorded]:
+    """The files of one lock `outs` entry (paths relative to the project's
+    root: both of this project's pipeline files run from it)."""
+    where, md5 = str(out.get("path", "")), str(out.get("md5", ""))
+    if not md5.endswith(".dir"):
+        return {where: Recorded(where, md5, stage, where)} if md5 else {}
+    try:
+        listing = json.loads(cache_object(cache, md5).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # the manifest is not here: nothing to check against
+    return {
+        f"{where}/{e['relpath']}": Recorded(
+            f"{where}/{e['relpath']}", e["md5"], stage, where
+        )
+        for e in listing
+        if isinstance(e, dict) and "relpath" in e and "md5" in e
+    }
+
+
+def recorded_md5(path: Path) -> Recorded | None:
+    """What the project's locks record of the file at `path`, if anything."""
+    root = project_root(path)
+    if root is None:
+        return None
+    try:
+        rel = Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return None
+    return recorded_outputs(root).get(rel)
+
+
+def check_content(path: Path) -> None:
+    """Raise DamagedError when the bytes of `path` differ from the md5 DVC
+    recorded for it; nothing when it matches or nothing records it."""
+    rec = recorded_md5(Path(path))
+    if rec is None or md5_of(Path(path)) == rec.md5:
+        return
+    raise DamagedError(
+        f"{path}: its bytes differ from the md5 that {_lock_of(rec.stage)} "
+        f"recorded when stage {rec.stage} wrote it (damaged since): `pal verify "
+        f"--stage {rec.stage}` checks its cache copy and names the repair"
+    )
+
+
+def _lock_of(stage: str) -> str:
+    return (
+        f"{stage.split(':')[0][: -len('dvc.yaml')]}dvc.lock"
+        if ":" in stage
+        else "dvc.lock"
+    )

@@ -1,0 +1,168 @@
+"""`pal verify`: every output the locks name, and DVC's cache behind it,
+re-hashed by content.
+
+DVC decides from a file's mtime and size whether it changed, so a flipped bit
+with the mtime kept goes unseen, and with the link cache docs/USAGE.md
+recommends (`cache.type hardlink,symlink`) an in-place write to an output is a
+write to its cache object: the damage then survives `dvc checkout`, and a
+`dvc repro -f` of its stage links the damaged object back over the fresh file
+(its md5 is already "in the cache"). `pal verify` hashes each output file the
+lock files record and the cache object of the same md5, and for each damaged
+one prints what repairs it: `dvc checkout --relink` where the cache holds the
+good bytes, else the cache object to remove and the stage to rerun.
+
+It cannot find a run-cache entry that is consistent with itself but was made
+from damaged input (a stage that read a damaged file before the readers
+checked their inputs): docs/USAGE.md says how to purge those.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from palcore.cliutil import clean_errors
+from palcore.errors import PalError
+from palcore.recorded import (
+    Recorded,
+    cache_dir,
+    cache_object,
+    md5_of,
+    project_root,
+    recorded_outputs,
+)
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One output file that is not what its lock records, and its repair."""
+
+    file: str
+    stage: str
+    what: str
+    repair: str
+
+    def line(self) -> str:
+        return f"{self.file} (stage {self.stage}): {self.what}: {self.repair}"
+
+
+def verify(root: Path, stages: set[str] | None = None, progress=None) -> list[Damage]:
+    """Hash every output file of the locks at `root` (of `stages`, default
+    all) and its cache object; the damaged ones with their repairs."""
+    cache = cache_dir(root)
+    files = [
+        r
+        for r in recorded_outputs(root).values()
+        if stages is None or r.stage in stages
+    ]
+    found = []
+    for rec in sorted(files, key=lambda r: r.path):
+        damage = _check(root, cache, rec)
+        if damage is not None:
+            found.append(damage)
+        if progress is not None:
+            progress(rec)
+    return found
+
+
+def _check(root: Path, cache: Path, rec: Recorded) -> Damage | None:
+    work, obj = root / rec.path, cache_object(cache, rec.md5)
+    work_ok = work.is_file() and md5_of(work) == rec.md5
+    obj_ok = obj.is_file() and md5_of(obj) == rec.md5
+    if work_ok and (obj_ok or not obj.exists()):
+        return None  # no object: `cache: false`, pushed elsewhere, `dvc gc`
+    shared = work.exists() and obj.exists() and _same_file(work, obj)
+    rerun = f"dvc repro -f -s {rec.stage}"
+    if not obj.exists():
+        what = (
+            "missing" if not work.exists() else "its bytes differ from the lock's md5"
+        )
+        return Damage(
+            rec.path, rec.stage, f"{what}, and not in the cache", f"`{rerun}`"
+        )
+    if obj_ok:
+        what = (
+            "missing" if not work.exists() else "its bytes differ from the lock's md5"
+        )
+        return Damage(rec.path, rec.stage, what, f"`dvc checkout --relink {rec.out}`")
+    drop = f"`rm {_shown(obj, root)} && {rerun}`"
+    if shared:
+        what = f"damaged, and so is its cache object (the same file: a {_link(work)})"
+    elif work_ok:
+        what = f"its cache object {_shown(obj, root)} is damaged"
+    else:
+        what = f"damaged, and its cache object {_shown(obj, root)} is damaged too"
+    return Damage(rec.path, rec.stage, what, drop)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _link(path: Path) -> str:
+    return "symbolic link" if path.is_symlink() else "hard link"
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def live_stages(root: Path) -> set[str]:
+    """The stages the pipeline files define now, as the locks name them (a
+    lock keeps entries of stages that are gone: their files are not checked)."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        return {stage.addressing for stage in repo.index.stages}
+
+
+@click.command("verify")
+@click.option(
+    "--stage",
+    "stages",
+    multiple=True,
+    metavar="NAME",
+    help="Only this stage's outputs (a lock's name, e.g. extract@pal-0 or "
+    "ablation/dvc.yaml:tune@fast-1); repeatable. Default: every stage.",
+)
+@clean_errors
+def cli(stages: tuple[str, ...]) -> None:
+    """Re-hash every output the lock files name, and DVC's cache behind it.
+
+    By content, not mtime: each output file of dvc.lock and ablation/dvc.lock
+    against the md5 its lock records, and the cache object of that md5. Prints
+    one line per damaged file with its repair (`dvc checkout --relink`, or the
+    cache object to remove and the stage to rerun) and exits 1; exits 0 when
+    everything matches.
+    """
+    from tqdm import tqdm
+
+    root = project_root(Path.cwd() / "x")
+    if root is None:
+        raise PalError(f"{Path.cwd()}: not in a DVC project (no .dvc/ above it)")
+    live = live_stages(root)
+    unknown = sorted(set(stages) - live)
+    if unknown:
+        raise PalError(f"--stage {unknown[0]}: no such stage in the pipeline files")
+    chosen = set(stages) or live
+    total = sum(
+        1
+        for r in recorded_outputs(root).values()
+        if chosen is None or r.stage in chosen
+    )
+    with tqdm(total=total, desc="verify", unit="file") as bar:
+        found = verify(root, chosen, progress=lambda _: bar.update())
+    for damage in found:
+        click.echo(f"Error: {damage.line()}", err=True)
+    if found:
+        raise SystemExit(1)
+    click.echo(f"verify: {total} output files match their locks and the cache")

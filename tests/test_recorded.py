@@ -1,0 +1,154 @@
+"""Readers check every file they read from a DVC output against the md5 DVC
+recorded for it (`palcore.recorded`): a bit flipped with the mtime kept ends
+the reading command with one line, and nothing is written. Here the project
+is laid out by hand as DVC lays it out (a lock, a folder output and its
+manifest in the cache); tests/test_dvc_pipeline.py does it with DVC.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from palcore.errors import ShardError
+from palcore.recorded import (
+    DamagedError,
+    cache_dir,
+    check_content,
+    md5_of,
+    recorded_md5,
+)
+from solver.api import make_features
+from solver.shards import open_features
+
+OUT = "data/extract/pal/0"
+
+
+def _project(tmp_path: Path, cache: str | None = None) -> Path:
+    """A project whose dvc.lock records a folder output of synthetic shards,
+    its manifest in the cache (`cache`: a `cache.dir` of .dvc/config)."""
+    root = tmp_path / "project"
+    (root / ".dvc").mkdir(parents=True)
+    if cache is not None:
+        (root / ".dvc" / "config").write_text(f"[cache]\n    dir = {cache}\n")
+    make_features(root / OUT, n_steps=2, rows_per_step=30, test_rows=10)
+    files = sorted(p for p in (root / OUT).rglob("*") if p.is_file())
+    listing = [
+        {"md5": md5_of(p), "relpath": p.relative_to(root / OUT).as_posix()}
+        for p in files
+    ]
+    text = json.dumps(listing)
+
+    md5 = hashlib.md5(text.encode()).hexdigest() + ".dir"
+    obj = cache_dir(root) / "files" / "md5" / md5[:2] / md5[2:]
+    obj.parent.mkdir(parents=True)
+    obj.write_text(text)
+    lock = {
+        "schema": "2.0",
+        "stages": {
+            "extract@pal-0": {
+                "cmd": "pal extract",
+                "outs": [{"path": OUT, "hash": "md5", "md5": md5}],
+            }
+        },
+    }
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock))
+    return root
+
+
+def _flip_keeping_mtime(path: Path) -> None:
+    """One bit of the middle byte flipped, the mtime as it was (disk rot)."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_the_recorded_md5_is_the_manifests(tmp_path: Path) -> None:
+    root = _project(tmp_path, cache="../shared-cache")
+    assert cache_dir(root) == (root / "shared-cache").resolve()
+    shard = root / OUT / "step_02" / "train.h5"
+    rec = recorded_md5(shard)
+    assert (rec.path, rec.stage, rec.out) == (
+        f"{OUT}/step_02/train.h5",
+        "extract@pal-0",
+        OUT,
+    )
+    assert rec.md5 == md5_of(shard)
+    assert recorded_md5(tmp_path / "elsewhere.h5") is None  # outside a project
+    check_content(shard)  # matches: nothing raised
+    assert len(open_features(root / OUT)) == 2
+
+
+def test_a_bit_flipped_with_its_mtime_kept_is_one_line(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    shard = root / OUT / "step_02" / "train.h5"
+    _flip_keeping_mtime(shard)
+    line = (
+        f"{shard}: its bytes differ from the md5 that dvc.lock recorded when "
+        "stage extract@pal-0 wrote it (damaged since): `pal verify --stage "
+        "extract@pal-0` checks its cache copy and names the repair"
+    )
+    with pytest.raises(DamagedError) as err:
+        open_features(root / OUT)
+    assert str(err.value) == line
+    # the solver's command: that line, exit 1, no weights written
+    from solver.cli import main
+
+    out = tmp_path / "solve"
+    result = CliRunner().invoke(
+        main,
+        [
+            "solve",
+            "--features",
+            str(root / OUT),
+            "--out",
+            str(out),
+            "--eta",
+            "1",
+            "--width",
+            "64",
+            "--device",
+            "cpu",
+        ],
+    )
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == f"Error: {line}"
+    assert not out.exists() or not any(out.rglob("*.h5"))
+
+
+def test_a_shard_rewritten_as_float16_is_refused(tmp_path: Path) -> None:
+    """stored_dtype says what extract wrote: float16 features under a float32
+    attr are a rewrite, whether a lock records the file or not."""
+    out = make_features(tmp_path / "features", n_steps=1, rows_per_step=20)
+    path = out / "step_01" / "train.h5"
+    with h5py.File(path, "a") as f:
+        f.attrs["stored_dtype"] = "float32"
+        x = f["features"][()]
+        del f["features"]
+        f["features"] = x.astype(np.float16)
+    with pytest.raises(ShardError) as err:
+        open_features(out)
+    assert str(err.value) == (
+        f"{path}: features are float16 but attr stored_dtype says float32 "
+        "(rewritten since extract)"
+    )
+
+
+def test_a_copy_outside_the_project_is_not_checked(tmp_path: Path) -> None:
+    """Only what a lock records is checked: a copy elsewhere reads as before."""
+    root = _project(tmp_path)
+    copy = tmp_path / "copy"
+    shutil.copytree(root / OUT, copy)
+    _flip_keeping_mtime(copy / "step_01" / "test.h5")
+    check_content(copy / "step_01" / "test.h5")  # no lock above it: nothing raised
