@@ -475,3 +475,43 @@ def test_a_copy_of_the_data_elsewhere_gives_the_same_bytes(tmp_path, food_a):
         k: v for k, v in before.items() if k != "images"
     }
     assert doc["images"] != before["images"]
+
+
+def test_a_task_without_test_samples_is_refused_before_any_gpu_work(tmp_path):
+    """No params make an empty task; a layout can: N24News whose test split
+    lacks a section (a small section with no test article). With one section
+    a task, that section's task has no test samples in every class order:
+    `pal prepare` and `pal check` refuse it, naming the task (and the run)."""
+    root = make_n24news(tmp_path / "n24")
+    test = root / "news" / "nytimes_test.json"
+    items = json.loads(test.read_text())
+    test.write_text(json.dumps([i for i in items if i["section"] != "Section 07"]))
+    data = {"dataset": "n24news", "root": str(root), "tasks": 24}
+    r = run_prepare(tmp_path, tmp_path / "out", **data, class_order_seed=0)
+    assert r.exit_code == 1
+    from pipeline.data.protocol import class_order
+
+    sections = sorted({i["section"] for i in items})
+    task = class_order(sections, 0).index("Section 07") + 1
+    line = (
+        f"Error: data (class_order_seed 0): task {task} has no test samples (its "
+        "classes: Section 07): every task needs both; the dataset's test split "
+        "lacks these classes"
+    )
+    assert r.output.strip().splitlines()[-1] == line
+    assert not (tmp_path / "out").exists()
+    from helpers import committed_params
+
+    full = committed_params()
+    full["data"].update(data, root=str(root))
+    full["protocol"]["runs"] = [0, 1]
+    params = tmp_path / "check.yaml"
+    params.write_text(yaml.safe_dump(full))
+    r = CliRunner().invoke(main, ["check", "--params", str(params)])
+    assert r.exit_code == 1
+    for run in (0, 1):
+        task = class_order(sections, run).index("Section 07") + 1
+        assert (
+            f"Error: {params}: run {run}: data: task {task} has no test samples"
+            in r.output
+        )

@@ -30,7 +30,7 @@ count then exceeds m; `prepare` logs it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -61,6 +61,34 @@ def task_sizes(n_classes: int, n_tasks: int, allow_uneven: bool = False) -> list
             "(set data.allow_uneven: true to give the first tasks one class more)"
         )
     return [base + (1 if t < extra else 0) for t in range(n_tasks)]
+
+
+def empty_tasks(
+    samples: Iterable[tuple[str, str]], order: Sequence[str], sizes: Sequence[int]
+) -> list[tuple[int, str, list[str]]]:
+    """The (task, split, its classes) of every task with no training or no
+    test sample, for `samples` given as (class name, split) and the classes in
+    label `order`: a class order can put only classes without test samples
+    into one task (a dataset whose test split lacks some classes), and every
+    step needs both its training and its test samples."""
+    task_of = task_of_label(sizes)
+    label_of = {name: i for i, name in enumerate(order)}
+    seen = {(task_of[label_of[c]], split) for c, split in samples if c in label_of}
+    bounds = np.cumsum([0, *sizes])
+    return [
+        (t, split, list(order[bounds[t - 1] : bounds[t]]))
+        for t in range(1, len(sizes) + 1)
+        for split in ("train", "test")
+        if (t, split) not in seen
+    ]
+
+
+def empty_task_line(task: int, split: str, classes: list[str]) -> str:
+    shown = ", ".join(classes[:3]) + (", …" if len(classes) > 3 else "")
+    return (
+        f"task {task} has no {split} samples (its classes: {shown}): every task "
+        f"needs both; the dataset's {split} split lacks these classes"
+    )
 
 
 def task_of_label(sizes: Sequence[int]) -> list[int]:

@@ -168,6 +168,9 @@ def check_data(
         task_sizes(len(listing.classes), data.tasks, data.allow_uneven)
     except PalError as exc:
         return [f"{path}: {exc}"], ""
+    problems = [f"{path}: {p}" for p in _empty_tasks(path, data, listing)]
+    if problems:
+        return problems, ""
     counts: dict[str, int] = {}
     for s in listing.samples:
         counts[s.split] = counts.get(s.split, 0) + 1
@@ -176,6 +179,32 @@ def check_data(
         f"data: {data.dataset}, {len(listing.classes)} classes in {data.tasks} "
         f"tasks; {splits}"
     )
+
+
+def _empty_tasks(path: Path, data: DataParams, listing: Any) -> list[str]:
+    """A task with no training or no test sample in some run's class order
+    (`pal prepare` refuses it too): one line per run."""
+    from pipeline.data.listing import per_class
+    from pipeline.data.protocol import (
+        class_order,
+        empty_task_line,
+        empty_tasks,
+        task_sizes,
+    )
+
+    if data.per_class is not None:
+        listing = per_class(listing, data.per_class)
+    protocol = load_section(path, "protocol", ProtocolParams)
+    pairs = [(s.class_name, s.split) for s in listing.samples]
+    lines = []
+    for run in protocol.runs:
+        seed = load_section(Source(path, run), "data", DataParams).class_order_seed
+        order = class_order(listing.classes, seed)
+        sizes = task_sizes(len(order), data.tasks, data.allow_uneven)
+        empty = empty_tasks(pairs, order, sizes)
+        if empty:
+            lines.append(f"run {run}: data: " + empty_task_line(*empty[0]))
+    return lines
 
 
 def check_backbone(path: Path) -> tuple[list[str], str]:

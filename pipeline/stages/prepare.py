@@ -57,6 +57,7 @@ from pipeline.data.samples import (
     SAMPLES_FILE,
     SPLITS,
     TASKS_FILE,
+    PrepareError,
     Sample,
 )
 from pipeline.params import DataParams, load
@@ -84,6 +85,13 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
     order = protocol.class_order(listing.classes, params.class_order_seed)
     sizes = protocol.task_sizes(len(order), params.tasks, params.allow_uneven)
     groups = _group_by_task(kept, order, sizes)
+    pairs = ((s.class_name, s.split) for s, *_ in kept)
+    empty = protocol.empty_tasks(pairs, order, sizes)
+    if empty:  # known before any GPU work: no stage after this could run it
+        raise PrepareError(
+            f"data (class_order_seed {params.class_order_seed}): "
+            + protocol.empty_task_line(*empty[0])
+        )
     rows, tasks, first_label = [], [], 0
     for task, size in enumerate(sizes, start=1):
         counts = {}
