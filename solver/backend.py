@@ -18,6 +18,7 @@ values; the upper triangle is undefined.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,12 @@ class Backend:
 
     def __init__(self) -> None:
         self.xp: Any = np
+
+    def memory(self) -> tuple[str, int]:
+        """(where, bytes): the memory a solve on this backend can hold at most
+        (the host's physical memory)."""
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return "this machine's memory", int(pages)
 
     # ------------------------------------------------------------ transfers
 
@@ -112,6 +119,10 @@ class CupyBackend(Backend):
         self._cp = cp
         self._cublas = cupy.cublas
         self._solve_triangular = cupyx.scipy.linalg.solve_triangular
+
+    def memory(self) -> tuple[str, int]:
+        total = int(self._cp.cuda.runtime.memGetInfo()[1])
+        return f"{_gpu_name(self._cp)}'s memory", total
 
     def asarray(self, a: np.ndarray, dtype: Any = None) -> Any:
         return self._cp.asarray(a, dtype=dtype)

@@ -101,3 +101,24 @@ class EvaluateParams:
             "evaluate.batch_rows",
             f"must be > 0, got {self.batch_rows}",
         )
+
+
+def solve_bytes(params: SolveParams, gpu: bool = False) -> tuple[int, int]:
+    """(d×d matrices held, bytes): an upper estimate of a solve's peak memory,
+    its width² terms (DESIGN §4): gram holds G and the factor of G + ηI,
+    woodbury R and one factor; eta auto adds G_v and its factor; CuPy's
+    Cholesky copies the matrix it factors and returns a new one."""
+    count = 2 + 2 * (params.eta == "auto") + 2 * gpu
+    item = 4 if params.dtype == "float32" else 8
+    return count, count * params.width * params.width * item
+
+
+def check_memory(params: SolveParams, where: str, have: int, gpu: bool) -> None:
+    """One line when the solve cannot fit `have` bytes of `where`."""
+    count, need = solve_bytes(params, gpu)
+    if need > have:
+        raise ParamsError(
+            f"solve.width {params.width}: the solve holds about {need / 2**30:.1f} "
+            f"GiB ({count} × {params.width}² {params.dtype}), but {where} is "
+            f"{have / 2**30:.1f} GiB: lower solve.width"
+        )

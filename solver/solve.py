@@ -30,7 +30,7 @@ from palcore.params import Source, load_section
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.options import apply_overrides, override_options
-from solver.params import SolveParams
+from solver.params import SolveParams, check_memory
 from solver.rls import Expander, RidgeRLS, make_expander, make_rls
 from solver.select import EtaSelector
 from solver.shards import StepShards, open_features
@@ -72,13 +72,15 @@ def solve(
     """
     if params.is_auto and (state is not None or save_state is not None):
         raise PalError("solve.eta auto does not combine with --state/--save-state")
+    backend = backend or get_backend(params.device)
+    check_memory(params, *backend.memory(), gpu=backend.name == "cupy")
     start_from = load_state(state) if state is not None else None
     first = start_from.info.step + 1 if start_from else 1
     steps = open_features(features_dir, first=first)
     feature_dim = steps[0].feature_dim
     if start_from is not None:
         check_state(state, start_from.info, _state_keys(params, feature_dim))
-    fit = _build(params, backend or get_backend(params.device), steps)
+    fit = _build(params, backend, steps)
     # W_k of the steps before `first`, per η, when the state has them for these η
     known: list[dict[int, np.ndarray]] = [{} for _ in params.etas]
     if start_from is not None:

@@ -58,6 +58,35 @@ def test_every_mistake_is_one_line(project):
     ]
 
 
+def test_a_solve_wider_than_the_memory_is_refused_before_any_stage(project):
+    """width 100000 holds 2 × 100000² float64 (149 GiB) on the CPU: one line
+    with the figure, here and in `pal-solver solve` (tests/test_solver_cli.py);
+    `--solve-memory` checks it against another machine's."""
+    import os
+
+    text = (project / "params.yaml").read_text()
+    (project / "params.yaml").write_text(
+        text.replace("  width: 1024", "  width: 100000")
+    )
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    r = check()
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [
+        "Error: params.yaml: solve.width 100000: the solve holds about 149.0 GiB "
+        f"(2 × 100000² float64), but this machine's memory is {ram:.1f} GiB: "
+        "lower solve.width"
+    ]
+    # solve.device auto: on a GPU CuPy's Cholesky copies, 4 × d² in all
+    r = check("--solve-memory", "300")
+    assert r.exit_code == 0, r.output
+    r = check("--solve-memory", "100")
+    assert r.stderr.splitlines() == [
+        "Error: params.yaml: solve.width 100000: the solve holds about 298.0 GiB "
+        "(4 × 100000² float64), but the memory given (--solve-memory) is 100.0 "
+        "GiB: lower solve.width"
+    ]
+
+
 def test_a_variant_and_a_pipeline_list_are_checked(project):
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["ablation"]["init"]["changes"]["tune"] = {"epochs": -1}

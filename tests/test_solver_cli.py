@@ -506,3 +506,19 @@ def test_a_chain_missing_a_step_writes_nothing(tmp_path, pristine):
         "is missing: rerun its `pal extract`)\n",
     )
     assert not (tmp_path / "solve").exists()
+
+
+def test_a_solve_wider_than_the_memory_stops_before_reading(run):
+    """`--width 100000` on the CPU: one line with the figure, before a shard
+    is read or a weights file written (`pal check` says it first)."""
+    import os
+
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    before = (run["root"] / "solve" / "weights.h5").read_bytes()
+    result = invoke(run, "solve", "--width", "100000", "--device", "cpu")
+    assert_one_line_error(
+        result,
+        "solve.width 100000: the solve holds about 149.0 GiB (2 × 100000² "
+        f"float64), but this machine's memory is {ram:.1f} GiB: lower solve.width",
+    )
+    assert (run["root"] / "solve" / "weights.h5").read_bytes() == before

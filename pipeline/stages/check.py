@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,33 @@ def check_devices(path: Path) -> list[str]:
     return [f"{path}: {p}" for p in problems]
 
 
+def check_solve_memory(path: Path, memory_gib: float | None = None) -> list[str]:
+    """The solve against the memory of the device solve.device resolves to
+    here (`memory_gib`: another machine's, given by hand)."""
+    from solver.api import SolveParams
+    from solver.backend import get_backend
+    from solver.params import check_memory
+
+    params = load_section(path, "solve", SolveParams)
+    try:
+        if memory_gib is not None:
+            where, have = "the memory given (--solve-memory)", int(memory_gib * 2**30)
+            gpu = params.device != "cpu"  # auto: the machine it runs on may have one
+        else:  # quietly: the solve logs which backend it runs on, not the check
+            quiet = logging.getLogger("solver.backend")
+            level = quiet.level
+            quiet.setLevel(logging.WARNING)
+            try:
+                backend = get_backend(params.device)
+            finally:
+                quiet.setLevel(level)
+            (where, have), gpu = backend.memory(), backend.name == "cupy"
+        check_memory(params, where, have, gpu)
+    except PalError as exc:
+        return [f"{path}: {exc}"]
+    return []
+
+
 def check_data(
     path: Path, listings: dict[Any, Any] | None = None
 ) -> tuple[list[str], str]:
@@ -244,7 +272,9 @@ def check_backbone(path: Path) -> tuple[list[str], str]:
 
 
 def check_all(
-    path: Path, listings: dict[Any, Any] | None = None
+    path: Path,
+    listings: dict[Any, Any] | None = None,
+    memory_gib: float | None = None,
 ) -> tuple[list[str], list[str]]:
     """Every check of `pal check` on the params file at `path`, from the
     current folder (a project's root): (problems, summary lines)."""
@@ -258,6 +288,7 @@ def check_all(
             problems += check_declared_keys(path, pipeline_file, seen)
     if not problems:  # the sections load: paths, devices and data can be read
         problems += check_paths(path) + check_devices(path)
+        problems += check_solve_memory(path, memory_gib)
         data_problems, line = check_data(path, listings)
         backbone_problems, backbone_line = check_backbone(path)
         problems += data_problems + backbone_problems
@@ -267,15 +298,27 @@ def check_all(
 
 @click.command("check")
 @params_option
-def cli(params_file: str) -> None:
+@click.option(
+    "--solve-memory",
+    "memory_gib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="GIB",
+    help="Check the solve against this much memory (the GiB of the machine "
+    "or GPU it will run on) instead of this machine's.",
+)
+def cli(params_file: str, memory_gib: float | None) -> None:
     """Check the params, paths, devices and data before `dvc repro`.
 
-    Prints every problem as one line naming the file and key, and exits 1 if
-    there is any; otherwise one summary line per check.
+    Also: the contracts' guard (the GPU stages' code), a task without training
+    or test samples in any run, and the solve's memory against the device
+    solve.device resolves to. Prints every problem as one line naming the
+    file and key, and exits 1 if there is any; otherwise one summary line per
+    check.
     """
     path = Path(params_file)
     try:
-        problems, summary = check_all(path)
+        problems, summary = check_all(path, memory_gib=memory_gib)
     except PalError as exc:  # the file itself is unreadable
         raise click.ClickException(str(exc)) from None
     for problem in problems:
