@@ -29,7 +29,13 @@ import numpy as np
 
 from palcore.codes import Missing
 from palcore.errors import ShardError
-from palcore.outputs import atomic_path, step_dir_name, task_group_name
+from palcore.outputs import (
+    atomic_path,
+    exits_when_full,
+    free_bytes,
+    step_dir_name,
+    task_group_name,
+)
 from palcore.recorded import check_content
 
 FORMAT_VERSION = 1
@@ -73,7 +79,8 @@ class ShardAttrs:
 def write_train(path: str | Path, block: Block, attrs: ShardAttrs) -> Path:
     """Write a train shard atomically (temp name in the same folder, then rename)."""
     _check_block(block, attrs, f"{path}")
-    return _atomic_write(Path(path), attrs, lambda f: _write_block(f, block, attrs))
+    fill = lambda f: _write_block(f, block, attrs)  # noqa: E731
+    return _atomic_write(Path(path), attrs, fill, _nbytes(block))
 
 
 def write_test(path: str | Path, tasks: Mapping[int, Block], attrs: ShardAttrs) -> Path:
@@ -91,24 +98,35 @@ def write_test(path: str | Path, tasks: Mapping[int, Block], attrs: ShardAttrs) 
         for task in expected:
             _write_block(f.create_group(task_group_name(task)), tasks[task], attrs)
 
-    return _atomic_write(Path(path), attrs, fill)
+    needed = sum(_nbytes(b) for b in tasks.values())
+    return _atomic_write(Path(path), attrs, fill, needed)
 
 
-def _atomic_write(path: Path, attrs: ShardAttrs, fill) -> Path:
+def _nbytes(block: Block) -> int:
+    """About a block's bytes on disk (its arrays; ids at 32 bytes each)."""
+    arrays = (block.features, block.labels, block.missing, block.bp_logits)
+    return sum(a.nbytes for a in arrays if a is not None) + 32 * len(block.sample_ids)
+
+
+def _atomic_write(path: Path, attrs: ShardAttrs, fill, needed: int = 0) -> Path:
+    free = free_bytes(path.parent)
     try:
         with atomic_path(path) as tmp:
             # track_order keeps attribute order stable; no timestamps are written
             with h5py.File(tmp, "w", track_order=True) as f:
-                f.attrs["format_version"] = FORMAT_VERSION
-                f.attrs["step"] = int(attrs.step)
-                f.attrs["classes_seen"] = int(attrs.classes_seen)
-                f.attrs["feature_dim"] = int(attrs.feature_dim)
-                for key in sorted(attrs.provenance):
-                    value = attrs.provenance[key]
-                    if not isinstance(value, (str, int, float)):
-                        value = json.dumps(value, sort_keys=True)
-                    f.attrs[key] = value
-                fill(f)
+                full = exits_when_full(path, tmp, lambda: needed or None, free, True)
+                with full:
+                    f.attrs["format_version"] = FORMAT_VERSION
+                    f.attrs["step"] = int(attrs.step)
+                    f.attrs["classes_seen"] = int(attrs.classes_seen)
+                    f.attrs["feature_dim"] = int(attrs.feature_dim)
+                    for key in sorted(attrs.provenance):
+                        value = attrs.provenance[key]
+                        if not isinstance(value, (str, int, float)):
+                            value = json.dumps(value, sort_keys=True)
+                        f.attrs[key] = value
+                    fill(f)
+                    f.flush()
     except OSError as exc:
         raise ShardError(f"{path}: cannot write ({hdf5_reason(exc)})") from None
     return path

@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 
 from palcore.errors import PalError
-from palcore.outputs import temp_path
+from palcore.outputs import exit_disk_full, free_bytes, is_disk_full, temp_path
 from palcore.recorded import check_content
 from solver.params import SolveParams
 from solver.shards import hdf5_reason, step_dir_name
@@ -77,6 +77,7 @@ class WeightsWriter:
     ) -> None:
         self.path = Path(path)
         self._tmp = temp_path(self.path)
+        self._free = free_bytes(self.path.parent)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file: h5py.File | None = h5py.File(self._tmp, "w", track_order=True)
@@ -107,22 +108,43 @@ class WeightsWriter:
         g.attrs["classes_seen"] = int(W.shape[1])
         if eta is not None:
             g.attrs["eta"] = float(eta)
-        g.create_dataset("W", data=np.ascontiguousarray(W, dtype=self._dtype))
+        W = np.ascontiguousarray(W, dtype=self._dtype)
+        try:
+            g.create_dataset("W", data=W)
+        except (OSError, RuntimeError) as exc:  # h5py raises either
+            self._full(exc, W.nbytes)
+            raise
         self._n_steps = step
+
+    def _full(self, exc: BaseException, nbytes: int) -> None:
+        """A write that found the disk full: the temporary file removed, one
+        line, the process ended (`exit_disk_full`); any other error returns."""
+        if is_disk_full(exc):
+            self._tmp.unlink(missing_ok=True)
+            exit_disk_full(self.path, nbytes, self._free)
 
     def commit(self) -> Path:
         assert self._file is not None
         self._file.attrs["n_steps"] = self._n_steps
-        self._file.close()
+        try:
+            self._file.close()
+        except (OSError, RuntimeError) as exc:
+            self._full(exc, 0)
+            raise
         self._file = None
         os.replace(self._tmp, self.path)
         return self.path
 
     def discard(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        """Remove the temporary file, even when it cannot be closed."""
+        try:
+            if self._file is not None:
+                self._file.close()
+        except (OSError, RuntimeError):
+            pass  # a failed write: the error the caller raises says what
+        finally:
             self._file = None
-        self._tmp.unlink(missing_ok=True)
+            self._tmp.unlink(missing_ok=True)
 
 
 class WeightsFile:

@@ -32,7 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from palcore.errors import PalError
-from palcore.outputs import atomic_path
+from palcore.outputs import atomic_path, exits_when_full, free_bytes
 from palcore.recorded import check_content
 from pipeline.data import loader
 
@@ -102,32 +102,42 @@ def write_cache(
     """Decode every image of `rels` (paths under `root`) once and write the
     cache to `path` (a temporary name, then renamed); returns the images that
     did not decode (not stored). The same images and processor give the same
-    bytes whatever `workers`."""
+    bytes whatever `workers`. A full disk ends the process with one line
+    (`palcore.outputs.exits_when_full`), the temporary file removed."""
     rels = sorted(set(rels))
+    kept, sizes, offsets, bad, trying = [], [], [0], [], [0]
+    free = free_bytes(Path(path).parent)
+
+    def needed() -> int:  # the bytes so far, scaled to every image
+        done = len(kept) + len(bad) + 1  # with the image it was writing
+        return int((offsets[-1] + trying[0]) * len(rels) / done)
+
     key = json.dumps(processor_key(ip, image_side), sort_keys=True)
-    kept, sizes, offsets, bad = [], [], [0], []
     with atomic_path(Path(path)) as tmp, h5py.File(tmp, "w", track_order=True) as f:
-        f.attrs["format_version"] = FORMAT_VERSION
-        f.attrs["processor"] = key
-        flat = f.create_dataset("pixels", shape=(0,), maxshape=(None,),
-                                dtype=np.uint8, chunks=(CHUNK,),
-                                fletcher32=True)  # fmt: skip
-        images = _decoded(Path(root), rels, ip, image_side, workers)
-        bar = tqdm(images, total=len(rels), desc="pixels", unit="image",
-                   disable=None, leave=False)  # fmt: skip
-        for rel, x in zip(rels, bar, strict=True):
-            if x is None:
-                bad.append(rel)
-                continue
-            end = offsets[-1] + x.size
-            flat.resize((end,))
-            flat[offsets[-1] : end] = x.reshape(-1)
-            kept.append(rel)
-            sizes.append(x.shape[1:])
-            offsets.append(end)
-        f.create_dataset("offsets", data=np.asarray(offsets, np.int64))
-        f.create_dataset("sizes", data=np.asarray(sizes, np.int32).reshape(-1, 2))
-        f.create_dataset("paths", data=np.asarray(kept, dtype=object), dtype=_STR)
+        with exits_when_full(Path(path), tmp, needed, free):
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["processor"] = key
+            flat = f.create_dataset("pixels", shape=(0,), maxshape=(None,),
+                                    dtype=np.uint8, chunks=(CHUNK,),
+                                    fletcher32=True)  # fmt: skip
+            images = _decoded(Path(root), rels, ip, image_side, workers)
+            bar = tqdm(images, total=len(rels), desc="pixels", unit="image",
+                       disable=None, leave=False)  # fmt: skip
+            for rel, x in zip(rels, bar, strict=True):
+                if x is None:
+                    bad.append(rel)
+                    continue
+                end = offsets[-1] + x.size
+                trying[0] = x.size
+                flat.resize((end,))
+                flat[offsets[-1] : end] = x.reshape(-1)
+                kept.append(rel)
+                sizes.append(x.shape[1:])
+                offsets.append(end)
+            f.create_dataset("offsets", data=np.asarray(offsets, np.int64))
+            f.create_dataset("sizes", data=np.asarray(sizes, np.int32).reshape(-1, 2))
+            f.create_dataset("paths", data=np.asarray(kept, dtype=object), dtype=_STR)
+            f.flush()
     return bad
 
 
