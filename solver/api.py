@@ -31,7 +31,7 @@ from typing import Any
 from solver.backend import Backend, _cupy_or_reason, get_backend
 from solver.classifier import Classifier
 from solver.evaluate import evaluate, evaluate_pipeline
-from solver.params import EvaluateParams, SolveParams
+from solver.params import EvaluateParams, SolveParams, check_memory
 from solver.plots import mean_std_line, new_figure, png_bytes
 from solver.report import protocol_report as report
 from solver.rls import upsampling_matrix
@@ -45,6 +45,7 @@ __all__ = [
     "Classifier",
     "EvaluateParams",
     "SolveParams",
+    "check_memory",
     "cupy_or_reason",
     "evaluate",
     "evaluate_pipeline",

@@ -151,9 +151,7 @@ def check_devices(path: Path) -> list[str]:
 def check_solve_memory(path: Path, memory_gib: float | None = None) -> list[str]:
     """The solve against the memory of the device solve.device resolves to
     here (`memory_gib`: another machine's, given by hand)."""
-    from solver.api import SolveParams
-    from solver.backend import get_backend
-    from solver.params import check_memory
+    from solver.api import SolveParams, check_memory, get_backend
 
     params = load_section(path, "solve", SolveParams)
     try:
