@@ -220,7 +220,8 @@ def test_a_workspace_made_before_contracts_moves_over_by_adopt(
     out = _run([str(BIN / "pal"), "contracts", "adopt"], old, env)
     assert "dvc.yaml: 14 stages adopted" in out, out  # pixels, frozen, 2 × 3 × 2
     out = _run([dvc, "repro"], old, env)
-    assert _ran(out) == {"solve", "evaluate"}, out
+    assert not _ran(out) & GPU_STAGES, out  # the cheap stages, to the same bytes
+    assert {"solve", "evaluate"} <= _ran(out), out
     assert "Data and pipelines are up to date." in _run([dvc, "status"], old, env)
     assert _ran(_run([dvc, "repro"], old, env)) == set()
     assert (old / "dvc.lock").read_text() == (fresh / "dvc.lock").read_text()
