@@ -6,10 +6,12 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from PIL import Image
 
 from pipeline import params as pparams
 from pipeline.data.samples import read_prepare
@@ -38,11 +40,14 @@ def solved(tuned, tmp_path_factory):
 
 def _test_rows(prepare: Path, folder: Path) -> tuple[list[dict], list[str]]:
     """The test samples as predict input rows for an input file in `folder`
-    (image paths relative to it, through a link to the dataset's images; a
-    missing modality left out) and their class names."""
+    (image paths relative to it, in a copy of the dataset's images: a link
+    out of the folder is refused; a missing modality left out) and their
+    class names."""
+    import shutil
+
     samples, tasks = read_prepare(prepare)
     if not (folder / "images").exists():
-        (folder / "images").symlink_to(tasks.root / "images")
+        shutil.copytree(tasks.root / "images", folder / "images")
     rows, names = [], []
     for s in samples:
         if s.split != "test":
@@ -118,7 +123,7 @@ def test_rows_that_cannot_be_predicted_are_reported_per_row(solved, tmp_path):
     assert preds[1] == {
         "row": 2,
         "id": rows[1]["id"],
-        "error": f"cannot read image {bad}",
+        "error": f"cannot read image {bad} (cannot identify image file '{bad}')",
     }
     assert preds[4] == {
         "row": 5,
@@ -130,7 +135,7 @@ def test_rows_that_cannot_be_predicted_are_reported_per_row(solved, tmp_path):
     alone = json.loads(_cli(_jsonl(tmp_path / "one.jsonl", rows[:1]), *base)[1][0])
     assert alone["top"] == preds[0]["top"]  # the other rows change nothing
     code, out = _cli(path, *base, "--strict")
-    assert (code, out) == (1, [f"Error: {path}: row 2: cannot read image {bad}"])
+    assert (code, out) == (1, [f"Error: {path}: row 2: {preds[1]['error']}"])
 
 
 def test_errors_are_one_line(solved, tmp_path):
@@ -188,40 +193,56 @@ def test_input_that_is_not_utf8_is_one_line(tmp_path):
 def test_hostile_rows_are_refused_per_row_and_the_others_predicted(
     solved, tmp_path, caplog
 ):
-    """Text that is not valid Unicode and image paths outside the input's
-    folder are row errors (the latter read with --allow-outside-paths); an
-    image file that does not exist is a warning naming the row."""
+    """Text that is not valid Unicode, image paths outside the input's folder
+    (absolute, with .., or a symlink in the folder pointing out: the path is
+    resolved first) are row errors (read with --allow-outside-paths), and so
+    are a directory, a FIFO and an image over the pixel cap, each in its own
+    words; an image file that does not exist is a warning naming the row."""
+    import os
+
     prepare, tune_dir, weights, _ = solved
     rows, _ = _test_rows(prepare, tmp_path)
     rows = [r for r in rows if "image" in r and "text" in r][:5]
     inside = _jsonl(tmp_path / "inside.jsonl", rows[1:3])  # the same rows, in place
+    rows += [dict(rows[n], id=f"more {n}") for n in range(3)]  # rows 6 to 8
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "images").symlink_to((tmp_path / "images").resolve())
+    (outside / "a folder.png").mkdir()
+    os.mkfifo(outside / "pipe.png")
+    shutil.copy(tmp_path / rows[7]["image"], outside / "photo.png")
     rows[0]["text"] = "caf\udcff"  # json.dumps writes the escape "\udcff"
     rows[1]["image"] = str((tmp_path / rows[1]["image"]).resolve())
     rows[2]["image"] = "../" + rows[2]["image"]
     rows[3]["image"] = "gone.png"
+    rows[5]["image"], rows[6]["image"] = "a folder.png", "pipe.png"
+    rows[7]["image"] = "photo.png"
     path = _jsonl(outside / "in.jsonl", rows)
     with caplog.at_level("WARNING", logger="pipeline.stages.predict"):
-        preds, summary = predict(path, tune_dir, weights)
-    assert summary["errors"] == 3 and [p["row"] for p in preds] == [1, 2, 3, 4, 5]
+        preds, summary = predict(path, tune_dir, weights, max_pixels=100)
+    assert summary["errors"] == 7 and [p["row"] for p in preds] == list(range(1, 9))
     assert preds[0]["error"] == "text holds \\udcff at character 4, not valid Unicode"
-    assert preds[1]["error"] == (
-        f"image {rows[1]['image']} lies outside the input's folder "
-        "(--allow-outside-paths reads it)"
-    )
-    assert preds[2]["error"].startswith(f"image {rows[2]['image']} lies outside")
+    out = "outside the input's folder (--allow-outside-paths reads it)"
+    assert preds[1]["error"] == f"image {rows[1]['image']} lies {out}"
+    assert preds[2]["error"] == f"image {rows[2]['image']} lies {out}"
     assert preds[3]["missing"] == "image_missing" and len(preds[3]["top"]) == 5
-    assert preds[4]["missing"] == "complete" and len(preds[4]["top"]) == 5
+    real = (tmp_path / rows[4]["image"]).resolve()
+    assert preds[4]["error"] == f"image {rows[4]['image']} resolves to {real}, {out}"
+    assert preds[5]["error"] == "image a folder.png is a directory"
+    assert preds[6]["error"] == "image pipe.png is not a regular file"
+    w, h = Image.open(outside / "photo.png").size
+    assert preds[7]["error"] == (
+        f"image {outside / 'photo.png'} has {w}×{h} pixels ({w * h / 1e6:.1f} MP), "
+        "more than --max-megapixels 0.0001 allows"
+    )
     assert caplog.messages == [
         f"{path}: row 4: image {outside / 'gone.png'} not found: predicted without it",
         *(
             f"{path}: row {n}: {preds[n - 1]['error']} (not predicted)"
-            for n in (1, 2, 3)
+            for n in (1, 2, 3, 5, 6, 7, 8)
         ),
     ]
     allowed, summary = predict(path, tune_dir, weights, allow_outside=True)
-    assert summary["errors"] == 1
+    assert summary["errors"] == 3  # the text, the folder, the FIFO
     reference, _ = predict(inside, tune_dir, weights)
     assert [p["top"] for p in allowed[1:3]] == [p["top"] for p in reference]

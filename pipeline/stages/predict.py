@@ -55,7 +55,12 @@ from pipeline.model.checkpoint import (
     model_from_checkpoint,
 )
 from pipeline.model.embed import embed_samples
-from pipeline.stages.predict_rows import PredictError, prepared_rows, row_id
+from pipeline.stages.predict_rows import (
+    MAX_PIXELS,
+    PredictError,
+    prepared_rows,
+    row_id,
+)
 from solver.api import Classifier, SolveParams
 
 log = logging.getLogger(__name__)
@@ -72,13 +77,14 @@ def predict(
     solve_params: SolveParams | None = None,
     strict: bool = False,
     allow_outside: bool = False,
+    max_pixels: int = MAX_PIXELS,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Predictions of every row of `input_path` (in order) and a summary; a
     row that cannot be predicted gets its error (with `strict`, the first one
     is raised). Image paths outside the input's folder only `allow_outside`."""
     t0 = time.perf_counter()
     input_path, tune_dir = Path(input_path), Path(tune_dir)
-    raw, made, errors = prepared_rows(input_path, strict, allow_outside)
+    raw, made, errors = prepared_rows(input_path, strict, allow_outside, max_pixels)
     folder = input_path.parent
     good = [(n, s) for n, s in made.items() if isinstance(s, Sample)]
     step = _step(tune_dir, step)
@@ -253,8 +259,16 @@ def _weights_for(
     "--allow-outside-paths",
     "allow_outside",
     is_flag=True,
-    help="Read image paths outside INPUT's folder too (absolute, or with ..); "
-    "without it such a row gets an error.",
+    help="Read image paths outside INPUT's folder too (absolute, with .., or "
+    "a symlink pointing out); without it such a row gets an error.",
+)
+@click.option(
+    "--max-megapixels",
+    type=click.FloatRange(min=0, min_open=True),
+    default=MAX_PIXELS / 1e6,
+    show_default=True,
+    help="A row whose image has more pixels (read from its header, before "
+    "decoding) gets an error instead of being decoded.",
 )
 @click.option(
     "--out",
@@ -275,6 +289,7 @@ def cli(
     device: str,
     strict: bool,
     allow_outside: bool,
+    max_megapixels: float,
     out: str,
 ) -> None:
     """Classify image–text rows with the tuned model and analytic weights.
@@ -295,7 +310,7 @@ def cli(
     )
     rows, summary = predict(
         input_file, tune_dir, weights, step, top_k, batch_size, device, solve_p,
-        strict, allow_outside,
+        strict, allow_outside, int(max_megapixels * 1e6),
     )  # fmt: skip
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     if out == "-":

@@ -13,10 +13,12 @@ from typing import Any
 
 from palcore.codes import Missing
 from palcore.errors import PalError
-from pipeline.data.absent import unreadable_images
 from pipeline.data.samples import Sample, text_problem
 
 log = logging.getLogger(__name__)
+
+
+MAX_PIXELS = 50_000_000  # a 50-megapixel photo decodes to 150 MB; larger is refused
 
 
 class PredictError(PalError):
@@ -74,12 +76,10 @@ def to_sample(
         problem = text_problem(row.get(key))
         if problem:
             return f"{key} {problem}"
-    if image is not None and not allow_outside and _outside(image):
-        return (
-            f"image {image} lies outside the input's folder "
-            "(--allow-outside-paths reads it)"
-        )
-    if image is not None and not (folder / image).is_file():
+    problem = image is not None and path_problem(folder, image, allow_outside)
+    if problem:
+        return problem
+    if image is not None and not (folder / image).exists():
         image = None  # absent: a missing modality, as in `pal prepare`
     if image is None and not text.strip():
         return "the row has neither an image (on disk) nor a text"
@@ -95,6 +95,51 @@ def _outside(image: str) -> bool:
     return path.is_absolute() or bool(path.drive) or ".." in path.parts
 
 
+def path_problem(folder: Path, image: str, allow_outside: bool) -> str | None:
+    """Why row image `image` (a path relative to the input's folder) cannot
+    be read, or None (it is a regular file there, or absent). The path is
+    resolved first: a symlink in the folder that points outside it is outside."""
+    outside = "outside the input's folder (--allow-outside-paths reads it)"
+    if not allow_outside and _outside(image):
+        return f"image {image} lies {outside}"
+    path = folder / image
+    if not (path.exists() or path.is_symlink()):
+        return None
+    real = path.resolve()
+    if not allow_outside and not real.is_relative_to(folder.resolve()):
+        return f"image {image} resolves to {real}, {outside}"
+    if real.is_dir():
+        return f"image {image} is a directory"
+    if not real.is_file():
+        return f"image {image} is not a regular file"
+    return None
+
+
+def image_problem(path: Path, max_pixels: int) -> str | None:
+    """Why the image file at `path` cannot be predicted from, or None: more
+    pixels than `max_pixels` (read from its header, before decoding), a
+    decompression bomb, or a file that does not decode."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+            if w * h > max_pixels:
+                return (
+                    f"image {path} has {w}×{h} pixels ({w * h / 1e6:.1f} MP), "
+                    f"more than --max-megapixels {max_pixels / 1e6:g} allows"
+                )
+            if im.format == "JPEG":
+                im.draft("RGB", (max(1, w // 8), max(1, h // 8)))
+            im.load()
+    except Image.DecompressionBombError as exc:
+        return f"image {path} is a decompression bomb ({exc})"
+    except Exception as exc:  # OSError, SyntaxError, ValueError…
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"cannot read image {path} ({reason})"
+    return None
+
+
 def row_id(row: dict[str, Any] | str) -> str | None:
     if not isinstance(row, dict) or row.get("id") in (None, ""):
         return None
@@ -102,7 +147,10 @@ def row_id(row: dict[str, Any] | str) -> str | None:
 
 
 def prepared_rows(
-    input_path: Path, strict: bool, allow_outside: bool
+    input_path: Path,
+    strict: bool,
+    allow_outside: bool,
+    max_pixels: int = MAX_PIXELS,
 ) -> tuple[list[tuple[int, Any]], dict[int, Any], dict[int, str]]:
     """The input's rows, each as a Sample or its error (row number -> str);
     a row whose image is not found is predicted without it, with a warning."""
@@ -115,10 +163,10 @@ def prepared_rows(
     images = sorted(
         {s.image for s in made.values() if isinstance(s, Sample) and s.image}
     )
-    bad = set(unreadable_images(folder, images))
+    bad = {i: image_problem(folder / i, max_pixels) for i in images}
     for n, s in made.items():
-        if isinstance(s, Sample) and s.image in bad:
-            made[n] = f"cannot read image {folder / s.image}"
+        if isinstance(s, Sample) and bad.get(s.image):
+            made[n] = bad[s.image]
     for n, row in raw:  # said per row: an unseen image changes the prediction
         s = made[n]
         if isinstance(s, Sample) and s.image is None and isinstance(row, dict):
