@@ -138,6 +138,35 @@ def test_a_damaged_cache_is_one_line_naming_the_file(backbones, photos, tmp_path
         next(iter(make_loader(ds, 2)))
 
 
+@pytest.mark.parametrize(
+    ("name", "byte", "reason"),
+    [
+        ("grey.jpg", 0x1D, "its image names are not sorted and unique"),  # g -> z
+        ("plain.png", 0x80, "'utf-8' codec can't decode byte 0xf0"),  # p -> 0xf0
+    ],
+)
+def test_a_damaged_image_name_is_one_line_naming_the_file(
+    backbones, photos, tmp_path, name, byte, reason
+):
+    """The names are outside the pixels' checksums: a name bit-flipped into
+    another order, or into bytes that are not UTF-8, is refused on opening
+    (and, in a DVC project, the file's md5 says it first: tests/test_recorded.py)."""
+    path = tmp_path / "pixels" / FILE
+    path.parent.mkdir()
+    _write(backbones[0], photos, path)
+    data = bytearray(path.read_bytes())
+    at = data.find(name.encode())
+    assert at > 0 and data.count(name.encode()) == 1
+    data[at] ^= byte
+    path.write_bytes(bytes(data))
+    message = f"{path}: not a readable pixel cache ({reason}"
+    with pytest.raises(PixelCacheError) as err:
+        open_pixels(path.parent)
+    assert str(err.value).startswith(message)
+    assert str(err.value).endswith("; rerun `pal pixels`")
+    assert "\n" not in str(err.value)
+
+
 def test_an_image_the_cache_lacks_or_other_settings_are_refused(
     backbones, photos, tmp_path
 ):
