@@ -174,3 +174,31 @@ def test_the_backbone_and_the_data_are_checked_against_the_prompts_and_tasks(
         "backbone: models/vilt-b32-mlm, 2 layers, hidden 32, text positions 40, "
         "stretched to model.max_text_len 80"
     )
+
+
+def test_a_read_only_dvc_cache_is_named_before_any_stage(project, tmp_path):
+    """A cache DVC cannot write (here a read-only mount, as a shared cache
+    often is) is known before the stages' work, not after it."""
+    import subprocess
+
+    cache = tmp_path / "ro-cache"
+    cache.mkdir()
+    (project / ".dvc").mkdir()
+    (project / ".dvc" / "config").write_text(f"[cache]\n    dir = {cache}\n")
+    assert check().exit_code == 0
+    mounted = subprocess.run(
+        ["mount", "--bind", "-o", "ro", str(cache), str(cache)], capture_output=True
+    )
+    if mounted.returncode:
+        pytest.skip("cannot mount a read-only folder here (needs root)")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(cache)], check=True)
+        r = check()
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [
+        f"Error: DVC's cache {cache} is not writable: no stage's output could be "
+        'kept (`dvc cache dir` chooses another; docs/USAGE.md, "Sharing the '
+        'feature cache")'
+    ]

@@ -228,6 +228,68 @@ def test_a_workspace_made_before_contracts_moves_over_by_adopt(
     assert (old / "data/tune/pal/1/contract.json").is_file()
 
 
+def test_a_flipped_bit_behind_a_hard_link_is_found_and_repaired(
+    repo: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """With the link cache (`cache.type hardlink`), an in-place write to a
+    shard is a write to its cache object. A bit flipped there, mtime kept:
+    `dvc status` is clean, but the solve refuses the shard in one line (the
+    lock keeps its weights), `pal verify` names the cache object to drop and
+    the stage to rerun, and that repair restores the shard byte for byte."""
+    import os
+
+    path, env = repo
+    dvc = str(BIN / "dvc")
+    clone = tmp_path / "clone"
+    _run(["git", "clone", "-q", str(path), str(clone)], tmp_path, env)
+    env = dict(env, PYTHONPATH=str(clone))
+    cache = tmp_path / "cache"
+    shutil.copytree(path / ".dvc" / "cache", cache)
+    _run([dvc, "cache", "dir", "--local", str(cache)], clone, env)
+    _run([dvc, "config", "--local", "cache.type", "hardlink"], clone, env)
+    _run([dvc, "checkout", "-q", "dvc.yaml"], clone, env)
+    shard = clone / "data/extract/pal/0/step_02/train.h5"
+    assert shard.stat().st_nlink == 2  # the workspace's name and the cache's
+    good, st, lock = shard.read_bytes(), shard.stat(), (clone / "dvc.lock").read_text()
+    with shard.open("r+b") as f:  # in place, as root writes through the link
+        f.seek(len(good) // 2)
+        f.write(bytes([good[len(good) // 2] ^ 0x40]))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert "Data and pipelines are up to date." in _run([dvc, "status"], clone, env)
+    solve = subprocess.run(
+        [dvc, "repro", "-f", "-s", "solve"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert solve.returncode != 0
+    rel = "data/extract/pal/0/step_02/train.h5"
+    assert (
+        f"Error: {rel}: its bytes differ from the md5 that dvc.lock recorded when "
+        "stage extract@pal-0 wrote it (damaged since)" in solve.stdout + solve.stderr
+    )
+    assert (clone / "dvc.lock").read_text() == lock  # nothing wrong reached it
+    verify = subprocess.run(
+        [str(BIN / "pal"), "verify"], cwd=clone, env=env, capture_output=True, text=True
+    )
+    assert verify.returncode == 1
+    errors = [x for x in verify.stderr.splitlines() if x.startswith("Error")]
+    import hashlib
+
+    md5 = hashlib.md5(good).hexdigest()
+    obj = cache / "files" / "md5" / md5[:2] / md5[2:]
+    repair = f"rm {obj} && dvc repro -f -s extract@pal-0"
+    assert errors == [
+        f"Error: {rel} (stage extract@pal-0): damaged, and so is its cache object "
+        f"(the same file: a hard link): `{repair}`"
+    ]
+    obj.unlink()  # the repair it names
+    _run([dvc, "repro", "-f", "-s", "extract@pal-0"], clone, env)
+    assert shard.read_bytes() == good
+    assert "output files match" in _run([str(BIN / "pal"), "verify"], clone, env)
+
+
 def test_eta_change_reruns_only_the_analytic_stages(
     work: tuple[Path, dict[str, str]],
 ) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,24 @@ def check_devices(path: Path) -> list[str]:
         device = load_section(path, section, SECTIONS[section]).device
         problems += _load(resolve_device, device, f"{section}.device")
     return [f"{path}: {p}" for p in problems]
+
+
+def check_cache(root: Path) -> list[str]:
+    """DVC's cache must take the outputs: a read-only one is otherwise found
+    only after a stage's work (and a GPU stage's hours)."""
+    from palcore.recorded import cache_dir
+
+    if not (root / ".dvc").is_dir():
+        return []
+    cache = cache_dir(root)
+    where = cache if cache.exists() else cache.parent
+    if where.is_dir() and os.access(where, os.W_OK | os.X_OK):
+        return []
+    return [
+        f"DVC's cache {cache} is not writable: no stage's output could be kept "
+        '(`dvc cache dir` chooses another; docs/USAGE.md, "Sharing the feature '
+        'cache")'
+    ]
 
 
 def check_solve_memory(path: Path, memory_gib: float | None = None) -> list[str]:
@@ -279,6 +298,7 @@ def check_all(
     problems = check_params(path)
     guard = guard_problem()  # the cached features' code (DESIGN §2)
     problems += [f"contracts: {guard}"] if guard else []
+    problems += check_cache(Path.cwd())
     summary: list[str] = []
     seen: set[str] = set()
     for pipeline_file in (Path("dvc.yaml"), Path("ablation/dvc.yaml")):

@@ -49,18 +49,14 @@ class Damage:
         return f"{self.file} (stage {self.stage}): {self.what}: {self.repair}"
 
 
-def verify(root: Path, stages: set[str] | None = None, progress=None) -> list[Damage]:
-    """Hash every output file of the locks at `root` (of `stages`, default
-    all) and its cache object; the damaged ones with their repairs."""
+def verify(root: Path, stages: dict[str, set[str]], progress=None) -> list[Damage]:
+    """Hash every output file of the locks at `root` of `stages` (stage →
+    its outputs DVC does not cache, `cache: false`) and its cache object; the
+    damaged ones with their repairs."""
     cache = cache_dir(root)
-    files = [
-        r
-        for r in recorded_outputs(root).values()
-        if stages is None or r.stage in stages
-    ]
     found = []
-    for rec in sorted(files, key=lambda r: r.path):
-        damage = _check(root, cache, rec)
+    for rec in sorted(checked(root, stages), key=lambda r: r.path):
+        damage = _check(root, cache, rec, cached=rec.out not in stages[rec.stage])
         if damage is not None:
             found.append(damage)
         if progress is not None:
@@ -68,34 +64,40 @@ def verify(root: Path, stages: set[str] | None = None, progress=None) -> list[Da
     return found
 
 
-def _check(root: Path, cache: Path, rec: Recorded) -> Damage | None:
+def checked(root: Path, stages: dict[str, set[str]]) -> list[Recorded]:
+    """The output files the locks record for `stages`."""
+    return [r for r in recorded_outputs(root).values() if r.stage in stages]
+
+
+def _check(root: Path, cache: Path, rec: Recorded, cached: bool) -> Damage | None:
+    """What is wrong with one output file and the cache object of its md5."""
     work, obj = root / rec.path, cache_object(cache, rec.md5)
     work_ok = work.is_file() and md5_of(work) == rec.md5
     obj_ok = obj.is_file() and md5_of(obj) == rec.md5
-    if work_ok and (obj_ok or not obj.exists()):
-        return None  # no object: `cache: false`, pushed elsewhere, `dvc gc`
-    shared = work.exists() and obj.exists() and _same_file(work, obj)
+    if work_ok and (obj_ok or not cached):
+        return None
     rerun = f"dvc repro -f -s {rec.stage}"
-    if not obj.exists():
-        what = (
-            "missing" if not work.exists() else "its bytes differ from the lock's md5"
-        )
-        return Damage(
-            rec.path, rec.stage, f"{what}, and not in the cache", f"`{rerun}`"
-        )
+    bytes_wrong = (
+        "missing" if not work.exists() else "its bytes differ from the lock's md5"
+    )
+    if work_ok:  # a cached output whose object is gone: its write failed, or gc
+        what = "not in DVC's cache (its write there failed, or `dvc gc` removed it)"
+        return Damage(rec.path, rec.stage, what, f"`dvc commit -f {rec.stage}`")
     if obj_ok:
-        what = (
-            "missing" if not work.exists() else "its bytes differ from the lock's md5"
+        return Damage(
+            rec.path, rec.stage, bytes_wrong, f"`dvc checkout --relink {rec.out}`"
         )
-        return Damage(rec.path, rec.stage, what, f"`dvc checkout --relink {rec.out}`")
-    drop = f"`rm {_shown(obj, root)} && {rerun}`"
-    if shared:
+    if not obj.exists():
+        return Damage(
+            rec.path, rec.stage, f"{bytes_wrong}, and not in the cache", f"`{rerun}`"
+        )
+    if work.exists() and _same_file(work, obj):
         what = f"damaged, and so is its cache object (the same file: a {_link(work)})"
     elif work_ok:
         what = f"its cache object {_shown(obj, root)} is damaged"
     else:
         what = f"damaged, and its cache object {_shown(obj, root)} is damaged too"
-    return Damage(rec.path, rec.stage, what, drop)
+    return Damage(rec.path, rec.stage, what, f"`rm {_shown(obj, root)} && {rerun}`")
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -116,13 +118,17 @@ def _shown(path: Path, root: Path) -> str:
         return str(path)
 
 
-def live_stages(root: Path) -> set[str]:
+def live_stages(root: Path) -> dict[str, set[str]]:
     """The stages the pipeline files define now, as the locks name them (a
-    lock keeps entries of stages that are gone: their files are not checked)."""
+    lock keeps entries of stages that are gone: their files are not checked),
+    each with its outputs that DVC does not cache (`cache: false`: in git)."""
     from dvc.repo import Repo
 
     with Repo(str(root)) as repo:
-        return {stage.addressing for stage in repo.index.stages}
+        return {
+            stage.addressing: {o.def_path for o in stage.outs if not o.use_cache}
+            for stage in repo.index.stages
+        }
 
 
 @click.command("verify")
@@ -150,15 +156,11 @@ def cli(stages: tuple[str, ...]) -> None:
     if root is None:
         raise PalError(f"{Path.cwd()}: not in a DVC project (no .dvc/ above it)")
     live = live_stages(root)
-    unknown = sorted(set(stages) - live)
+    unknown = sorted(set(stages) - set(live))
     if unknown:
         raise PalError(f"--stage {unknown[0]}: no such stage in the pipeline files")
-    chosen = set(stages) or live
-    total = sum(
-        1
-        for r in recorded_outputs(root).values()
-        if chosen is None or r.stage in chosen
-    )
+    chosen = {k: v for k, v in live.items() if not stages or k in stages}
+    total = len(checked(root, chosen))
     with tqdm(total=total, desc="verify", unit="file") as bar:
         found = verify(root, chosen, progress=lambda _: bar.update())
     for damage in found:
