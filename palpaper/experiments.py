@@ -63,7 +63,8 @@ def _env() -> dict[str, str]:
 
 
 def _run(args: Sequence[str], cwd: Path, detached: bool = False) -> str:
-    """Run a git or DVC command; its last line of output is the error.
+    """Run a git or DVC command; a failure is an `ExperimentError` with its
+    message whole (`_message`).
 
     `detached`: the command leaves processes behind (DVC's queue workers),
     so its output goes to a file they may keep open, not a pipe to wait on.
@@ -88,10 +89,22 @@ def _run(args: Sequence[str], cwd: Path, detached: bool = False) -> str:
         else:
             stdout, stderr = proc.stdout, proc.stderr
     if proc.returncode != 0:
-        lines = (stderr or stdout).strip().splitlines() or ["(no output)"]
         what = " ".join(Path(args[0]).name if i == 0 else a for i, a in enumerate(args))
-        raise ExperimentError(f"{what}: {lines[-1]}")
+        raise ExperimentError(f"{what}: {_message(stderr or stdout)}")
     return stdout
+
+
+def _message(output: str) -> str:
+    """A failed command's message, whole, on one line: DVC's from its first
+    `ERROR` line on (the message may wrap over several lines), else the
+    last line."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    if not lines:
+        return "(no output)"
+    start = next(
+        (i for i, line in enumerate(lines) if line.startswith("ERROR")), len(lines) - 1
+    )
+    return " ".join(lines[start:])
 
 
 class Repo:

@@ -730,3 +730,21 @@ def test_a_cell_a_worker_is_taking_is_not_lost() -> None:
         "hand?); run the command again to queue it"
     )
     assert LOST_POLLS == 3
+
+
+def test_a_dvc_error_is_passed_on_whole_on_one_line() -> None:
+    """DVC wraps a long message over several lines after its ERROR: the grid's
+    error keeps all of it (it once kept the last line only), on one line."""
+    from palpaper.experiments import _message
+
+    out = (
+        "Collecting stages\n"
+        "ERROR: Experiment 'abc-eta=0.5' already exists. To override it, use\n"
+        "  `--force`, or remove it with `dvc exp remove abc-eta=0.5`.\n"
+    )
+    assert _message(out) == (
+        "ERROR: Experiment 'abc-eta=0.5' already exists. To override it, use "
+        "`--force`, or remove it with `dvc exp remove abc-eta=0.5`."
+    )
+    assert _message("fatal: not a git repository\n") == "fatal: not a git repository"
+    assert _message("") == "(no output)"

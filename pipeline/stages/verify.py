@@ -118,6 +118,22 @@ def _shown(path: Path, root: Path) -> str:
         return str(path)
 
 
+def stale_partials(root: Path, stages: dict[str, set[str]]) -> list[str]:
+    """A note per `<out>.partial*` folder beside a complete output: the
+    unfinished work of an earlier run, left when DVC later restored the stage
+    from its cache (no stage code runs then to remove it)."""
+    outs = {(r.stage, r.out) for r in checked(root, stages)}
+    notes = []
+    for stage, out in sorted(outs):
+        for partial in sorted((root / out).parent.glob(f"{Path(out).name}.partial*")):
+            rel = _shown(partial, root)
+            notes.append(
+                f"note: {rel} holds the unfinished work of an earlier run of "
+                f"{stage}, whose output is complete now: `rm -rf {rel}` frees it"
+            )
+    return notes
+
+
 def live_stages(root: Path) -> dict[str, set[str]]:
     """The stages the pipeline files define now, as the locks name them (a
     lock keeps entries of stages that are gone: their files are not checked),
@@ -163,6 +179,8 @@ def cli(stages: tuple[str, ...]) -> None:
     total = len(checked(root, chosen))
     with tqdm(total=total, desc="verify", unit="file") as bar:
         found = verify(root, chosen, progress=lambda _: bar.update())
+    for line in stale_partials(root, chosen):
+        click.echo(line, err=True)
     for damage in found:
         click.echo(f"Error: {damage.line()}", err=True)
     if found:
