@@ -19,17 +19,13 @@ from typing import Any
 import yaml
 from helpers import committed_params
 
+from pipeline.stages.contract_runs import FIXTURE
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's `dvc` and `pal` live beside python
 
 TINY: dict[str, dict[str, Any]] = {
-    "demo": {
-        "seed": 0,
-        "n_classes": 4,
-        "train_per_class": 8,
-        "test_per_class": 4,
-        "pretrain_steps": 20,
-    },
+    "demo": dict(FIXTURE["demo"]),  # the contracts' fixture's tiny demo
     "data": {
         "dataset": "demo",
         "root": "data/demo/dataset",
