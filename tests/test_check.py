@@ -20,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Path:
-    """The pipeline files and params in an empty folder (no data/ yet)."""
-    shutil.copy(ROOT / "dvc.yaml", tmp_path)
+    """The committed pipeline files and params in an empty folder (no data/
+    yet): never the workspace's, which a user's experiment may have changed."""
     (tmp_path / "ablation").mkdir()
-    shutil.copy(ROOT / "ablation" / "dvc.yaml", tmp_path / "ablation")
-    (tmp_path / "params.yaml").write_text(committed("params.yaml"))
+    for rel in ("dvc.yaml", "ablation/dvc.yaml", "params.yaml"):
+        (tmp_path / rel).write_text(committed(rel))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import committed_params
+from helpers import committed, committed_params
 
 from pipeline import contract_code as code
 from pipeline.contracts import STAGES, read_versions
@@ -113,7 +113,7 @@ def test_the_guard_names_changed_code_and_passes_comments(tmp_path: Path) -> Non
 
 def test_stamps_name_each_variants_contract(tmp_path: Path) -> None:
     params = tmp_path / "params.yaml"
-    params.write_text((ROOT / "params.yaml").read_text())
+    params.write_text(committed("params.yaml"))
     written = guard.write_stamps(str(params), tmp_path / "out")
     rows = committed_params()["ablation"]
     assert len(written) == 2 + 2 * len(rows)

@@ -31,12 +31,13 @@ import ast
 import os
 import shlex
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from helpers import committed_params
+from helpers import committed, committed_params
 
 from palcore.params import outcome_keys
 from pipeline import cli as pipeline_cli
@@ -190,7 +191,9 @@ def resolved_stages(root: Path = ROOT) -> dict[str, dict[str, Any]]:
     with Repo(str(root)) as repo:
         for stage in repo.index.stages:
             params = [d for d in stage.deps if isinstance(d, ParamsDependency)]
-            stages[stage.addressing] = {
+            file = Path(stage.path).resolve().relative_to(Path(root).resolve())
+            name = stage.name if str(file) == "dvc.yaml" else f"{file}:{stage.name}"
+            stages[name] = {
                 "cmd": stage.cmd,
                 "deps": [d.def_path for d in stage.deps if d not in params],
                 "params": [k for d in params for k in d.params],
@@ -198,8 +201,22 @@ def resolved_stages(root: Path = ROOT) -> dict[str, dict[str, Any]]:
     return stages
 
 
+def committed_project() -> Path:
+    """The committed pipeline files and params.yaml in a folder of their own:
+    the stages as committed, not as a user's `cp configs/food101.yaml
+    params.yaml` or experiment left the workspace's."""
+    from dvc.repo import Repo
+
+    where = Path(tempfile.mkdtemp(prefix="pal-committed-"))
+    Repo.init(str(where), no_scm=True)
+    for rel in ("dvc.yaml", "ablation/dvc.yaml", "params.yaml"):
+        (where / rel).parent.mkdir(parents=True, exist_ok=True)
+        (where / rel).write_text(committed(rel))
+    return where
+
+
 pytest.importorskip("dvc", reason="dvc resolves the stages")
-STAGES = resolved_stages()
+STAGES = resolved_stages(committed_project())
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
@@ -280,9 +297,9 @@ def test_a_variant_is_added_in_two_edits_of_params(
     from dvc.repo import Repo
 
     Repo.init(str(tmp_path), no_scm=True)
-    shutil.copy(ROOT / "dvc.yaml", tmp_path)
     (tmp_path / "ablation").mkdir()
-    shutil.copy(ROOT / "ablation" / "dvc.yaml", tmp_path / "ablation")
+    for rel in ("dvc.yaml", "ablation/dvc.yaml"):
+        (tmp_path / rel).write_text(committed(rel))
     params = committed_params()
     params["ablation"]["long"] = {  # edit 1
         "label": "PAL, prompts of length 8",
