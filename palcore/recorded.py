@@ -19,6 +19,8 @@ import configparser
 import functools
 import hashlib
 import json
+import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ import yaml
 
 from palcore.errors import PalError
 
+log = logging.getLogger(__name__)
 LOCKS = ("dvc.lock", "ablation/dvc.lock")  # the project's pipeline files' locks
 
 
@@ -147,15 +150,50 @@ def recorded_md5(path: Path) -> Recorded | None:
 
 def check_content(path: Path) -> None:
     """Raise DamagedError when the bytes of `path` differ from the md5 DVC
-    recorded for it; nothing when it matches or nothing records it."""
+    recorded for it; nothing when it matches or nothing records it. The
+    first good file of an output also clears the output's stale partial
+    folders (`remove_partials`)."""
     rec = recorded_md5(Path(path))
-    if rec is None or md5_of(Path(path)) == rec.md5:
+    if rec is None:
+        return
+    if md5_of(Path(path)) == rec.md5:
+        root = project_root(Path(path))
+        if root is not None and (root, rec.out) not in _CLEARED:
+            _CLEARED.add((root, rec.out))
+            remove_partials(root, rec)
         return
     raise DamagedError(
         f"{path}: its bytes differ from the md5 that {_lock_of(rec.stage)} "
         f"recorded when stage {rec.stage} wrote it (damaged since): `pal verify "
         f"--stage {rec.stage}` checks its cache copy and names the repair"
     )
+
+
+_CLEARED: set[tuple[Path, str]] = set()  # outputs whose partials were cleared
+
+
+def remove_partials(root: Path, rec: Recorded) -> list[str]:
+    """Remove `<out>.partial*` beside the complete output `rec.out`: the
+    finished steps of a run that was stopped, left there when DVC later
+    restored the stage from its run-cache (no stage code runs then, so no
+    code of the stage's can remove them; the next reader of the output, or
+    `pal verify`, does). A partial folder beside a complete output is never
+    resumed: a stage runs only after DVC removed its output. Returns the
+    folders removed, relative to `root`, each also logged."""
+    out = root / rec.out
+    removed = []
+    if not out.exists():
+        return removed
+    for partial in sorted(out.parent.glob(f"{out.name}.partial*")):
+        shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
+        removed.append(partial.relative_to(root).as_posix())
+        log.info(
+            "removed %s: the unfinished work of an earlier run of stage %s, whose "
+            "output is complete (DVC restored it from its cache)",
+            removed[-1],
+            rec.stage,
+        )
+    return removed
 
 
 def _lock_of(stage: str) -> str:

@@ -413,7 +413,8 @@ def _block_reader(files: tuple[Path, ...], group: str, step: int) -> BlockReader
             if stored is not None and str(g["features"].dtype) != _text(stored):
                 raise ShardError(
                     f"{where}: features are {g['features'].dtype} but attr "
-                    f"stored_dtype says {_text(stored)} (rewritten since extract)"
+                    f"stored_dtype says {_text(stored)} (rewritten since extract): "
+                    "rerun its `pal extract`"
                 )
             bp = "bp_logits" in g
             if has_bp is not None and bp != has_bp:

@@ -297,7 +297,13 @@ def test_a_flipped_bit_behind_a_hard_link_is_found_and_repaired(
     _run([dvc, "repro", "-f", "-s", "extract@pal-0"], clone, env)
     assert shard.read_bytes() == good
     _run([dvc, "repro"], clone, env)  # the solve DVC cleared before it failed
-    assert "output files match" in _run([str(BIN / "pal"), "verify"], clone, env)
+    left = clone / "data/tune/pal/0.partial"  # a stopped run's, then a restore
+    (left / "step_01").mkdir(parents=True)
+    (left / "step_01" / "SHA256SUMS").write_text("{}")
+    out = _run([str(BIN / "pal"), "verify"], clone, env)
+    assert "output files match" in out
+    assert "removed data/tune/pal/0.partial: unfinished work beside a complete " in out
+    assert not left.exists()
 
 
 def test_eta_change_reruns_only_the_analytic_stages(

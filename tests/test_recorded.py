@@ -141,7 +141,7 @@ def test_a_shard_rewritten_as_float16_is_refused(tmp_path: Path) -> None:
         open_features(out)
     assert str(err.value) == (
         f"{path}: features are float16 but attr stored_dtype says float32 "
-        "(rewritten since extract)"
+        "(rewritten since extract): rerun its `pal extract`"
     )
 
 
@@ -152,3 +152,28 @@ def test_a_copy_outside_the_project_is_not_checked(tmp_path: Path) -> None:
     shutil.copytree(root / OUT, copy)
     _flip_keeping_mtime(copy / "step_01" / "test.h5")
     check_content(copy / "step_01" / "test.h5")  # no lock above it: nothing raised
+
+
+def test_a_partial_beside_a_complete_output_goes_with_its_first_good_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopped run's `<out>.partial/`, left when DVC restored the output
+    from its run-cache (no stage code runs then): the first reader that finds
+    the output matching its lock removes it, and says so."""
+    root = _project(tmp_path)
+    partial = root / f"{OUT}.partial"
+    shutil.copytree(root / OUT / "step_01", partial / "step_01")
+    damaged = _project(tmp_path / "other")
+    _flip_keeping_mtime(damaged / OUT / "step_01" / "train.h5")
+    kept = damaged / f"{OUT}.partial"
+    kept.mkdir()
+    with pytest.raises(DamagedError):
+        open_features(damaged / OUT)
+    assert kept.is_dir()  # a damaged output keeps it: its rerun may resume
+    with caplog.at_level("INFO", logger="palcore.recorded"):
+        assert len(open_features(root / OUT)) == 2
+    assert not partial.exists()
+    assert caplog.messages == [
+        f"removed {OUT}.partial: the unfinished work of an earlier run of stage "
+        "extract@pal-0, whose output is complete (DVC restored it from its cache)"
+    ]

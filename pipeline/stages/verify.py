@@ -33,6 +33,7 @@ from palcore.recorded import (
     md5_of,
     project_root,
     recorded_outputs,
+    remove_partials,
 )
 
 
@@ -118,20 +119,16 @@ def _shown(path: Path, root: Path) -> str:
         return str(path)
 
 
-def stale_partials(root: Path, stages: dict[str, set[str]]) -> list[str]:
-    """A note per `<out>.partial*` folder beside a complete output: the
-    unfinished work of an earlier run, left when DVC later restored the stage
-    from its cache (no stage code runs then to remove it)."""
-    outs = {(r.stage, r.out) for r in checked(root, stages)}
-    notes = []
-    for stage, out in sorted(outs):
-        for partial in sorted((root / out).parent.glob(f"{Path(out).name}.partial*")):
-            rel = _shown(partial, root)
-            notes.append(
-                f"note: {rel} holds the unfinished work of an earlier run of "
-                f"{stage}, whose output is complete now: `rm -rf {rel}` frees it"
-            )
-    return notes
+def clear_partials(
+    root: Path, stages: dict[str, set[str]], found: list[Damage]
+) -> list[str]:
+    """Remove the `<out>.partial*` folders beside the complete, undamaged
+    outputs of `stages` (`palcore.recorded.remove_partials`); the folders
+    removed. A damaged output's partial stays: the rerun its repair names
+    can resume from it."""
+    damaged = {d.stage for d in found}
+    outs = {r.out: r for r in checked(root, stages) if r.stage not in damaged}
+    return [p for out in sorted(outs) for p in remove_partials(root, outs[out])]
 
 
 def live_stages(root: Path) -> dict[str, set[str]]:
@@ -164,7 +161,9 @@ def cli(stages: tuple[str, ...]) -> None:
     against the md5 its lock records, and the cache object of that md5. Prints
     one line per damaged file with its repair (`dvc checkout --relink`, or the
     cache object to remove and the stage to rerun) and exits 1; exits 0 when
-    everything matches.
+    everything matches. Removes the `<out>.partial*` folders a stopped run
+    left beside an output that is complete and matches (DVC restored it from
+    its cache later).
     """
     from tqdm import tqdm
 
@@ -179,8 +178,8 @@ def cli(stages: tuple[str, ...]) -> None:
     total = len(checked(root, chosen))
     with tqdm(total=total, desc="verify", unit="file") as bar:
         found = verify(root, chosen, progress=lambda _: bar.update())
-    for line in stale_partials(root, chosen):
-        click.echo(line, err=True)
+    for partial in clear_partials(root, chosen, found):
+        click.echo(f"removed {partial}: unfinished work beside a complete output")
     for damage in found:
         click.echo(f"Error: {damage.line()}", err=True)
     if found:
