@@ -167,6 +167,26 @@ def test_a_damaged_image_name_is_one_line_naming_the_file(
     assert "\n" not in str(err.value)
 
 
+def test_a_name_damaged_in_its_place_is_named_damaged(backbones, photos, tmp_path):
+    """A bit flip that keeps the names in order (outside a DVC project, where
+    no md5 was recorded) makes an image vanish: the reader that wants it
+    finds its name one byte away and says the cache is damaged, not that the
+    image did not decode."""
+    path = tmp_path / FILE
+    _write(backbones[0], photos, path)
+    data = bytearray(path.read_bytes())
+    at = data.find(b"plain.png")
+    assert at > 0 and data.count(b"plain.png") == 1
+    data[at + len("plain.pn")] ^= 0x01  # plain.png -> plain.pnf, still the last
+    path.write_bytes(bytes(data))
+    ds = _dataset(backbones[0], photos, ["plain.png"], pixels=PixelCache(path))
+    assert ds[0] == {
+        "error": f"sample 's0': cannot read image {photos}/plain.png ({path}: not "
+        "a readable pixel cache (image name plain.png reads plain.pnf); rerun "
+        "`pal pixels`)"
+    }
+
+
 def test_an_image_the_cache_lacks_or_other_settings_are_refused(
     backbones, photos, tmp_path
 ):

@@ -197,10 +197,7 @@ class PixelCache:
         self._open()
         i = self._index.get(image)
         if i is None:
-            raise PixelCacheError(
-                f"{self.path}: holds no pixels of {image} (it did not decode when "
-                "`pal pixels` ran, or the cache is of other data)"
-            )
+            raise self._missing(image)
         lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
         h, w = (int(v) for v in self._sizes[i])
         try:
@@ -232,6 +229,23 @@ class PixelCache:
         self._flat, self._offsets, self._sizes = flat, offsets, sizes
         self._index = {p: i for i, p in enumerate(paths)}
         return f
+
+    def _missing(self, image: str) -> PixelCacheError:
+        """Why `image` is not in the cache. The names lie outside the pixels'
+        checksums: a name one byte away from `image` is `image`'s own name,
+        damaged (a bit flip that kept the names' order), not an image that
+        failed to decode."""
+        want = image.encode()
+        for name in self._index:
+            got = name.encode()
+            if len(got) == len(want):
+                if sum(a != b for a, b in zip(got, want, strict=True)) == 1:
+                    why = f"image name {image} reads {name}"
+                    return self._damaged(ValueError(why))
+        return PixelCacheError(
+            f"{self.path}: holds no pixels of {image} (it did not decode when "
+            "`pal pixels` ran, or the cache is of other data)"
+        )
 
     def close(self) -> None:
         """Close this process's handle (reopened by the next read)."""
