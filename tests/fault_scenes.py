@@ -6,6 +6,7 @@ returns the `Case`: the command a user runs next and what must hold after it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,7 @@ class Scene:
     extracted: Path  # a clean extract of `tuned`
     features: Path  # synthetic features, 3 steps
     solved: Path  # a clean solve of `features` (folder with weights.h5)
+    weights: Path  # a clean solve of `extracted` (predict's weights)
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Case:
     survive: list[Path] = field(default_factory=list)  # files kept byte for byte
     absent: list[Path] = field(default_factory=list)  # nothing written there
     recovered: tuple[Path, Path] | None = None  # (output, clean reference)
+    repair: Callable[[], None] | None = None  # what the line names, then a rerun
 
 
 # ------------------------------------------------------------ building blocks
@@ -129,8 +132,17 @@ def interrupted_tune(scene: Scene, out: Path) -> None:
 
 def extract_args(scene: Scene, out: Path, prepare: Path | None = None) -> list:
     params, clean_prepare, tune_dir = scene.tuned
-    return ["extract", "--params", params, "--prepare", prepare or clean_prepare,
-            "--tune", tune_dir, "--out", out]  # fmt: skip
+    return [
+        "extract",
+        "--params",
+        params,
+        "--prepare",
+        prepare or clean_prepare,
+        "--tune",
+        tune_dir,
+        "--out",
+        out,
+    ]
 
 
 def edited_prepare(scene: Scene, line: int, edit: Callable[[bytes], bytes]) -> Path:
@@ -161,8 +173,12 @@ def partial_shard(damage: Callable[[Path], None]) -> Callable[[Scene], Case]:
         interrupted_extract(scene, out)
         damage(scene.root / "extract.partial")
         tune = sorted(scene.tuned[2].glob("*.pt"))
-        return Case(pal, extract_args(scene, out), survive=tune,
-                    recovered=(out, scene.extracted))  # fmt: skip
+        return Case(
+            pal,
+            extract_args(scene, out),
+            survive=tune,
+            recovered=(out, scene.extracted),
+        )
 
     return inject
 
@@ -172,8 +188,17 @@ def tune_partial_corrupted(scene: Scene) -> Case:
     interrupted_tune(scene, out)
     flip_byte(scene.root / "tune.partial" / "step_01.pt")
     params, prepare, clean = scene.tuned
-    args = ["tune", "--params", params, "--prepare", prepare, "--out", out,
-            "--timings", scene.root / "t.jsonl"]  # fmt: skip
+    args = [
+        "tune",
+        "--params",
+        params,
+        "--prepare",
+        prepare,
+        "--out",
+        out,
+        "--timings",
+        scene.root / "t.jsonl",
+    ]
     return Case(pal, args, recovered=(out, clean))
 
 
@@ -184,10 +209,23 @@ def unsafe_pickle(scene: Scene) -> Case:
     torch.save({"hash": print}, tune_dir / "step_02.pt")  # a global: code to run
     out = scene.root / "extract"
     shutil.copytree(scene.extracted, out)
-    args = ["extract", "--params", params, "--prepare", prepare, "--tune", tune_dir,
-            "--out", out]  # fmt: skip
-    return Case(pal, args, survive=sorted(out.rglob("*.h5")),
-                absent=[scene.root / "extract.partial"])  # fmt: skip
+    args = [
+        "extract",
+        "--params",
+        params,
+        "--prepare",
+        prepare,
+        "--tune",
+        tune_dir,
+        "--out",
+        out,
+    ]
+    return Case(
+        pal,
+        args,
+        survive=sorted(out.rglob("*.h5")),
+        absent=[scene.root / "extract.partial"],
+    )
 
 
 def samples_line(edit: Callable[[bytes], bytes], command: str = "extract"):
@@ -196,8 +234,17 @@ def samples_line(edit: Callable[[bytes], bytes], command: str = "extract"):
         out = scene.root / command
         args = extract_args(scene, out, prepare)
         if command == "tune":
-            args = ["tune", "--params", scene.tuned[0], "--prepare", prepare,
-                    "--out", out, "--timings", scene.root / "t.jsonl"]  # fmt: skip
+            args = [
+                "tune",
+                "--params",
+                scene.tuned[0],
+                "--prepare",
+                prepare,
+                "--out",
+                out,
+                "--timings",
+                scene.root / "t.jsonl",
+            ]
         return Case(pal, args, absent=[out, scene.root / f"{command}.partial"])
 
     return inject
@@ -212,23 +259,45 @@ def captions_surrogate(scene: Scene) -> Case:
     root = scene.root / "dataset"
     root.mkdir()
     samples = [
-        {"id": f"s{i}", "split": "train", "class_name": f"c{i % 2}",
-         "image": None, "text": "a caption"}
+        {
+            "id": f"s{i}",
+            "split": "train",
+            "class_name": f"c{i % 2}",
+            "image": None,
+            "text": "a caption",
+        }
         for i in range(4)
-    ]  # fmt: skip
-    doc = {"format": "pal-demo", "version": 1, "samples": samples,
-           "classes": [{"name": "c0"}, {"name": "c1"}]}  # fmt: skip
+    ]
+    doc = {
+        "format": "pal-demo",
+        "version": 1,
+        "samples": samples,
+        "classes": [{"name": "c0"}, {"name": "c1"}],
+    }
     text = json.dumps(doc).replace('"a caption"', '"a caption \\udcff"', 2)
     (root / "captions.json").write_text(text)  # JSON's escape: a lone surrogate
     (scene.root / "params.yaml").write_text(f"data: {{root: {root}, tasks: 1}}\n")
-    args = ["prepare", "--params", scene.root / "params.yaml",
-            "--out", scene.root / "prepare"]  # fmt: skip
+    args = [
+        "prepare",
+        "--params",
+        scene.root / "params.yaml",
+        "--out",
+        scene.root / "prepare",
+    ]
     return Case(pal, args, absent=[scene.root / "prepare"])
 
 
 def solve_args(scene: Scene, params: Path, out: Path, *more) -> list:
-    return ["solve", "--features", scene.features, "--params", params,
-            "--out", out, *more]  # fmt: skip
+    return [
+        "solve",
+        "--features",
+        scene.features,
+        "--params",
+        params,
+        "--out",
+        out,
+        *more,
+    ]
 
 
 def solved_copy(scene: Scene, params_text: str = SOLVE) -> tuple[Path, Path]:
@@ -244,14 +313,26 @@ def state_corrupted(scene: Scene) -> Case:
     shutil.copytree(scene.features, first)
     shutil.rmtree(first / "step_03")
     state = scene.root / "state.h5"
-    args = ["solve", "--features", first, "--params", params,
-            "--out", scene.root / "w12", "--save-state", state]  # fmt: skip
+    args = [
+        "solve",
+        "--features",
+        first,
+        "--params",
+        params,
+        "--out",
+        scene.root / "w12",
+        "--save-state",
+        state,
+    ]
     assert CliRunner().invoke(pal_solver, [str(a) for a in args]).exit_code == 0
     with h5py.File(state, "r") as f:
         offset = f["G"].id.get_offset()  # a byte of G's data, not of HDF5's
     flip_byte(state, offset + 8)
-    return Case(pal_solver, solve_args(scene, params, out, "--state", state),
-                survive=[out / "weights.h5", state])  # fmt: skip
+    return Case(
+        pal_solver,
+        solve_args(scene, params, out, "--state", state),
+        survive=[out / "weights.h5", state],
+    )
 
 
 def shard_truncated(scene: Scene) -> Case:
@@ -278,7 +359,7 @@ def missing_step(scene: Scene) -> Case:
         "--out",
         scene.root / "solve",
     ]
-    return Case(pal_solver, args, absent=[scene.root / "solve"])  # fmt: skip
+    return Case(pal_solver, args, absent=[scene.root / "solve"])
 
 
 def other_width(scene: Scene) -> Case:
@@ -290,9 +371,19 @@ def other_width(scene: Scene) -> Case:
     (scene.root / "wide.yaml").write_text(SOLVE.replace("width: 48", "width: 64"))
     args = solve_args(scene, scene.root / "wide.yaml", wide)
     assert CliRunner().invoke(pal_solver, [str(a) for a in args]).exit_code == 0
-    args = ["evaluate", "--pipeline", "main", "--params", params,
-            "--features", scene.root / "extract", "--solve", scene.root / "solve",
-            "--out", scene.root / "evaluate"]  # fmt: skip
+    args = [
+        "evaluate",
+        "--pipeline",
+        "main",
+        "--params",
+        params,
+        "--features",
+        scene.root / "extract",
+        "--solve",
+        scene.root / "solve",
+        "--out",
+        scene.root / "evaluate",
+    ]
     return Case(pal_solver, args, absent=[scene.root / "evaluate"])
 
 
@@ -300,8 +391,9 @@ def stale_temp(scene: Scene) -> Case:
     params, out = solved_copy(scene)
     (out / "weights.h5").unlink()
     (out / f".weights.h5.tmp.{dead_pid()}").write_bytes(b"half a file")
-    return Case(pal_solver, solve_args(scene, params, out),
-                recovered=(out, scene.solved))  # fmt: skip
+    return Case(
+        pal_solver, solve_args(scene, params, out), recovered=(out, scene.solved)
+    )
 
 
 def hostile_params(text: str, tool: Callable = pal_solver) -> Callable[[Scene], Case]:
@@ -309,8 +401,9 @@ def hostile_params(text: str, tool: Callable = pal_solver) -> Callable[[Scene], 
         params, out = solved_copy(scene, text)
         if tool is pal:
             return Case(pal, ["check", "--params", params])
-        return Case(pal_solver, solve_args(scene, params, out),
-                    survive=[out / "weights.h5"])  # fmt: skip
+        return Case(
+            pal_solver, solve_args(scene, params, out), survive=[out / "weights.h5"]
+        )
 
     return inject
 
@@ -321,3 +414,206 @@ def truncate(name: str) -> Callable[[Path], None]:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
     return damage
+
+
+# ------------------------------------------------------------ content checks
+
+
+def _dvc(root: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+OUT = "data/extract/pal/0"
+
+
+def recorded_features(scene: Scene) -> Path:
+    """A DVC project whose `dvc repro` recorded scene.features as the output
+    of stage extract@pal-0 (its lock, its manifest and objects in the cache)."""
+    root = scene.root / "project"
+    root.mkdir()
+    _dvc(root, "init", "--no-scm", "-q")
+    stage = {
+        "foreach": ["pal-0"],
+        "do": {
+            "cmd": f"mkdir -p data/extract/pal && cp -r {scene.features} {OUT}",
+            "outs": [OUT],
+        },
+    }
+    (root / "dvc.yaml").write_text(json.dumps({"stages": {"extract": stage}}))
+    _dvc(root, "repro", "-q")
+    return root
+
+
+def flip_keeping_mtime(path: Path) -> None:
+    """One bit of the middle byte flipped, the mtime as it was (disk rot,
+    `rsync -t`): DVC, which trusts mtime and size, sees no change."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def shard_bit_rot(scene: Scene) -> Case:
+    """The repair is what `pal verify` names, run as it names it."""
+    project = recorded_features(scene)
+    features = project / "data/extract/pal/0"
+    flip_keeping_mtime(features / "step_02" / "train.h5")
+    (scene.root / "params.yaml").write_text(SOLVE)
+    out = scene.root / "solve"
+    args = [
+        "solve",
+        "--features",
+        features,
+        "--params",
+        scene.root / "params.yaml",
+        "--out",
+        out,
+    ]
+
+    def repair() -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline", "verify"],
+            cwd=project,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 1, done.stderr
+        (line,) = [x for x in done.stderr.splitlines() if x.startswith("Error")]
+        assert line == (
+            "Error: data/extract/pal/0/step_02/train.h5 (stage extract@pal-0): its "
+            "bytes differ from the lock's md5: `dvc checkout --relink "
+            "data/extract/pal/0`"
+        )
+        _dvc(project, *line.split("`")[1].split()[1:])
+
+    return Case(
+        pal_solver, args, absent=[out], repair=repair, recovered=(out, scene.solved)
+    )
+
+
+def shard_float16(scene: Scene) -> Case:
+    """The features rewritten as float16 under extract's stored_dtype; the
+    repair (rerun extract) stands as the clean shard written back: extract
+    gives the same bytes again (the table's recovery rows show it)."""
+    params, _ = solved_copy(scene)
+    features = scene.root / "features"
+    shutil.copytree(scene.features, features)
+    path = features / "step_02" / "train.h5"
+    clean = path.read_bytes()
+    with h5py.File(path, "a") as f:
+        f.attrs["stored_dtype"] = "float32"
+        x = f["features"][()]
+        del f["features"]
+        f["features"] = x.astype("float16")
+    out = scene.root / "fresh"
+    args = ["solve", "--features", features, "--params", params, "--out", out]
+    return Case(
+        pal_solver,
+        args,
+        absent=[out],
+        repair=lambda: path.write_bytes(clean),
+        recovered=(out, scene.solved),
+    )
+
+
+def oversized_width(scene: Scene) -> Case:
+    """A width whose solve cannot fit this machine's memory: refused before a
+    shard is read; the repair is the width the line asks for."""
+    params = scene.root / "params.yaml"
+    params.write_text(SOLVE.replace("width: 48", "width: 100000"))
+    out = scene.root / "solve"
+    return Case(
+        pal_solver,
+        solve_args(scene, params, out),
+        absent=[out],
+        repair=lambda: params.write_text(SOLVE),
+        recovered=(out, scene.solved),
+    )
+
+
+def empty_task(scene: Scene) -> Case:
+    """N24News whose test split lacks a section (no params can make an empty
+    task; a layout can): prepare refuses before any GPU work. The repair is
+    the listing with that section's test articles back."""
+    from test_readers import make_n24news
+
+    data = scene.root / "n24news"
+    make_n24news(data)
+    doc = {"data": {"dataset": "n24news", "root": str(data), "tasks": 24}}
+    params = scene.root / "params.yaml"
+    params.write_text(json.dumps(doc))
+    clean = scene.root / "clean"
+    args = ["prepare", "--params", params, "--out", clean]
+    assert CliRunner().invoke(pal, [str(a) for a in args]).exit_code == 0
+    test = data / "news" / "nytimes_test.json"
+    whole = test.read_text()
+    items = [i for i in json.loads(whole) if i["section"] != "Section 07"]
+    test.write_text(json.dumps(items))
+    out = scene.root / "prepare"
+    return Case(
+        pal,
+        ["prepare", "--params", params, "--out", out],
+        absent=[out],
+        repair=lambda: test.write_text(whole),
+        recovered=(out, clean),
+    )
+
+
+def predict_symlink_out(scene: Scene) -> Case:
+    """A symlink in predict's input folder pointing out of it: the path is
+    resolved before the outside-path rule. The line names the flag that reads
+    it; with it, the row's prediction is that of the same photo in place."""
+    from pipeline.data.samples import read_prepare
+
+    params, prepare, tune_dir = scene.tuned
+    samples, tasks = read_prepare(prepare)
+    row = next(s for s in samples if s.split == "test" and s.missing == 0)
+    (scene.root / "params.yaml").write_text(SOLVE)
+
+    def folder(name: str, link: bool) -> Path:
+        where = scene.root / name
+        (where / Path(row.image).parent).mkdir(parents=True)
+        photo = tasks.root / row.image
+        if link:
+            (scene.root / "elsewhere").mkdir()
+            shutil.copy(photo, scene.root / "elsewhere" / "photo.png")
+            (where / row.image).symlink_to(scene.root / "elsewhere" / "photo.png")
+        else:
+            shutil.copy(photo, where / row.image)
+        line = {"id": row.id, "image": row.image, "text": row.text}
+        (where / "in.jsonl").write_text(json.dumps(line) + "\n")
+        return where
+
+    def args(where: Path, out: Path) -> list:
+        return [
+            "predict",
+            where / "in.jsonl",
+            "--params",
+            scene.root / "params.yaml",
+            "--tune",
+            tune_dir,
+            "--weights",
+            scene.weights,
+            "--device",
+            "cpu",
+            "--out",
+            out / "predictions.jsonl",
+        ]
+
+    ref = scene.root / "reference"
+    ref.mkdir()
+    clean = folder("in-place", link=False)
+    assert CliRunner().invoke(pal, [str(a) for a in args(clean, ref)]).exit_code == 0
+    out = scene.root / "predicted"
+    out.mkdir()
+    case = Case(pal, args(folder("input", link=True), out), recovered=(out, ref))
+    case.repair = lambda: case.args.append("--allow-outside-paths")
+    return case

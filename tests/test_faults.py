@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import fault_runs
 import pytest
 from click.testing import CliRunner
 from fault_scenes import (
@@ -32,15 +33,20 @@ from fault_scenes import (
     D,
     Scene,
     captions_surrogate,
+    empty_task,
     flip_byte,
     hostile_params,
     missing_step,
     other_class_name,
     other_width,
+    oversized_width,
     pal,
     pal_solver,
     partial_shard,
+    predict_symlink_out,
     samples_line,
+    shard_bit_rot,
+    shard_float16,
     shard_truncated,
     stale_temp,
     state_corrupted,
@@ -66,70 +72,192 @@ class Fault:
 SEAL_DAMAGED = "does not match the sha256 written with it \\(damaged\\)"
 RECOMPUTED = "; discarding the step and computing it again"
 FAULTS = [
-    Fault("extract .partial shard truncated (after a kill)", "truncation",
-          partial_shard(truncate("step_01/train.h5")),
-          rf"extract\.partial/step_01: train\.h5 {SEAL_DAMAGED}{RECOMPUTED}", 0),
-    Fault("extract .partial shard, one byte changed", "corruption",
-          partial_shard(lambda p: flip_byte(p / "step_02" / "test.h5")),
-          rf"extract\.partial/step_02: test\.h5 {SEAL_DAMAGED}{RECOMPUTED}", 0),
-    Fault("extract killed between a step's writes (no seal)", "killed process",
-          partial_shard(lambda p: (p / "step_02" / "SHA256SUMS").unlink()),
-          r"extract\.partial/step_02: train\.h5 without the seal of a finished "
-          rf"step{RECOMPUTED}", 0),
-    Fault("extract .partial step deleted", "missing step",
-          partial_shard(lambda p: shutil.rmtree(p / "step_01")),
-          r"reused steps 2 of an interrupted run", 0),
-    Fault("tune .partial checkpoint, one byte changed", "corruption",
-          tune_partial_corrupted,
-          r"tune\.partial/step_01\.pt: .*; tuning again from step 1 on$", 0),
-    Fault("tune checkpoint holding a pickled global", "hostile input",
-          unsafe_pickle,
-          r"^Error: .*/step_02\.pt: not a readable tune checkpoint \(WeightsUnpickler"
-          r" error: Unsupported global: GLOBAL print was not an allowed global by "
-          r"default\); rerun `pal tune`$", 1),
-    Fault("samples.jsonl line not UTF-8", "hostile text",
-          samples_line(lambda b: b.replace(b"photo", b"ph\xffto")),
-          r"^Error: .*/samples\.jsonl:2: not UTF-8 text \(byte \d+ of the line\)$", 1),
-    Fault("samples.jsonl text with a lone surrogate", "hostile text",
-          samples_line(lambda b: b.replace(b"photo", b"ph\\udcffto"), "tune"),
-          r"^Error: .*/samples\.jsonl:2: text holds \\udcff at character 5, not "
-          r"valid Unicode$", 1),
-    Fault("samples.jsonl class_name not class_order[label]", "corruption",
-          samples_line(other_class_name),
-          r"^Error: .*/samples\.jsonl:2: class_name 'green dog' is not "
-          r"class_order\[0\] 'red cat' \(tasks\.json\)$", 1),
-    Fault("captions.json caption with a lone surrogate", "hostile text",
-          captions_surrogate,
-          r"^Error: .*/captions\.json: sample 1 \('s0'\): text holds \\udcff at "
-          r"character 11, not valid Unicode$", 1),
-    Fault("solver state, one byte of G changed", "corruption", state_corrupted,
-          r"^Error: .*/state\.h5: solver state does not match the sha256 written "
-          r"with it \(damaged\); solve without --state to start from step 1$", 1),
-    Fault("shard truncated", "truncation", shard_truncated,
-          r"^Error: .*/step_02/train\.h5: truncated or not an HDF5 file", 1),
-    Fault("a chain's last step folder deleted", "missing step", missing_step,
-          r"^Error: .*/extract/pal/1: chain pal/1 has 2 steps, but data\.tasks is 3 "
-          r"\(a step is missing: rerun its `pal extract`, or `dvc repro`\)$", 1),
-    Fault("a chain's weights solved at another width", "wrong shape", other_width,
-          r"^Error: .*/solve/pal/1/weights\.h5: weights of width 64, but "
-          r"solve\.width is 48 \(rerun `pal-solver solve`\)$", 1),
-    Fault("temporary weights file of a killed solve", "stale temp file",
-          stale_temp,
-          r"removed .*/solve/\.weights\.h5\.tmp\.\d+, left by a writer that was "
-          r"killed$", 0),
-    Fault("YAML anchor bomb in params (solve)", "hostile params",
-          hostile_params(BOMB),
-          r"^Error: .*/params\.yaml: line 2: YAML aliases \(\*name\) are not "
-          r"allowed in params; write the value out$", 1),
-    Fault("YAML anchor bomb in params (check)", "hostile params",
-          hostile_params(BOMB, pal),
-          r"params\.yaml: line 2: YAML aliases \(\*name\) are not allowed in "
-          r"params; write the value out$", 1),
-    Fault("a 10000-item list for an integer", "hostile params",
-          hostile_params(SOLVE.replace("width: 48", f"width: {[0] * 10_000}")),
-          r"^Error: .*/params\.yaml: solve\.width must be an integer, got "
-          r"\[0, 0, 0, 0, 0, 0, \.\.\.\]$", 1),
-]  # fmt: skip
+    Fault(
+        "extract .partial shard truncated (after a kill)",
+        "truncation",
+        partial_shard(truncate("step_01/train.h5")),
+        rf"extract\.partial/step_01: train\.h5 {SEAL_DAMAGED}{RECOMPUTED}",
+        0,
+    ),
+    Fault(
+        "extract .partial shard, one byte changed",
+        "corruption",
+        partial_shard(lambda p: flip_byte(p / "step_02" / "test.h5")),
+        rf"extract\.partial/step_02: test\.h5 {SEAL_DAMAGED}{RECOMPUTED}",
+        0,
+    ),
+    Fault(
+        "extract killed between a step's writes (no seal)",
+        "killed process",
+        partial_shard(lambda p: (p / "step_02" / "SHA256SUMS").unlink()),
+        r"extract\.partial/step_02: train\.h5 without the seal of a finished "
+        rf"step{RECOMPUTED}",
+        0,
+    ),
+    Fault(
+        "extract .partial step deleted",
+        "missing step",
+        partial_shard(lambda p: shutil.rmtree(p / "step_01")),
+        r"reused steps 2 of an interrupted run",
+        0,
+    ),
+    Fault(
+        "tune .partial checkpoint, one byte changed",
+        "corruption",
+        tune_partial_corrupted,
+        r"tune\.partial/step_01\.pt: .*; tuning again from step 1 on$",
+        0,
+    ),
+    Fault(
+        "tune checkpoint holding a pickled global",
+        "hostile input",
+        unsafe_pickle,
+        r"^Error: .*/step_02\.pt: not a readable tune checkpoint \(WeightsUnpickler"
+        r" error: Unsupported global: GLOBAL print was not an allowed global by "
+        r"default\); rerun `pal tune`$",
+        1,
+    ),
+    Fault(
+        "samples.jsonl line not UTF-8",
+        "hostile text",
+        samples_line(lambda b: b.replace(b"photo", b"ph\xffto")),
+        r"^Error: .*/samples\.jsonl:2: not UTF-8 text \(byte \d+ of the line\)$",
+        1,
+    ),
+    Fault(
+        "samples.jsonl text with a lone surrogate",
+        "hostile text",
+        samples_line(lambda b: b.replace(b"photo", b"ph\\udcffto"), "tune"),
+        r"^Error: .*/samples\.jsonl:2: text holds \\udcff at character 5, not "
+        r"valid Unicode$",
+        1,
+    ),
+    Fault(
+        "samples.jsonl class_name not class_order[label]",
+        "corruption",
+        samples_line(other_class_name),
+        r"^Error: .*/samples\.jsonl:2: class_name 'green dog' is not "
+        r"class_order\[0\] 'red cat' \(tasks\.json\)$",
+        1,
+    ),
+    Fault(
+        "captions.json caption with a lone surrogate",
+        "hostile text",
+        captions_surrogate,
+        r"^Error: .*/captions\.json: sample 1 \('s0'\): text holds \\udcff at "
+        r"character 11, not valid Unicode$",
+        1,
+    ),
+    Fault(
+        "solver state, one byte of G changed",
+        "corruption",
+        state_corrupted,
+        r"^Error: .*/state\.h5: solver state does not match the sha256 written "
+        r"with it \(damaged\); solve without --state to start from step 1$",
+        1,
+    ),
+    Fault(
+        "shard truncated",
+        "truncation",
+        shard_truncated,
+        r"^Error: .*/step_02/train\.h5: truncated or not an HDF5 file",
+        1,
+    ),
+    Fault(
+        "a chain's last step folder deleted",
+        "missing step",
+        missing_step,
+        r"^Error: .*/extract/pal/1: chain pal/1 has 2 steps, but data\.tasks is 3 "
+        r"\(a step is missing: rerun its `pal extract`, or `dvc repro`\)$",
+        1,
+    ),
+    Fault(
+        "a chain's weights solved at another width",
+        "wrong shape",
+        other_width,
+        r"^Error: .*/solve/pal/1/weights\.h5: weights of width 64, but "
+        r"solve\.width is 48 \(rerun `pal-solver solve`\)$",
+        1,
+    ),
+    Fault(
+        "temporary weights file of a killed solve",
+        "stale temp file",
+        stale_temp,
+        r"removed .*/solve/\.weights\.h5\.tmp\.\d+, left by a writer that was "
+        r"killed$",
+        0,
+    ),
+    Fault(
+        "YAML anchor bomb in params (solve)",
+        "hostile params",
+        hostile_params(BOMB),
+        r"^Error: .*/params\.yaml: line 2: YAML aliases \(\*name\) are not "
+        r"allowed in params; write the value out$",
+        1,
+    ),
+    Fault(
+        "YAML anchor bomb in params (check)",
+        "hostile params",
+        hostile_params(BOMB, pal),
+        r"params\.yaml: line 2: YAML aliases \(\*name\) are not allowed in "
+        r"params; write the value out$",
+        1,
+    ),
+    Fault(
+        "a 10000-item list for an integer",
+        "hostile params",
+        hostile_params(SOLVE.replace("width: 48", f"width: {[0] * 10_000}")),
+        r"^Error: .*/params\.yaml: solve\.width must be an integer, got "
+        r"\[0, 0, 0, 0, 0, 0, \.\.\.\]$",
+        1,
+    ),
+    Fault(
+        "shard bit flipped, its mtime kept (DVC sees no change)",
+        "bit rot",
+        shard_bit_rot,
+        r"^Error: .*/data/extract/pal/0/step_02/train\.h5: its bytes differ from "
+        r"the md5 that dvc\.lock recorded when stage extract@pal-0 wrote it "
+        r"\(damaged since\): `pal verify --stage extract@pal-0` checks its cache "
+        r"copy and names the repair$",
+        1,
+    ),
+    Fault(
+        "shard features rewritten as float16",
+        "wrong dtype",
+        shard_float16,
+        r"^Error: .*/step_02/train\.h5: features are float16 but attr "
+        r"stored_dtype says float32 \(rewritten since extract\): rerun its "
+        r"`pal extract`$",
+        1,
+    ),
+    Fault(
+        "a task without test samples (N24News missing a section)",
+        "empty task",
+        empty_task,
+        r"^Error: data \(class_order_seed 0\): task \d+ has no test samples "
+        r"\(its classes: Section 07\): every task needs both; the dataset's "
+        r"test split lacks these classes$",
+        1,
+    ),
+    Fault(
+        "solve.width beyond the machine's memory",
+        "oversized width",
+        oversized_width,
+        r"^Error: solve\.width 100000: the solve holds about 149\.0 GiB "
+        r"\(2 × 100000² float64\), but this machine's memory is "
+        r"[0-9.]+ GiB: lower solve\.width$",
+        1,
+    ),
+    Fault(
+        "predict: a symlink in the input folder pointing out",
+        "hostile path",
+        predict_symlink_out,
+        r"in\.jsonl: row 1: image images/.* resolves to .*/elsewhere/photo\.png, "
+        r"outside the input's folder \(--allow-outside-paths reads it\) \(not "
+        r"predicted\)$",
+        0,
+    ),
+]
 
 
 # ------------------------------------------------------------ the test
@@ -145,10 +273,19 @@ def references(tuned, tmp_path_factory):
         root / "features", [80, 60, 70], [2, 2, 2], feature_dim=D, test_rows=15, seed=4
     )
     (root / "params.yaml").write_text(SOLVE)
-    args = ["solve", "--features", features, "--params", root / "params.yaml",
-            "--out", root / "solve"]  # fmt: skip
-    assert CliRunner().invoke(pal_solver, [str(a) for a in args]).exit_code == 0
-    return tuned, root / "extract", features, root / "solve"
+    for source, out in ((features, "solve"), (root / "extract", "weights")):
+        args = [
+            "solve",
+            "--features",
+            source,
+            "--params",
+            root / "params.yaml",
+            "--out",
+            root / out,
+        ]
+        assert CliRunner().invoke(pal_solver, [str(a) for a in args]).exit_code == 0
+    weights = root / "weights" / "weights.h5"
+    return tuned, root / "extract", features, root / "solve", weights
 
 
 def _digests(folder: Path) -> dict[str, str]:
@@ -161,8 +298,7 @@ def _digests(folder: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
 def test_fault(fault: Fault, references, tmp_path):
-    tuned, extracted, features, solved = references
-    scene = Scene(tmp_path, tuned, extracted, features, solved)
+    scene = Scene(tmp_path, *references)
     case = fault.inject(scene)
     kept = {p: p.read_bytes() for p in case.survive}
     result = CliRunner().invoke(case.tool, [str(a) for a in case.args])
@@ -184,17 +320,115 @@ def test_fault(fault: Fault, references, tmp_path):
         assert path.read_bytes() == data, path
     for path in case.absent:
         assert not path.exists(), path
+    if case.repair is not None:  # the repair the line names, then the same command
+        case.repair()
+        again = CliRunner().invoke(case.tool, [str(a) for a in case.args])
+        assert again.exit_code == 0, again.output
     if case.recovered is not None:
         out, clean = case.recovered
         assert _digests(out) == _digests(clean)
         assert not out.with_name(out.name + ".partial").exists()
 
 
+# ------------------------------------------------------------ met by real runs
+
+FULL = (
+    r"^Error: .*/{name}: the disk is full \(it needs about [0-9.]+ [kM]?B; "
+    r"[0-9.]+ [kM]?B were free when it began\): free space there and rerun$"
+)
+RUNS = [
+    Fault(
+        "pal pixels on a full disk",
+        "full disk",
+        fault_runs.pixels_full,
+        FULL.format(name=r"pixels/pixels\.h5"),
+        1,
+    ),
+    Fault(
+        "pal extract on a full disk (step 2 of 2)",
+        "full disk",
+        fault_runs.extract_full,
+        FULL.format(name=r"extract\.partial/step_02/train\.h5"),
+        1,
+    ),
+    Fault(
+        "pal-solver solve on a full disk",
+        "full disk",
+        fault_runs.solve_full,
+        FULL.format(name=r"solve/weights\.h5"),
+        1,
+    ),
+    Fault(
+        "an image name in pixels.h5 bit-flipped, the names' order kept",
+        "corruption",
+        fault_runs.pixels_name_damaged,
+        r"^Error: sample '.*': cannot read image .*\.png \(.*/pixels/pixels\.h5: "
+        r"not a readable pixel cache \(image name (images/.*\.png) reads "
+        r"images/.*\.png\); rerun `pal pixels`\)$",
+        1,
+    ),
+    Fault(
+        "SIGTERM to a grid of two workers (a batch scheduler's stop)",
+        "signal",
+        fault_runs.sigterm_grid,
+        r"^Error: interrupted: the grid's workers and their cells were stopped; "
+        r"finished cells are kept, `pal-paper run upsampling` runs the rest$",
+        1,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> fault_runs.Made:
+    """The contracts' fixture inputs and a clean run of pixels, frozen, tune
+    and extract on them (~30 s)."""
+    return fault_runs.make(tmp_path_factory.mktemp("made"))
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.is_dir():
+        return _digests(a) == _digests(b)
+    return a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", RUNS, ids=[f.name for f in RUNS])
+def test_fault_in_a_real_run(fault: Fault, made, tmp_path):
+    disk = fault_runs.Tmpfs(tmp_path / "disk")
+    try:
+        outcome = fault.inject(made, tmp_path, disk)
+        same = [a for a, b in outcome.same if not _same(a, b)]  # before unmounting
+    finally:
+        disk.close()
+    first = outcome.first
+    assert first.returncode == fault.code, first.stderr
+    assert "Traceback" not in first.stderr + first.stdout
+    errors = [x for x in first.stderr.splitlines() if x.startswith("Error")]
+    assert len(errors) == 1, first.stderr
+    assert re.search(fault.line, errors[0]), errors[0]
+    assert errors[0] == first.stderr.strip().splitlines()[-1]  # the last word
+    assert outcome.same and same == []
+
+
 def test_the_table_covers_every_class():
-    kinds = {f.kind for f in FAULTS}
-    assert kinds >= {"truncation", "corruption", "wrong shape", "missing step",
-                     "killed process", "hostile params", "hostile text",
-                     "stale temp file"}  # fmt: skip
+    kinds = {f.kind for f in FAULTS + RUNS}
+    assert kinds >= {
+        "truncation",
+        "corruption",
+        "wrong shape",
+        "missing step",
+        "killed process",
+        "hostile params",
+        "hostile text",
+        "stale temp file",
+        "bit rot",
+        "wrong dtype",
+        "empty task",
+        "oversized width",
+        "hostile path",
+        "full disk",
+        "signal",
+    }
 
 
 def test_dvc_ignores_the_temporary_names():
