@@ -220,6 +220,8 @@ def sigterm_grid(made: Made, scratch: Path, disk: Tmpfs) -> Outcome:
     table it renders is that of a grid run without a stop."""
     from test_paper_gpus import make_project, records, spans
 
+    from palpaper.workers import group_alive
+
     root = scratch / "grid"
     root.mkdir()
     env = {
@@ -246,9 +248,15 @@ def sigterm_grid(made: Made, scratch: Path, disk: Tmpfs) -> Outcome:
                 f"the two cards never both ran a cell: {proc.communicate()}"
             )
         time.sleep(0.5)
+    pids = [
+        int(p.read_text().split()[0])
+        for p in sorted((repo / ".dvc/tmp/exps/celery").glob("pal-gpu-*.pid"))
+    ]
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)  # reaped: no zombie left
     first = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    time.sleep(1.0)
+    assert len(pids) == 2 and not any(group_alive(pid) for pid in pids)
     ended = len(spans(records(root / "record.txt")))
     again = subprocess.run(
         [str(bin_ / "pal-paper"), "run", "upsampling", "--gpus", "0,1"],
