@@ -166,7 +166,7 @@ def cli(stages: tuple[str, ...]) -> None:
     cache object to remove and the stage to rerun) and exits 1; exits 0 when
     everything matches.
     """
-    from tqdm import tqdm
+    from palcore.progress import tqdm
 
     root = project_root(Path.cwd() / "x")
     if root is None:
