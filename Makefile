@@ -14,9 +14,13 @@ export DVC_NO_ANALYTICS := 1
 
 setup: $(STAMP)
 
+# pip --quiet says nothing for a minute or more while it installs: a line every
+# 20 s says it still works (a log of `make run` has no silence over 30 s).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -e ".[dev]"
+	@echo "pip install -e '.[dev]' into $(VENV): about 2 minutes the first time"
+	@(t=0; while sleep 20 >/dev/null; do t=$$((t + 20)); echo "pip: still installing, $$t s"; done) & \
+	  beat=$$!; $(VENV)/bin/pip install --quiet -e ".[dev]"; status=$$?; kill $$beat; exit $$status
 	touch $(STAMP)
 
 # `dvc repro`: every stage in order, the analytic stage (solve, evaluate) once

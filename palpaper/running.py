@@ -155,7 +155,7 @@ def _wait(
     copies: list[str],
 ) -> dict[str, str]:
     """Wait for the cells with a progress bar."""
-    from tqdm import tqdm
+    from palcore.progress import tqdm
 
     with tqdm(total=len(pending), desc="cells", unit="cell") as bar:
         return wait(repo, pending, jobs, cards, progress=bar.update, copy_paths=copies)

@@ -25,6 +25,10 @@ COMMANDS = {
         "solver.report:cli",
         "Mean ± std over the protocol's runs, per variant: tables and plots.",
     ),
+    "show": (
+        "solver.show:cli",
+        "Print a report's metrics.json as a table of at most 120 columns.",
+    ),
 }
 
 

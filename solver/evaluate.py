@@ -32,7 +32,6 @@ from typing import Any
 
 import click
 import numpy as np
-from tqdm import tqdm
 
 from palcore.cliutil import (
     clean_errors,
@@ -43,6 +42,7 @@ from palcore.codes import Missing
 from palcore.errors import PalError, ShardError
 from palcore.outputs import write_bytes_atomic
 from palcore.params import Source, load_section
+from palcore.progress import tqdm
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.classifier import Classifier

@@ -17,7 +17,6 @@ from typing import Any
 
 import click
 import numpy as np
-from tqdm import tqdm
 
 from palcore.cliutil import (
     clean_errors,
@@ -27,6 +26,7 @@ from palcore.cliutil import (
 )
 from palcore.errors import PalError
 from palcore.params import Source, load_section
+from palcore.progress import tqdm
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.options import apply_overrides, override_options

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+
 import click
+import pytest
 from click.testing import CliRunner
 
 from palcore.cliutil import INTERRUPTED, clean_errors
@@ -29,3 +32,22 @@ def test_ctrl_c_is_one_line_that_names_the_partial_folders():
     assert r.exit_code == 1
     assert r.output == f"Error: {INTERRUPTED}\n"
     assert "<out>.partial/" in INTERRUPTED and "nothing partial" not in INTERRUPTED
+
+
+@pytest.mark.parametrize(
+    "group, args",
+    [
+        ("pipeline.cli", []),
+        ("pipeline.cli", ["prepare"]),
+        ("solver.cli", []),
+        ("solver.cli", ["report"]),
+        ("palpaper.cli", []),
+    ],
+)
+def test_dash_h_is_help_for_every_command_line(group, args):
+    main = importlib.import_module(group).main
+    short = CliRunner().invoke(main, [*args, "-h"])
+    long = CliRunner().invoke(main, [*args, "--help"])
+    assert (short.exit_code, long.exit_code) == (0, 0)
+    assert short.output == long.output
+    assert short.output.startswith("Usage: ")

@@ -224,6 +224,22 @@ def test_stage_declares_exactly_its_code_and_params(stage: str) -> None:
     assert mismatches(STAGES[stage]) == []
 
 
+@pytest.mark.parametrize("pipeline_file", ["dvc.yaml", "ablation/dvc.yaml"])
+def test_a_committed_lock_names_only_stages_of_its_pipeline(pipeline_file: str) -> None:
+    """DVC keeps a lock's entry when its stage goes (a renamed stage, a variant
+    dropped from a matrix): the committed locks hold none of those."""
+    prefix = "" if pipeline_file == "dvc.yaml" else f"{pipeline_file}:"
+    names = {
+        n.removeprefix(prefix)
+        for n in STAGES
+        if (n.startswith(prefix) if prefix else ":" not in n)
+    }
+    lock = committed(str(Path(pipeline_file).with_name("dvc.lock")))
+    locked = set(yaml.safe_load(lock)["stages"])
+    assert len(names) > 20
+    assert sorted(locked - names) == []
+
+
 @pytest.mark.parametrize("group", ["pipeline/cli.py", "solver/cli.py"])
 def test_command_groups_only_dispatch(group: str) -> None:
     """The groups are no stage's code: they import only the CLI plumbing, and

@@ -53,7 +53,7 @@ def scan_images(
         return [], hashlib.sha256().hexdigest()
     from concurrent.futures import ThreadPoolExecutor
 
-    from tqdm import tqdm
+    from palcore.progress import tqdm
 
     def scan(rel: str) -> tuple[bool, str]:
         from PIL import Image

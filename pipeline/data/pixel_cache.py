@@ -29,10 +29,10 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-from tqdm import tqdm
 
 from palcore.errors import PalError
 from palcore.outputs import atomic_path, exits_when_full, free_bytes
+from palcore.progress import tqdm
 from palcore.recorded import check_content
 from pipeline.data import loader
 

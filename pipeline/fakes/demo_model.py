@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 from transformers import (
     BertTokenizer,
     ViltConfig,
@@ -26,6 +25,7 @@ from transformers import (
     ViltProcessor,
 )
 
+from palcore.progress import tqdm
 from pipeline.fakes import demo_data as dd
 from pipeline.params import DemoParams
 

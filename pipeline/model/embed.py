@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from palcore.progress import tqdm
 from pipeline import params as pparams
 from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
 from pipeline.data.pixel_cache import PixelCache

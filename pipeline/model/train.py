@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
+from palcore.progress import tqdm
 from pipeline import params as pparams
 from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
 from pipeline.data.pixel_cache import PixelCache

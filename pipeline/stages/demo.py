@@ -29,9 +29,9 @@ from pathlib import Path
 import click
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from palcore.cliutil import clean_errors, folder_option, params_option
+from palcore.progress import tqdm
 from pipeline.data.samples import SPLITS
 from pipeline.fakes import demo_data as dd
 from pipeline.params import DemoParams, load

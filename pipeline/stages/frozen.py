@@ -37,11 +37,11 @@ from pathlib import Path
 import click
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from palcore.cliutil import clean_errors, folder_option, params_option
 from palcore.codes import Missing
 from palcore.params import Source, section_value
+from palcore.progress import tqdm
 from pipeline import params as pparams
 from pipeline.contracts import write_stamp
 from pipeline.data.listing import listed

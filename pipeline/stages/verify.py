@@ -165,7 +165,7 @@ def cli(stages: tuple[str, ...]) -> None:
     left beside an output that is complete and matches (DVC restored it from
     its cache later).
     """
-    from tqdm import tqdm
+    from palcore.progress import tqdm
 
     root = project_root(Path.cwd() / "x")
     if root is None:

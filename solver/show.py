@@ -1,0 +1,135 @@
+"""`pal-solver show`: a report's metrics.json as a table a terminal holds.
+
+`dvc metrics show` puts every number of metrics.json in one line per file
+(thousands of columns); this prints each file as one line per row (variant):
+its key, then Acc, FG, AIA, Last and the accuracy by missing type as
+"mean ± std", in at most `--width` columns (columns that do not fit are left
+out, from the right, and named). The rows' labels follow the table; table.md
+beside the file has every column.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from palcore.cliutil import clean_errors, params_option
+from palcore.errors import PalError
+from palcore.paramsfile import read_params_file
+from solver.tables import COLUMNS, caption, cell
+
+# (key in a row of metrics.json, its group or None, the column's header)
+SHOWN = (
+    ("acc", None),
+    ("fg", None),
+    ("aia", None),
+    ("last", None),
+    ("complete", "acc_by_missing"),
+    ("image_missing", "acc_by_missing"),
+    ("text_missing", "acc_by_missing"),
+)
+GAP = "  "
+
+
+class ShowError(PalError):
+    """A metrics file that is absent or not what `pal-solver report` writes."""
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except OSError:
+        raise ShowError(f"{path}: no such metrics file") from None
+    except ValueError as exc:
+        raise ShowError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(metrics, dict) or "runs" not in metrics:
+        raise ShowError(f"{path}: not a report's metrics.json (no 'runs')")
+    return metrics
+
+
+def _stat(row: dict[str, Any], key: str, group: str | None) -> dict | None:
+    return (row.get(group) or {}).get(key) if group else row.get(key)
+
+
+def table_lines(
+    metrics: dict[str, Any], width: int = 120, order: Sequence[str] = ()
+) -> list[str]:
+    """The rows of a report's metrics as aligned text lines of ≤ `width`
+    characters: a header, one line per row (those of `order` first, in its
+    order: metrics.json sorts its keys), then each row's label."""
+    rows = {k: v for k, v in metrics.items() if isinstance(v, dict) and "acc" in v}
+    rows = {k: rows[k] for k in [*(o for o in order if o in rows), *sorted(rows)]}
+    cols = [["", *rows]]
+    for key, group in SHOWN:
+        cols.append(
+            [COLUMNS[key], *(cell(_stat(r, key, group)) for r in rows.values())]
+        )
+    sizes = [max(len(x) for x in col) for col in cols]
+    kept = len(cols)
+    while kept > 2 and sum(sizes[:kept]) + len(GAP) * (kept - 1) > width:
+        kept -= 1
+    lines = [
+        GAP.join(
+            col[i].ljust(size) if j == 0 else col[i].rjust(size)
+            for j, (col, size) in enumerate(zip(cols, sizes[:kept], strict=False))
+        ).rstrip()
+        for i in range(len(rows) + 1)
+    ]
+    if kept < len(cols):
+        left = ", ".join(col[0] for col in cols[kept:])
+        lines.append(f"(not shown at {width} columns: {left})"[:width])
+    for name, row in rows.items():
+        lines.append(f"{name}: {row.get('label', name)}"[:width])
+    return lines
+
+
+def _order(path: Path) -> list[str]:
+    """The rows in table order, from the table.csv beside `path` (if any)."""
+    table = path.with_name("table.csv")
+    if not table.is_file():
+        return []
+    return [line.split(",", 1)[0] for line in table.read_text().splitlines()[1:]]
+
+
+def _files(paths: Sequence[str], params_file: str) -> list[Path]:
+    """metrics.json files: each path given (a file, or a report folder), or
+    the params' report folder results/<data.dataset>/ and its subfolders'."""
+    if not paths:
+        dataset = (read_params_file(params_file).get("data") or {}).get("dataset")
+        if not dataset:
+            raise ShowError(f"{params_file}: no data.dataset to find the report by")
+        folder = Path("results") / str(dataset)
+        found = [folder / "metrics.json", *sorted(folder.glob("*/metrics.json"))]
+        return [f for f in found if f.is_file()] or [folder / "metrics.json"]
+    return [Path(p) / "metrics.json" if Path(p).is_dir() else Path(p) for p in paths]
+
+
+@click.command("show")
+@click.argument("paths", nargs=-1, metavar="[REPORT]...")
+@click.option(
+    "--width", default=120, show_default=True, help="Most columns a line takes."
+)
+@params_option
+@clean_errors
+def cli(paths: tuple[str, ...], width: int, params_file: str) -> None:
+    """Print a report's metrics.json as a table of at most WIDTH columns.
+
+    REPORT is a metrics.json or the folder that holds one (default: the
+    params' results/<data.dataset>/ and each report folder in it, such as the
+    ablation's). Each row: Acc, FG, AIA, Last and the accuracy by missing type,
+    mean ± sample std over the runs, in %.
+    """
+    for n, path in enumerate(_files(paths, params_file)):
+        metrics = _read(path)
+        runs = {"runs": metrics["runs"], "vary": metrics.get("vary", [])}
+        head = f"{path}: accuracy (%), {caption(runs)}"
+        lines = [
+            *textwrap.wrap(head, width),
+            *table_lines(metrics, width, _order(path)),
+        ]
+        click.echo(("\n" if n else "") + "\n".join(lines))
