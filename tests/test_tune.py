@@ -120,6 +120,35 @@ def test_interrupted_run_resumes_to_the_same_bytes(
         assert (half / name).read_bytes() == (out / name).read_bytes(), name
 
 
+@pytest.mark.parametrize("where", ["save_checkpoint", "_write_log"])
+def test_a_kill_between_a_steps_writes_resumes_to_the_same_bytes(
+    tuned, tmp_path, monkeypatch, where
+):
+    """A step writes its log, then its checkpoint: stopped between the two
+    writes of step 2 (or between step 1's), the resumed run's log.jsonl is
+    the uninterrupted run's. (The checkpoint came first once: a kill after
+    it lost that step's log lines for good.)"""
+    import pipeline.stages.tune as tune_module
+
+    params, prepare, out = tuned
+    real, calls = getattr(tune_module, where), []
+
+    def stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == (2 if where == "save_checkpoint" else 1):
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    half = tmp_path / "tune"
+    with monkeypatch.context() as m:
+        m.setattr(tune_module, where, stop)
+        with pytest.raises(KeyboardInterrupt):
+            _run(params, prepare, half)
+    _run(params, prepare, half)
+    for name in ("step_01.pt", "step_02.pt", "step_03.pt", "log.jsonl"):
+        assert (half / name).read_bytes() == (out / name).read_bytes(), name
+
+
 def _edit_train_sample(prepare, dst, task):
     """A copy of the prepare folder whose first training sample of `task` lost
     its text (as when a file turns out unreadable and counts as missing)."""

@@ -110,10 +110,10 @@ def tune(
             model, task, samples, tasks, tune_p, timings, frozen, cache
         )
         path = checkpoint_path(partial.path, task)
+        _write_log(partial.path, entries)  # first: a resume keeps entries ≤ its step
         digest = save_checkpoint(
             path, task, record, tasks.record(), model.tuned_state()
         )
-        _write_log(partial.path, entries)
         log.info("step %d done: %s (%s)", task, path.name, digest[:12])
     _finish(out, partial, tasks.n_tasks, prompt_method(prompt_p))
     log.info("wrote %s (%d steps)", out, tasks.n_tasks)
