@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
-from pipeline.data.loader import SampleDataset, dummy_image  # noqa: E402
+from pipeline.data.images import dummy_image  # noqa: E402
+from pipeline.data.loader import SampleDataset  # noqa: E402
 from pipeline.data.samples import Batch  # noqa: E402
 from pipeline.model.backbone import Backbone, autocast, load_backbone  # noqa: E402
 from pipeline.model.graphs import capturable_adamw, set_lr  # noqa: E402

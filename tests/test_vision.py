@@ -13,7 +13,8 @@ from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from palcore.codes import Missing
-from pipeline.data.loader import SampleDataset, make_loader, vilt_pixels
+from pipeline.data.images import vilt_pixels
+from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import Sample, read_prepare, select
 from pipeline.model import vision
 from pipeline.model.backbone import load_backbone

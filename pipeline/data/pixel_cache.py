@@ -34,7 +34,7 @@ from tqdm import tqdm
 from palcore.errors import PalError
 from palcore.outputs import atomic_path, exits_when_full, free_bytes
 from palcore.recorded import check_content
-from pipeline.data import loader
+from pipeline.data import images
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _decode_in_worker(path: Path) -> np.ndarray | None:
 def _decode(path: Path, ip, image_side: int) -> np.ndarray | None:
     """(3, h, w) uint8 as the loader makes it, or None when it does not decode."""
     try:
-        x = loader.decode_resized(path, ip, image_side)
+        x = images.decode_resized(path, ip, image_side)
     except Exception:  # OSError, ValueError, DecompressionBombError…
         return None
     return np.ascontiguousarray(x.transpose(2, 0, 1))

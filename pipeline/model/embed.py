@@ -20,7 +20,8 @@ import torch
 from tqdm import tqdm
 
 from pipeline import params as pparams
-from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
+from pipeline.data.images import legacy_path
+from pipeline.data.loader import SampleDataset, WaitClock, make_loader
 from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample
 from pipeline.model.device import autocast

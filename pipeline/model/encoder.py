@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from pipeline.data.loader import legacy_path
+from pipeline.data.images import legacy_path
 from pipeline.model import vision
 
 SMALL_MODEL_WIDTH = 256  # CPU: below this hidden size, run single-threaded

@@ -21,7 +21,7 @@ added before), so the CLS outputs equal HF's up to summation order
 (tests/test_vision.py holds them to 1e-5).
 
 `normalise_pixels` turns the loader's uint8 canvas into ViLT's float
-pixels on the device, bit for bit what `loader.vilt_pixels` makes on the
+pixels on the device, bit for bit what `images.vilt_pixels` makes on the
 host (rescale in float64, then normalise in float32).
 """
 

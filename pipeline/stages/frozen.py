@@ -44,8 +44,9 @@ from palcore.codes import Missing
 from palcore.params import Source, section_value
 from pipeline import params as pparams
 from pipeline.contracts import write_stamp
+from pipeline.data.images import legacy_path
 from pipeline.data.listing import listed
-from pipeline.data.loader import SampleDataset, legacy_path, make_loader
+from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
 from pipeline.data.samples import Sample
 from pipeline.model.backbone import Backbone, autocast, load_backbone
