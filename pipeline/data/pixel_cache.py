@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
+from palcore.cliutil import folder_option
 from palcore.errors import PalError
 from palcore.outputs import atomic_path, exits_when_full, free_bytes
 from palcore.recorded import check_content
@@ -246,15 +247,10 @@ class PixelCache:
         )
 
 
-def pixels_option(fn):
-    """`--pixels DIR` of `pal tune`, `pal extract` and `pal frozen`."""
-    import click
-
-    return click.option(
-        "--pixels",
-        default=None,
-        metavar="DIR",
-        type=click.Path(file_okay=False),
-        help="Folder written by `pal pixels`: read the images' pixels from its "
-        "cache instead of decoding them (same bytes). Default: decode.",
-    )(fn)
+# `--pixels DIR` of `pal tune`, `pal extract` and `pal frozen`
+pixels_option = folder_option(
+    "pixels",
+    None,
+    "Folder written by `pal pixels`: read the images' pixels from its cache "
+    "instead of decoding them (same bytes). Default: decode.",
+)

@@ -23,15 +23,16 @@ the file, tune (`network.build_cache`) and extract (`PalModel.features`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 import torch
 
+from palcore.cliutil import folder_option
 from palcore.codes import Missing
 from palcore.errors import PalError
 from palcore.outputs import atomic_path
@@ -89,19 +90,14 @@ def open_frozen(
     return FrozenQueries.open(queries_path(folder), backbone, max_text_len, D)
 
 
-def frozen_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`--frozen DIR` of `pal tune` and `pal extract` (dest `frozen_dir`)."""
-    import click
-
-    return click.option(
-        "--frozen",
-        "frozen_dir",
-        default=None,
-        metavar="DIR",
-        type=click.Path(file_okay=False),
-        help="Folder written by `pal frozen`: the frozen queries are read from "
-        "its queries.h5 instead of computed from the images (default: computed).",
-    )(fn)
+# `--frozen DIR` of `pal tune` and `pal extract` (dest `frozen_dir`)
+frozen_option = folder_option(
+    "frozen",
+    None,
+    "Folder written by `pal frozen`: the frozen queries are read from its "
+    "queries.h5 instead of computed from the images (default: computed).",
+    dest="frozen_dir",
+)
 
 
 def digest(ids: Sequence[str], pairs: np.ndarray) -> str:
