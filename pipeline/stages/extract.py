@@ -139,21 +139,11 @@ def extract(
             backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
             loader = _step_loader(parts, tasks, backbone, params, cache, ckpt, frozen)
         key = _extract_key(ckpt["hash"], digests[step - 1], params.dtype, world)
-        extract_step(
-            model_from_checkpoint(ckpt, backbone),
-            step,
-            samples,
-            tasks,
-            params,
-            partial.path / folder,
-            names,
-            _provenance(ckpt, key, digests[step - 1], params),
-            rank,
-            world,
-            reuse[step],
-            frozen,
-            None if loader is None else loader.part(i),
-        )
+        provenance = _provenance(ckpt, key, digests[step - 1], params)
+        part = None if loader is None else loader.part(i)
+        extract_step(model_from_checkpoint(ckpt, backbone), step, samples, tasks,
+                     params, partial.path / folder, names, provenance, rank, world,
+                     reuse[step], frozen, part)  # fmt: skip
         partial.seal(folder, names)
     _finish(partial, out, steps, ready, names, device)
     if rank == 0:

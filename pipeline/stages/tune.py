@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import click
 import torch
@@ -94,17 +95,7 @@ def tune(
     )
     sources = _signatures(samples, tasks, record, backbone, device, frozen)
     partial = PartialRun(out, sources, fresh=fresh)
-    for k in range(partial.kept + 1, tasks.n_tasks + 1):  # inputs changed
-        checkpoint_path(partial.path, k).unlink(missing_ok=True)
-    done = _resume(model, partial.path, tasks, partial.kept)
-    entries = [e for e in _read_log(partial.path) if e.get("task", 0) <= done]
-    if done:
-        log.info(
-            "reusing steps 1-%d of an interrupted run with the same code, params "
-            "and inputs (%s; `pal tune --fresh` discards them)",
-            done,
-            partial.path,
-        )
+    done, entries = _reuse_finished(partial, model, tasks)
     for task in range(done + 1, tasks.n_tasks + 1):
         entries += _tune_task(
             model, task, samples, tasks, tune_p, timings, frozen, cache
@@ -121,6 +112,25 @@ def tune(
         peak = torch.cuda.max_memory_allocated(device) / 2**30
         log.info("tune: GPU memory peak %.1f GiB", peak)
     return [checkpoint_path(out, k) for k in range(1, tasks.n_tasks + 1)]
+
+
+def _reuse_finished(
+    partial: PartialRun, model: PalModel, tasks: Tasks
+) -> tuple[int, list[dict[str, Any]]]:
+    """The steps an interrupted run with the same inputs finished, loaded into
+    `model`, and their epochs' log entries; steps after them are discarded."""
+    for k in range(partial.kept + 1, tasks.n_tasks + 1):  # inputs changed
+        checkpoint_path(partial.path, k).unlink(missing_ok=True)
+    done = _resume(model, partial.path, tasks, partial.kept)
+    entries = [e for e in _read_log(partial.path) if e.get("task", 0) <= done]
+    if done:
+        log.info(
+            "reusing steps 1-%d of an interrupted run with the same code, params "
+            "and inputs (%s; `pal tune --fresh` discards them)",
+            done,
+            partial.path,
+        )
+    return done, entries
 
 
 def _tune_task(
