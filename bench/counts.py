@@ -61,7 +61,7 @@ def counted(
     samples."""
     from pipeline.data import images
     from pipeline.data.samples import read_prepare
-    from pipeline.model.backbone import Backbone
+    from pipeline.model.encoder import Backbone
     from pipeline.stages.extract import extract
     from pipeline.stages.tune import tune
 
@@ -111,7 +111,8 @@ def stage_rows(work: Path, pixels: Path) -> tuple[Path, int, int]:
     from pipeline.data import images
     from pipeline.data.pixel_cache import open_pixels
     from pipeline.data.samples import read_prepare
-    from pipeline.model.backbone import Backbone, load_backbone
+    from pipeline.model.backbone import load_backbone
+    from pipeline.model.encoder import Backbone
     from pipeline.model.queries import queries_path, write_queries
     from pipeline.stages.frozen import frozen_pairs
 

@@ -27,8 +27,9 @@ import torch
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
-from pipeline.model.backbone import autocast, load_backbone
+from pipeline.model.backbone import load_backbone
 from pipeline.model.checkpoint import checkpoint_path, load_checkpoint, restore
+from pipeline.model.device import autocast
 from pipeline.model.network import PalModel
 from pipeline.model.train import task_seed
 from pipeline.params import PromptParams

@@ -35,7 +35,9 @@ import torch  # noqa: E402
 from pipeline.data.images import dummy_image  # noqa: E402
 from pipeline.data.loader import SampleDataset  # noqa: E402
 from pipeline.data.samples import Batch  # noqa: E402
-from pipeline.model.backbone import Backbone, autocast, load_backbone  # noqa: E402
+from pipeline.model.backbone import load_backbone  # noqa: E402
+from pipeline.model.device import autocast  # noqa: E402
+from pipeline.model.encoder import Backbone  # noqa: E402
 from pipeline.model.graphs import capturable_adamw, set_lr  # noqa: E402
 from pipeline.model.losses import dummy_segments  # noqa: E402
 from pipeline.model.network import PalModel, QueryCache  # noqa: E402

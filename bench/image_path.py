@@ -51,7 +51,8 @@ from pipeline.data.loader import Collate, SampleDataset  # noqa: E402
 from pipeline.data.samples import Sample  # noqa: E402
 from pipeline.fakes import trees as fakes  # noqa: E402
 from pipeline.model import vision  # noqa: E402
-from pipeline.model.backbone import autocast, load_backbone  # noqa: E402
+from pipeline.model.backbone import load_backbone  # noqa: E402
+from pipeline.model.device import autocast  # noqa: E402
 from pipeline.model.graphs import capturable_adamw, set_lr  # noqa: E402
 from pipeline.model.losses import dummy_segments  # noqa: E402
 from pipeline.model.network import QueryCache  # noqa: E402

@@ -12,7 +12,7 @@ from palcore.errors import ParamsError
 from pipeline import contracts
 from pipeline import params as pparams
 from pipeline.methods import Method, Out, View, layer_prompts, no_aux, registry
-from pipeline.model.backbone import Backbone
+from pipeline.model.encoder import Backbone
 from pipeline.params import PromptParams
 
 

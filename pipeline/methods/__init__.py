@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.model.backbone import Backbone, LayerPrompt
+from pipeline.model.encoder import Backbone, LayerPrompt
 from pipeline.params import PromptParams
 
 

@@ -28,7 +28,7 @@ from torch import nn
 from palcore.errors import ParamsError
 from pipeline.methods import Method, Out, View, layer_prompts
 from pipeline.methods.l2p import cosine, uniform
-from pipeline.model.backbone import Backbone, LayerPrompt
+from pipeline.model.encoder import Backbone, LayerPrompt
 from pipeline.params import PromptParams
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from pipeline.methods import Method, Out, View, layer_prompts, no_aux
-from pipeline.model.backbone import Backbone
+from pipeline.model.encoder import Backbone
 from pipeline.params import PromptParams
 
 N_CASES = 3  # codes of palcore.codes.Missing: complete, text missing, image missing

@@ -28,7 +28,7 @@ from pipeline.model.prompts import Prompts, check_prompt_params
 from pipeline.params import PromptParams
 
 if TYPE_CHECKING:
-    from pipeline.model.backbone import Backbone
+    from pipeline.model.encoder import Backbone
 
 
 class Pal(Prompts, Method):

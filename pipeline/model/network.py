@@ -21,7 +21,7 @@ from torch import nn
 
 from pipeline.data.samples import Batch
 from pipeline.methods import Method, View, build, method_class
-from pipeline.model.backbone import Backbone
+from pipeline.model.encoder import Backbone
 from pipeline.model.queries import QueryCache, batch_queries
 from pipeline.model.vision import batch_inputs
 from pipeline.params import PromptParams

@@ -30,8 +30,8 @@ from pipeline.data.images import legacy_path
 from pipeline.data.loader import SampleDataset, WaitClock, make_loader
 from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample, Tasks
-from pipeline.model.backbone import autocast
 from pipeline.model.checkpoint import CheckpointError
+from pipeline.model.device import autocast
 from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
 from pipeline.model.losses import (
     DummySegments,

@@ -44,7 +44,7 @@ from pipeline.contracts import prompt_method, write_stamp
 from pipeline.data.images import legacy_path
 from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
-from pipeline.model.backbone import Backbone, load_backbone
+from pipeline.model.backbone import load_backbone
 from pipeline.model.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -54,6 +54,7 @@ from pipeline.model.checkpoint import (
 )
 from pipeline.model.device import resolve_device
 from pipeline.model.embed import StepLoader
+from pipeline.model.encoder import Backbone
 from pipeline.model.queries import FrozenQueries, frozen_option, open_frozen
 from pipeline.stages.extract_shards import extract_step, step_plan
 from pipeline.stages.resume import (

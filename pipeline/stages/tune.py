@@ -36,7 +36,7 @@ from pipeline.data.samples import (
     read_prepare,
     select,
 )
-from pipeline.model.backbone import Backbone, load_backbone
+from pipeline.model.backbone import load_backbone
 from pipeline.model.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -46,6 +46,7 @@ from pipeline.model.checkpoint import (
     save_checkpoint,
 )
 from pipeline.model.device import resolve_device
+from pipeline.model.encoder import Backbone
 from pipeline.model.network import PalModel
 from pipeline.model.queries import FrozenQueries, frozen_option, open_frozen
 from pipeline.model.train import train_task
