@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
+from pipeline import methods  # noqa: E402
 from pipeline.data.images import dummy_image  # noqa: E402
 from pipeline.data.loader import SampleDataset  # noqa: E402
 from pipeline.data.samples import Batch  # noqa: E402
@@ -177,7 +178,7 @@ def last_step_model(backbone: Backbone, config: str, device: torch.device) -> Pa
         prompt = PromptParams(pool_size=128, length=8, layers=tuple(range(8)))
     else:
         prompt = PromptParams(pool_size=20, length=8, layers=(0, 1))
-    model = PalModel(backbone, prompt, [10] * N_TASKS).to(device)
+    model = methods.build_model(backbone, prompt, [10] * N_TASKS).to(device)
     g = torch.Generator().manual_seed(0)
     for _ in range(N_TASKS):
         model.add_task(g)

@@ -297,8 +297,9 @@ def test_a_model_without_prompts_embeds_each_test_set_once(
     import h5py
     from helpers import write_params
 
+    from pipeline.methods import model_from_checkpoint
     from pipeline.model.backbone import load_backbone
-    from pipeline.model.checkpoint import load_checkpoint, model_from_checkpoint
+    from pipeline.model.checkpoint import load_checkpoint
     from pipeline.stages.tune import tune
 
     params = write_params(
@@ -383,8 +384,9 @@ def test_one_loader_writes_what_a_loader_per_step_embeds(extracted, tuned):
     """Each step's features and BP logits, row for row, equal `embed_samples`
     of the step's samples with a loader of their own (the path before one
     loader served every step): the same batches under the same seeds."""
+    from pipeline.methods import model_from_checkpoint
     from pipeline.model.backbone import load_backbone
-    from pipeline.model.checkpoint import load_checkpoint, model_from_checkpoint
+    from pipeline.model.checkpoint import load_checkpoint
     from pipeline.model.embed import embed_samples
     from solver.shards import open_step
 

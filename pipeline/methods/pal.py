@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from palcore.codes import Missing
-from pipeline.methods import Method, Out, View
+from pipeline.model.method import Method, Out, View
 from pipeline.model.prompts import Prompts, check_prompt_params
 from pipeline.params import PromptParams
 

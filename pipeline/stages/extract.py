@@ -44,12 +44,12 @@ from pipeline.contracts import prompt_method, write_stamp
 from pipeline.data.images import legacy_path
 from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
+from pipeline.methods import model_from_checkpoint
 from pipeline.model.backbone import load_backbone
 from pipeline.model.checkpoint import (
     CheckpointError,
     checkpoint_path,
     load_checkpoint,
-    model_from_checkpoint,
     params_diff,
 )
 from pipeline.model.device import resolve_device

@@ -48,12 +48,9 @@ from palcore.outputs import step_of_name, write_bytes_atomic
 from palcore.params import load_section
 from pipeline import params as pparams
 from pipeline.data.samples import Sample
+from pipeline.methods import model_from_checkpoint
 from pipeline.model.backbone import load_backbone
-from pipeline.model.checkpoint import (
-    checkpoint_path,
-    load_checkpoint,
-    model_from_checkpoint,
-)
+from pipeline.model.checkpoint import checkpoint_path, load_checkpoint
 from pipeline.model.device import resolve_device
 from pipeline.model.embed import embed_samples
 from pipeline.stages.predict_rows import (

@@ -36,6 +36,7 @@ from pipeline.data.samples import (
     read_prepare,
     select,
 )
+from pipeline.methods import build_model
 from pipeline.model.backbone import load_backbone
 from pipeline.model.checkpoint import (
     CheckpointError,
@@ -90,7 +91,7 @@ def tune(
     record = params_record(model_p, prompt_p, tune_p, tasks.n_tasks)
     device = resolve_device(tune_p.device, "tune.device")
     backbone = load_backbone(model_p.backbone, model_p.max_text_len).place(device)
-    model = PalModel(backbone, prompt_p, tasks.classes_per_task).to(device)
+    model = build_model(backbone, prompt_p, tasks.classes_per_task).to(device)
     frozen = open_frozen(
         frozen_dir, model_p.backbone, model_p.max_text_len, backbone.hidden_size
     )
