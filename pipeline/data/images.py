@@ -3,27 +3,16 @@ scale), resized keeping the aspect ratio, rescaled and normalised, bit for
 bit what the processor makes, through the same PIL resize and NumPy
 functions. The loader (`pipeline.data.loader`) and the pixel cache
 (`pipeline.data.pixel_cache`) both decode through `decode_resized`, so the
-cache holds the loader's bytes. `legacy_path` selects the image path as it
-was before uint8 loading (for measuring before and after in one process).
+cache holds the loader's bytes.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
-
-
-def legacy_path() -> bool:
-    """True when `PAL_IMAGE_PATH=legacy`: the image path as it was before this
-    module (float32 pixels and an int64 mask from the loader, HF's embedding
-    for padded batches, loader workers restarted each epoch). Only for
-    measuring before and after in one process tree (bench/gpu_check.py);
-    on the CPU both paths give the same bytes."""
-    return os.environ.get("PAL_IMAGE_PATH", "") == "legacy"
 
 
 def dummy_image(side: int) -> torch.Tensor:

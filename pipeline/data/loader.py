@@ -315,8 +315,8 @@ def make_loader(
         collate_fn=Collate(dataset, copies),
         pin_memory=cuda,
         # workers live as long as the loader: one start per stage part, not
-        # one per epoch (the legacy path restarts them, as before)
-        persistent_workers=num_workers > 0 and not images.legacy_path(),
+        # one per epoch
+        persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers else None,
     )
     return Batches(loader)

@@ -20,7 +20,6 @@ import torch
 from tqdm import tqdm
 
 from pipeline import params as pparams
-from pipeline.data.images import legacy_path
 from pipeline.data.loader import SampleDataset, WaitClock, make_loader
 from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample
@@ -101,8 +100,8 @@ def _dataset(
         backbone.processor,
         backbone.max_text_len,
         backbone.image_side,
-        uint8=not legacy_path(),  # normalised on the device, same bits
-        pixels=None if legacy_path() else pixels,
+        uint8=True,  # normalised on the device, same bits
+        pixels=pixels,
     )
 
 

@@ -26,7 +26,6 @@ import torch
 from tqdm import tqdm
 
 from pipeline import params as pparams
-from pipeline.data.images import legacy_path
 from pipeline.data.loader import SampleDataset, WaitClock, make_loader
 from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample, Tasks
@@ -155,8 +154,8 @@ def _session(
         backbone.processor,
         backbone.max_text_len,
         backbone.image_side,
-        uint8=not legacy_path(),  # normalised on the device, same bits
-        pixels=None if legacy_path() else pixels,
+        uint8=True,  # normalised on the device, same bits
+        pixels=pixels,
     )
     if method is not None and 0 < tune_p.prompt_tasks < task:
         log.info("task %d: tune.prompt_tasks %d, prompts stay at their init",

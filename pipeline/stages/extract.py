@@ -41,7 +41,6 @@ from palcore.outputs import step_of_name
 from palcore.params import Source, outcome_record
 from pipeline import params as pparams
 from pipeline.contracts import prompt_method, write_stamp
-from pipeline.data.images import legacy_path
 from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
 from pipeline.methods import model_from_checkpoint
@@ -161,11 +160,9 @@ def _step_loader(
     ckpt: dict,
     frozen: FrozenQueries | None,
 ) -> StepLoader | None:
-    """One loader for every step's rows; None on the legacy image path (a
-    loader per step, as before: `images.legacy_path`) and where no step loads
-    an image (a model without prompts reading `pal frozen`'s queries)."""
-    no_images = frozen is not None and not ckpt["params"]["prompt"]["enabled"]
-    if legacy_path() or no_images:
+    """One loader for every step's rows; None where no step loads an image
+    (a model without prompts reading `pal frozen`'s queries)."""
+    if frozen is not None and not ckpt["params"]["prompt"]["enabled"]:
         return None
     return StepLoader(parts, tasks.root, backbone, params, pixels)
 

@@ -44,7 +44,6 @@ from palcore.codes import Missing
 from palcore.params import Source, section_value
 from pipeline import params as pparams
 from pipeline.contracts import write_stamp
-from pipeline.data.images import legacy_path
 from pipeline.data.listing import listed
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
@@ -89,8 +88,8 @@ def frozen_pairs(
         backbone.processor,
         backbone.max_text_len,
         backbone.image_side,
-        uint8=not legacy_path(),  # normalised on the device, same bits
-        pixels=None if legacy_path() else pixels,  # `pal pixels`: no decoding
+        uint8=True,  # normalised on the device, same bits
+        pixels=pixels,  # `pal pixels`: no decoding
     )
     batches = make_loader(
         dataset, batch_size, copies=True, num_workers=num_workers, device=device
