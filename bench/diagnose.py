@@ -34,7 +34,7 @@ from pipeline.model.device import autocast
 from pipeline.model.network import PalModel
 from pipeline.model.train import task_seed
 from pipeline.params import PromptParams
-from solver.shards import open_features
+from solver.shard_readers import open_features
 
 
 def drift(features: Path) -> list[float]:

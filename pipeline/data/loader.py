@@ -113,8 +113,10 @@ class SampleDataset(Dataset):
     def norm(self) -> torch.Tensor:
         """(3, 3) float64: rescale factor, mean and std per channel."""
         ip = self.image_processor
-        mean, std = (np.broadcast_to(np.asarray(v, np.float64), 3)
-                     for v in (ip.image_mean, ip.image_std))  # fmt: skip
+        mean, std = (
+            np.broadcast_to(np.asarray(v, np.float64), 3)
+            for v in (ip.image_mean, ip.image_std)
+        )
         scale = np.full(3, float(ip.rescale_factor))
         return torch.from_numpy(np.stack([scale, mean, std]))
 
@@ -320,3 +322,26 @@ def make_loader(
         prefetch_factor=4 if num_workers else None,
     )
     return Batches(loader)
+
+
+def index_batches(
+    labels: torch.Tensor, batch_size: int, seed: int, epoch: int
+) -> Iterator[Batch]:
+    """Batches of indices and labels only (the head-only run of
+    `prompt.enabled: false` trains on cached queries, no images needed)."""
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = torch.randperm(len(labels), generator=g)
+    empty = torch.zeros(0, dtype=torch.int64)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        yield Batch(
+            input_ids=empty,
+            attention_mask=empty,
+            pixel_values=empty,
+            pixel_mask=empty,
+            index=idx,
+            missing=torch.zeros_like(idx),
+            labels=labels[idx],
+            complete=empty,
+            ids=[""] * len(idx),
+        )

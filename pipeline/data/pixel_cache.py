@@ -14,7 +14,7 @@ makes it, so tune and extract read bytes instead of decoding (DESIGN §5).
 
 Only images that decode are stored; one that does not is what `pal prepare`
 makes of it (a sample with the image missing, `pipeline.data.absent`), and a
-loader asked for it says so. With `data.pixel_cache: false` the folder holds
+loader asked for it says so. With `pixels.enabled: false` the folder holds
 only the marker `OFF_MARKER` and the loader decodes as before.
 """
 
@@ -92,8 +92,9 @@ def _decoded(
     if workers <= 1:
         yield from (_decode(p, ip, image_side) for p in paths)
         return
-    with ProcessPoolExecutor(workers, initializer=_init_worker,
-                             initargs=(ip, image_side)) as pool:  # fmt: skip
+    with ProcessPoolExecutor(
+        workers, initializer=_init_worker, initargs=(ip, image_side)
+    ) as pool:
         yield from pool.map(_decode_in_worker, paths, chunksize=16)
 
 
@@ -118,12 +119,23 @@ def write_cache(
         with exits_when_full(Path(path), tmp, needed, free):
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["processor"] = key
-            flat = f.create_dataset("pixels", shape=(0,), maxshape=(None,),
-                                    dtype=np.uint8, chunks=(CHUNK,),
-                                    fletcher32=True)  # fmt: skip
+            flat = f.create_dataset(
+                "pixels",
+                shape=(0,),
+                maxshape=(None,),
+                dtype=np.uint8,
+                chunks=(CHUNK,),
+                fletcher32=True,
+            )
             images = _decoded(Path(root), rels, ip, image_side, workers)
-            bar = tqdm(images, total=len(rels), desc="pixels", unit="image",
-                       disable=None, leave=False)  # fmt: skip
+            bar = tqdm(
+                images,
+                total=len(rels),
+                desc="pixels",
+                unit="image",
+                disable=None,
+                leave=False,
+            )
             for rel, x in zip(rels, bar, strict=True):
                 if x is None:
                     bad.append(rel)
@@ -186,8 +198,11 @@ class PixelCache:
         self.close()
         want = processor_key(image_processor, image_side, draft)
         if made != want:
-            diff = ", ".join(f"{k} {made.get(k)} (now {want[k]})" for k in want
-                             if made.get(k) != want[k])  # fmt: skip
+            diff = ", ".join(
+                f"{k} {made.get(k)} (now {want[k]})"
+                for k in want
+                if made.get(k) != want[k]
+            )
             raise PixelCacheError(
                 f"{self.path}: made for other processor settings ({diff}); "
                 "rerun `pal pixels`"
@@ -224,9 +239,13 @@ class PixelCache:
         if n and not (paths[1:] > paths[:-1]).all():  # written sorted, unique
             f.close()
             raise self._damaged(ValueError("its image names are not sorted and unique"))
-        if (version != FORMAT_VERSION or offsets.shape != (n + 1,)
-                or sizes.shape != (n, 2) or offsets[-1] != flat.shape[0]
-                or np.any(np.diff(offsets) != 3 * sizes.prod(1))):  # fmt: skip
+        if (
+            version != FORMAT_VERSION
+            or offsets.shape != (n + 1,)
+            or sizes.shape != (n, 2)
+            or offsets[-1] != flat.shape[0]
+            or np.any(np.diff(offsets) != 3 * sizes.prod(1))
+        ):
             f.close()
             raise self._damaged(ValueError("its index does not match its pixels"))
         self._file, self._pid = f, os.getpid()

@@ -100,8 +100,9 @@ def pixels(
             ", ".join(bad[:5]),
         )
     size = (out / FILE).stat().st_size
-    log.info("cached %d images in %s (%.2f GB)", len(rels) - len(bad),
-             out / FILE, size / 1e9)  # fmt: skip
+    log.info(
+        "cached %d images in %s (%.2f GB)", len(rels) - len(bad), out / FILE, size / 1e9
+    )
     return out / FILE
 
 

@@ -69,6 +69,7 @@ def tune(
     model_p: pparams.ModelParams,
     prompt_p: pparams.PromptParams,
     tune_p: pparams.TuneParams,
+    *,
     fresh: bool = False,
     timings: str | Path | None = None,
     data_root: str | Path | None = None,
