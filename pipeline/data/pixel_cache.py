@@ -31,7 +31,6 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
-from palcore.cliutil import folder_option
 from palcore.errors import PalError
 from palcore.outputs import atomic_path, exits_when_full, free_bytes
 from palcore.recorded import check_content
@@ -264,12 +263,3 @@ class PixelCache:
         return PixelCacheError(
             f"{self.path}: not a readable pixel cache ({reason}); rerun `pal pixels`"
         )
-
-
-# `--pixels DIR` of `pal tune`, `pal extract` and `pal frozen`
-pixels_option = folder_option(
-    "pixels",
-    None,
-    "Folder written by `pal pixels`: read the images' pixels from its cache "
-    "instead of decoding them (same bytes). Default: decode.",
-)

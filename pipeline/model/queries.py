@@ -32,7 +32,6 @@ import h5py
 import numpy as np
 import torch
 
-from palcore.cliutil import folder_option
 from palcore.codes import Missing
 from palcore.errors import PalError
 from palcore.outputs import atomic_path
@@ -88,16 +87,6 @@ def open_frozen(
     if folder is None:
         return None
     return FrozenQueries.open(queries_path(folder), backbone, max_text_len, D)
-
-
-# `--frozen DIR` of `pal tune` and `pal extract` (dest `frozen_dir`)
-frozen_option = folder_option(
-    "frozen",
-    None,
-    "Folder written by `pal frozen`: the frozen queries are read from its "
-    "queries.h5 instead of computed from the images (default: computed).",
-    dest="frozen_dir",
-)
 
 
 def digest(ids: Sequence[str], pairs: np.ndarray) -> str:

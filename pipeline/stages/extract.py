@@ -42,7 +42,7 @@ from palcore.outputs import step_dir_name, step_of_name
 from palcore.params import Source, outcome_record
 from pipeline import params as pparams
 from pipeline.contracts import prompt_method, write_stamp
-from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
+from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
 from pipeline.methods import model_from_checkpoint
 from pipeline.model.backbone import load_backbone
@@ -55,8 +55,9 @@ from pipeline.model.checkpoint import (
 from pipeline.model.device import resolve_device
 from pipeline.model.embed import StepLoader
 from pipeline.model.encoder import Backbone
-from pipeline.model.queries import FrozenQueries, frozen_option, open_frozen
+from pipeline.model.queries import FrozenQueries, open_frozen
 from pipeline.stages.extract_shards import ExtractRun, extract_step, step_plan
+from pipeline.stages.options import frozen_option, pixels_option
 from pipeline.stages.resume import (
     PartialRun,
     hash_samples,

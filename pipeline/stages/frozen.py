@@ -46,12 +46,13 @@ from pipeline import params as pparams
 from pipeline.contracts import write_stamp
 from pipeline.data.listing import listed
 from pipeline.data.loader import SampleDataset, make_loader
-from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
+from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import Sample
 from pipeline.model.backbone import load_backbone
 from pipeline.model.device import autocast, resolve_device
 from pipeline.model.encoder import Backbone
 from pipeline.model.queries import batch_queries, queries_path, write_queries
+from pipeline.stages.options import pixels_option
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from palcore.cliutil import clean_errors, file_option, folder_option, run_params
 from palcore.outputs import write_bytes_atomic
 from pipeline import params as pparams
 from pipeline.contracts import prompt_method, write_stamp
-from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
+from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import (
     Sample,
     Tasks,
@@ -49,8 +49,9 @@ from pipeline.model.checkpoint import (
 from pipeline.model.device import resolve_device
 from pipeline.model.encoder import Backbone
 from pipeline.model.network import PalModel
-from pipeline.model.queries import FrozenQueries, frozen_option, open_frozen
+from pipeline.model.queries import FrozenQueries, open_frozen
 from pipeline.model.train import train_task
+from pipeline.stages.options import frozen_option, pixels_option
 from pipeline.stages.resume import (
     PartialRun,
     hash_samples,
