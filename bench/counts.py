@@ -6,7 +6,7 @@ frozen backbone over each sample, and how many bytes an extract batch ships.
 Decodes and frozen forwards are counted, not derived: `pal tune` and `pal
 extract` run in this process (no loader workers) on a tiny prepare folder (3
 tasks × 2 classes, 6 training and 3 test samples a class, 50 % missing) with
-`loader.decode_resized` (one decode) and `Backbone.queries` (the frozen,
+`images.decode_resized` (one decode) and `Backbone.queries` (the frozen,
 prompt-free pass; its rows counted per call) wrapped by counters. Per image
 and per sample they are then multiplied out for a 3-run protocol (each run:
 PAL tunes and extracts; `init` and `frozen` extract, their tune stages only
@@ -59,15 +59,15 @@ def counted(
     extract of a variant (`frozen_dir`: with `pal frozen`'s folder; `pixels`:
     reading the pixel cache, as dvc.yaml runs them); and the number of
     samples."""
-    from pipeline.data import loader
+    from pipeline.data import images
     from pipeline.data.samples import read_prepare
-    from pipeline.model.backbone import Backbone
+    from pipeline.model.encoder import Backbone
     from pipeline.stages.extract import extract
     from pipeline.stages.tune import tune
 
     decodes: Counter = Counter()
     frozen: Counter = Counter()
-    image, queries = loader.decode_resized, Backbone.queries
+    image, queries = images.decode_resized, Backbone.queries
 
     def count_image(path, *args):
         decodes[str(path)] += 1
@@ -88,7 +88,7 @@ def counted(
     params = write_params(work / f"{name}.yaml", vilt, tune={"epochs": epochs},
                           prompt={"enabled": prompt})  # fmt: skip
     load = pparams.load
-    loader.decode_resized, Backbone.queries = count_image, count_queries
+    images.decode_resized, Backbone.queries = count_image, count_queries
     try:
         tune(prepare, work / f"tune-{name}", load(params, "model"),
              load(params, "prompt"), load(params, "tune"),
@@ -97,7 +97,7 @@ def counted(
                 load(params, "extract"), frozen_dir=frozen_dir,
                 pixels=pixels)  # fmt: skip
     finally:
-        loader.decode_resized, Backbone.queries = image, queries
+        images.decode_resized, Backbone.queries = image, queries
     samples, _ = read_prepare(prepare)
     return decodes, frozen, len(samples)
 
@@ -108,17 +108,18 @@ def stage_rows(work: Path, pixels: Path) -> tuple[Path, int, int]:
     it; (its folder, frozen rows, image decodes)."""
     import dataclasses
 
-    from pipeline.data import loader
+    from pipeline.data import images
     from pipeline.data.pixel_cache import open_pixels
     from pipeline.data.samples import read_prepare
-    from pipeline.model.backbone import Backbone, load_backbone
+    from pipeline.model.backbone import load_backbone
+    from pipeline.model.encoder import Backbone
     from pipeline.model.queries import queries_path, write_queries
     from pipeline.stages.frozen import frozen_pairs
 
     samples, tasks = read_prepare(work / "data" / "prepare")
     natural = sorted((dataclasses.replace(s, missing=0) for s in samples),
                      key=lambda s: s.id)  # fmt: skip
-    rows, queries, image = [0, 0], Backbone.queries, loader.decode_resized
+    rows, queries, image = [0, 0], Backbone.queries, images.decode_resized
 
     def count_queries(self, h, mask, text_len):
         rows[0] += h.shape[0]
@@ -128,12 +129,12 @@ def stage_rows(work: Path, pixels: Path) -> tuple[Path, int, int]:
         rows[1] += 1
         return image(path, *args)
 
-    Backbone.queries, loader.decode_resized = count_queries, count_image
+    Backbone.queries, images.decode_resized = count_queries, count_image
     try:
         backbone = load_backbone(str(work / "vilt"), 12)
         pairs = frozen_pairs(backbone, natural, tasks.root, pixels=open_pixels(pixels))
     finally:
-        Backbone.queries, loader.decode_resized = queries, image
+        Backbone.queries, images.decode_resized = queries, image
     folder = work / "frozen"
     write_queries(queries_path(folder), [s.id for s in natural], pairs,
                   {"backbone": str(work / "vilt"), "max_text_len": 12})  # fmt: skip
@@ -143,7 +144,7 @@ def stage_rows(work: Path, pixels: Path) -> tuple[Path, int, int]:
 def cache_decodes(work: Path) -> tuple[Path, Counter]:
     """The pixel cache of the prepare folder's images (as `pal pixels` writes
     it, in this process) and its decodes per image path."""
-    from pipeline.data import loader
+    from pipeline.data import images
     from pipeline.data.pixel_cache import FILE, write_cache
     from pipeline.data.samples import read_prepare
     from pipeline.model.backbone import load_backbone
@@ -151,19 +152,19 @@ def cache_decodes(work: Path) -> tuple[Path, Counter]:
     samples, tasks = read_prepare(work / "data" / "prepare")
     backbone = load_backbone(str(work / "vilt"), 12)
     decodes: Counter = Counter()
-    image = loader.decode_resized
+    image = images.decode_resized
 
     def count_image(path, *args):
         decodes[str(path)] += 1
         return image(path, *args)
 
-    loader.decode_resized = count_image
+    images.decode_resized = count_image
     try:
         rels = [s.image for s in samples if s.image]
         ip = backbone.processor.image_processor
         write_cache(work / "pixels" / FILE, tasks.root, rels, ip, backbone.image_side)
     finally:
-        loader.decode_resized = image
+        images.decode_resized = image
     return work / "pixels", decodes
 
 

@@ -5,7 +5,7 @@ one CPU core, and on disk for the 83.8k photos a run uses.
 
 Photos: the photo mix's Food101 shapes (pipeline/fakes/trees.py, JPEG quality 90),
 brought to ViLT-B/32's processor size (shorter side 384, longer ≤ 640) as
-uint8, which is what the loader ships (`loader.vilt_uint8`). Options, each
+uint8, which is what the loader ships (`images.vilt_uint8`). Options, each
 timed from the file to that uint8 array:
 
 - jpeg: today's path, the original JPEG decoded (draft scaling) and resized;
@@ -48,13 +48,13 @@ class Processor:  # the fields of ViLT-B/32's image processor that matter here
 
 def decode_resize(data: bytes) -> np.ndarray:
     """(h, w, 3) uint8: the loader's draft decode and ViLT resize."""
-    from pipeline.data.loader import _vilt_resize
+    from pipeline.data.images import vilt_resize
 
     with Image.open(io.BytesIO(data)) as im:
         w, h = im.size
         scale = 384 / min(w, h)
         im.draft(None, (math.ceil(w * scale), math.ceil(h * scale)))
-        return np.asarray(_vilt_resize(im.convert("RGB"), Processor))
+        return np.asarray(vilt_resize(im.convert("RGB"), Processor))
 
 
 def best(fn, items, repeat: int = 3) -> float:

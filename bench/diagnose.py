@@ -27,12 +27,14 @@ import torch
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
-from pipeline.model.backbone import autocast, load_backbone
+from pipeline.methods import build_model
+from pipeline.model.backbone import load_backbone
 from pipeline.model.checkpoint import checkpoint_path, load_checkpoint, restore
+from pipeline.model.device import autocast
 from pipeline.model.network import PalModel
 from pipeline.model.train import task_seed
 from pipeline.params import PromptParams
-from solver.shards import open_features
+from solver.shard_readers import open_features
 
 
 def drift(features: Path) -> list[float]:
@@ -54,7 +56,7 @@ def drift(features: Path) -> list[float]:
 def _model(ckpt: dict, backbone) -> PalModel:
     p = ckpt["params"]["prompt"]
     prompt = PromptParams(**{**p, "layers": tuple(p["layers"])})
-    return PalModel(backbone, prompt, ckpt["tasks"]["classes_per_task"])
+    return build_model(backbone, prompt, ckpt["tasks"]["classes_per_task"])
 
 
 def new_share(prepare: Path, tune: Path, backbone, K: int) -> list[float]:

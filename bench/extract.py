@@ -32,9 +32,13 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
-from pipeline.data.loader import SampleDataset, dummy_image  # noqa: E402
+from pipeline import methods  # noqa: E402
+from pipeline.data.images import dummy_image  # noqa: E402
+from pipeline.data.loader import SampleDataset  # noqa: E402
 from pipeline.data.samples import Batch  # noqa: E402
-from pipeline.model.backbone import Backbone, autocast, load_backbone  # noqa: E402
+from pipeline.model.backbone import load_backbone  # noqa: E402
+from pipeline.model.device import autocast  # noqa: E402
+from pipeline.model.encoder import Backbone  # noqa: E402
 from pipeline.model.graphs import capturable_adamw, set_lr  # noqa: E402
 from pipeline.model.losses import dummy_segments  # noqa: E402
 from pipeline.model.network import PalModel, QueryCache  # noqa: E402
@@ -174,7 +178,7 @@ def last_step_model(backbone: Backbone, config: str, device: torch.device) -> Pa
         prompt = PromptParams(pool_size=128, length=8, layers=tuple(range(8)))
     else:
         prompt = PromptParams(pool_size=20, length=8, layers=(0, 1))
-    model = PalModel(backbone, prompt, [10] * N_TASKS).to(device)
+    model = methods.build_model(backbone, prompt, [10] * N_TASKS).to(device)
     g = torch.Generator().manual_seed(0)
     for _ in range(N_TASKS):
         model.add_task(g)

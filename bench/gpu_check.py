@@ -11,27 +11,35 @@ no dvc, no dev extras, no tests/ helpers. In order:
 3. `python -m solver solve` on synthetic features of Food101's training row
    count (61,127 rows of D = 768, 100 classes in 10 steps) at the paper's
    width 15,000, with the backend it ran on (CuPy on a GPU if present);
-4. bench/image_path.py: the image path before (`PAL_IMAGE_PATH=legacy`) and
-   after on the same photo batches at ViLT-B/32's sizes: tune and extract
-   samples/s, their share of the bf16 peak, host syncs per step, bytes per
-   extract batch, and the cosine of the features;
+4. bench/image_path.py on the same photo batches at ViLT-B/32's sizes:
+   tune and extract samples/s, their share of the bf16 peak, host syncs per
+   step, bytes per extract batch; with `--baseline`, once on that older tree
+   (before) and once on this one (after), and the cosine of their features;
 5. bench/rehearsal.py's run of PAL on a Food101-shaped tree of photo-sized
    JPEGs and a ViLT-B/32-sized random ViLT (the stage commands directly when
-   dvc is absent), once per image path in `--paths` (default: legacy, then
-   new), each with its data wait and projections, and `pal-paper plan all`'s
-   tunings and extractions for Food101 priced at each path's projected
+   dvc is absent), on the `--baseline` tree first if given, then on this one,
+   each with its data wait and projections, and `pal-paper plan all`'s
+   tunings and extractions for Food101 priced at each tree's projected
    minutes.
 6. (`--parts contracts`) the output contracts' fixture (DESIGN §2,
    `pipeline/stages/contract_runs.py`) on the card: the same code twice,
-   then an older tree (`--baseline`) on the same inputs, with the largest
-   absolute difference of each file that differs: whether bf16 and CUDA
-   graphs repeat their bytes, and what tolerance holds where they do not.
+   then the `--baseline` tree on the same inputs, with the largest absolute
+   difference of each file that differs: whether bf16 and CUDA graphs repeat
+   their bytes, and what tolerance holds where they do not.
+
+Before and after are two trees of the project, never a switch in its code:
+`--baseline` names a folder holding an older tree (`git archive COMMIT
+palcore pipeline solver params.yaml contracts.yaml | tar -x -C DIR`, made
+where git is and carried to the card) or a commit, archived here. The benches
+call the names of this tree, so a baseline is a commit from the one that
+moved the method interface to pipeline/model/method.py on.
 
 After each part it rewrites `report.md` and `report.json` under --out (the
 logs of each part beside them), so a run cut short still leaves a report.
 
     PYTHONPATH=. python3 bench/gpu_check.py --out "$OUT"              # GPU, ~10 min
-    PYTHONPATH=. python3 bench/gpu_check.py --parts paths,rehearsal --out "$OUT"
+    PYTHONPATH=. python3 bench/gpu_check.py --parts paths,rehearsal \
+        --baseline /tmp/older --out "$OUT"
     .venv/bin/python bench/gpu_check.py --scale smallest --out /tmp/gc  # CPU, ~1 min
 """
 
@@ -161,17 +169,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--epochs", type=int, default=1, help="tune.epochs of the rehearsal"
     )
     ap.add_argument(
-        "--parts", default="tests,solver,paths,rehearsal",
+        "--parts",
+        default="tests,solver,paths,rehearsal",
         help="comma-separated subset of tests, solver, paths, rehearsal, cells "
-        "(N tunes side by side on one card, after the rehearsal's new path), "
+        "(N tunes side by side on one card, after this tree's rehearsal), "
         "contracts (the output contracts' fixture on the card, twice, and "
         "against --baseline)",
-    )  # fmt: skip
+    )
     ap.add_argument(
         "--baseline",
-        type=Path,
-        help="contracts: an older tree of the project (git archive COMMIT "
-        "palcore pipeline solver params.yaml contracts.yaml)",
+        help="the before of paths, rehearsal and contracts: a folder holding an "
+        "older tree of the project (git archive COMMIT palcore pipeline solver "
+        "params.yaml contracts.yaml), or a commit to archive",
     )
     ap.add_argument(
         "--units",
@@ -179,25 +188,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "default: every job",
     )
     ap.add_argument(
-        "--jobs", default="1,2,4",
+        "--jobs",
+        default="1,2,4",
         help="cells: the numbers of tunes run side by side, in order",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--paths", default="legacy,new",
-        help="image paths to rehearse, in order: legacy (PAL_IMAGE_PATH=legacy, "
-        "the path before uint8 loading and sync-free padded batches), new",
-    )  # fmt: skip
-    ap.add_argument("--runner", choices=("auto", "dvc", "direct"), default="auto",
-                    help="the rehearsal's: dvc repro, or the stage commands (auto: "
-                    "dvc when it is on PATH)")  # fmt: skip
+        "--runner",
+        choices=("auto", "dvc", "direct"),
+        default="auto",
+        help="the rehearsal's: dvc repro, or the stage commands (auto: dvc when "
+        "it is on PATH; the baseline's always direct)",
+    )
     ap.add_argument(
-        "--train", type=int, help="the rehearsal's training photos per class "
-        "(default: the scale's; more makes its steady rates steadier)",
-    )  # fmt: skip
+        "--train",
+        type=int,
+        help="the rehearsal's training photos per class (default: the scale's; "
+        "more makes its steady rates steadier)",
+    )
     ap.add_argument(
-        "--eager", dest="cuda_graphs", action="store_false",
+        "--eager",
+        dest="cuda_graphs",
+        action="store_false",
         help="the rehearsal tunes without CUDA graphs (tune.cuda_graphs: false)",
-    )  # fmt: skip
+    )
     ap.add_argument("--workdir", type=Path, help="scratch folder (default: a temp one)")
     return ap.parse_args(argv)
 
@@ -216,11 +229,14 @@ def preflight(parts: list[str]) -> dict[str, Any] | None:
         print(missing_line(missing), file=sys.stderr)
         return None
     info = versions()
-    old = [f"{k} {info[k]} (known to work from {v})" for k, v in OLDEST.items()
-           if _older(info[k], v)]  # fmt: skip
+    old = [
+        f"{k} {info[k]} (known to work from {v})"
+        for k, v in OLDEST.items()
+        if _older(info[k], v)
+    ]
     if old:
-        print(f"gpu_check: older than the project supports: {', '.join(old)}",
-              file=sys.stderr)  # fmt: skip
+        joined = ", ".join(old)
+        print(f"gpu_check: older than the project supports: {joined}", file=sys.stderr)
         return None
     return info
 
@@ -243,18 +259,28 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     write_report(a.out, report)
-    run_parts(a, parts, report, work, scale)
+    baseline = gpu_paths.baseline_tree(a.baseline, work)
+    if baseline is not None:
+        report["baseline"] = str(baseline)
+    run_parts(a, parts, report, work, scale, baseline)
     print(render(report))
-    failed = [p for p in ("tests", "solver", "paths", "rehearsal", "rehearsal_legacy",
-                          "cells", "contracts")
-              if p in report and report[p]["exit"] not in (0, 5)]  # fmt: skip
+    keys = ("tests", "solver", "paths", "rehearsal", "rehearsal_before", "cells")
+    failed = [
+        p
+        for p in (*keys, "contracts")
+        if p in report and report[p]["exit"] not in (0, 5)
+    ]
     return 1 if failed else 0
 
 
 def run_parts(
-    a: argparse.Namespace, parts: list[str], report: dict[str, Any], work: Path,
+    a: argparse.Namespace,
+    parts: list[str],
+    report: dict[str, Any],
+    work: Path,
     scale: dict[str, dict[str, Any]],
-) -> None:  # fmt: skip
+    baseline: Path | None,
+) -> None:
     """Each part asked for, in order, into `report`; the report rewritten after each."""
     if "tests" in parts:
         report["tests"] = gpu_tests(a.out, timeout=300)
@@ -268,30 +294,44 @@ def run_parts(
         print(f"gpu_check: solver: {s['backend']}, {s['wall_s']} s", flush=True)
         write_report(a.out, report)
     if "paths" in parts:
-        report["paths"] = gpu_paths.paths_check(work / "paths", a.device, a.scale)
+        report["paths"] = gpu_paths.paths_check(
+            work / "paths", a.device, a.scale, baseline
+        )
         print(f"gpu_check: paths: exit {report['paths']['exit']}", flush=True)
         write_report(a.out, report)
     if "rehearsal" in parts:
-        for path in a.paths.split(","):
-            key = "rehearsal" if path == "new" else f"rehearsal_{path}"
-            log = "rehearsal.log" if path == "new" else f"rehearsal-{path}.log"
-            report[key] = gpu_paths.with_path(
-                path, rehearsal_check, a.out, work / f"rehearsal-{path}", a.device,
-                a.epochs, a.runner, a.cuda_graphs, log_name=log, **scale["rehearsal"],
-            )  # fmt: skip
+        for name, tree in gpu_paths.trees(baseline):
+            key = gpu_paths.REHEARSALS[name]
+            log = "rehearsal.log" if name == "after" else f"rehearsal-{name}.log"
+            runner = a.runner if name == "after" else "direct"
+            report[key] = rehearsal_check(
+                a.out,
+                work / f"rehearsal-{name}",
+                a.device,
+                a.epochs,
+                runner,
+                a.cuda_graphs,
+                tree=tree,
+                log_name=log,
+                **scale["rehearsal"],
+            )
             r = report[key]
-            print(f"gpu_check: rehearsal ({path} image path): exit {r['exit']}, "
-                  f"{r['wall_s']} s", flush=True)  # fmt: skip
+            print(
+                f"gpu_check: rehearsal ({name}: {tree}): exit {r['exit']}, "
+                f"{r['wall_s']} s",
+                flush=True,
+            )
             write_report(a.out, report)
         report["plan"] = gpu_paths.priced(report, gpu_paths.plan_counts())
         write_report(a.out, report)
     if "cells" in parts:
         jobs = tuple(int(j) for j in a.jobs.split(","))
-        report["cells"] = cells_check(a.out, work / "rehearsal-new", jobs, 600)
+        report["cells"] = cells_check(a.out, work / "rehearsal-after", jobs, 600)
         r = report["cells"]
-        print(f"gpu_check: cells: exit {r['exit']}, " + ", ".join(
+        rates = ", ".join(
             f"-j {n}: {j['samples_per_s']} samples/s" for n, j in r["jobs"].items()
-        ), flush=True)  # fmt: skip
+        )
+        print(f"gpu_check: cells: exit {r['exit']}, {rates}", flush=True)
         write_report(a.out, report)
     if "contracts" in parts:
         device = a.device
@@ -299,7 +339,7 @@ def run_parts(
             device = "cuda" if info_has_gpu() else "cpu"
         units = a.units.split(",") if a.units else None
         report["contracts"] = contracts_check(
-            a.out, work / "contracts", device, a.baseline, units
+            a.out, work / "contracts", device, baseline, units
         )
         r = report["contracts"]
         print(f"gpu_check: contracts: exit {r['exit']}, {r['wall_s']} s", flush=True)

@@ -24,9 +24,14 @@ def run_logged(
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, timeout=timeout,
-        )  # fmt: skip
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
         code, text = proc.returncode, proc.stdout
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout or ""
@@ -39,20 +44,44 @@ def run_logged(
 
 def gpu_tests(out: Path, timeout: float) -> dict[str, Any]:
     """`pytest -m gpu tests`: exit code, wall, pytest's summary line."""
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q", "-rs",
-           "-p", "no:cacheprovider"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "tests",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+    ]
     code, wall, text = run_logged(cmd, out / "gpu_tests.log", timeout)
-    lines = [x for x in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|"
-             r"deselected|error)", x)]  # fmt: skip
+    lines = [
+        x
+        for x in text.splitlines()
+        if re.search(
+            r"\d+ (passed|failed|skipped|"
+            r"deselected|error)",
+            x,
+        )
+    ]
     summary = lines[-1].strip("= ") if lines else "no summary (see gpu_tests.log)"
     # exit 5: every test deselected or none collected
     return {"exit": code, "wall_s": round(wall, 1), "summary": summary}
 
 
 def solver_check(
-    out: Path, work: Path, device: str, rows: int, classes: int, steps: int,
-    dim: int, width: int, timeout: float,
-) -> dict[str, Any]:  # fmt: skip
+    out: Path,
+    work: Path,
+    device: str,
+    rows: int,
+    classes: int,
+    steps: int,
+    dim: int,
+    width: int,
+    timeout: float,
+) -> dict[str, Any]:
     """`python -m solver solve` on synthetic features; the backend it used."""
     from solver.api import make_features
 
@@ -60,17 +89,33 @@ def solver_check(
     per[-1] += rows - sum(per)
     start = time.perf_counter()
     features = make_features(
-        work / "features", per, classes // steps, feature_dim=dim, test_rows=8,
-        n_steps=steps, bp_logits=False, seed=0,
-    )  # fmt: skip
+        work / "features",
+        per,
+        classes // steps,
+        feature_dim=dim,
+        test_rows=8,
+        n_steps=steps,
+        bp_logits=False,
+        seed=0,
+    )
     made = time.perf_counter() - start
     params = work / "solve.yaml"
     params.write_text(
         f"solve: {{eta: 1.0, width: {width}, seed: 0, method: gram, "
         f"device: {device}, dtype: float64, batch_rows: 4096}}\n"
     )
-    cmd = [sys.executable, "-m", "solver", "solve", "--params", str(params),
-           "--features", str(features), "--out", str(work / "solve")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "solver",
+        "solve",
+        "--params",
+        str(params),
+        "--features",
+        str(features),
+        "--out",
+        str(work / "solve"),
+    ]
     code, wall, text = run_logged(cmd, out / "solver.log", timeout)
     backend = re.search(r"backend: ((?:CuPy|NumPy).*)", text)  # get_backend
     arith = re.search(r"solve: wrote .* in ([\d.]+) s", text)
@@ -89,10 +134,19 @@ def solver_check(
 
 
 def rehearsal_check(
-    out: Path, work: Path, device: str, epochs: int, runner: str, graphs: bool,
-    log_name: str = "rehearsal.log", **scale: Any,
-) -> dict[str, Any]:  # fmt: skip
-    """bench/rehearsal.py's one run of PAL; its log copied to --out/log_name."""
+    out: Path,
+    work: Path,
+    device: str,
+    epochs: int,
+    runner: str,
+    graphs: bool,
+    *,
+    tree: Path = ROOT,
+    log_name: str = "rehearsal.log",
+    **scale: Any,
+) -> dict[str, Any]:
+    """bench/rehearsal.py's one run of PAL with the code of `tree`; its log
+    copied to --out/log_name."""
     sys.path.insert(0, str(ROOT / "bench"))
     import rehearsal
 
@@ -104,6 +158,7 @@ def rehearsal_check(
             epochs=epochs,
             runner=runner,
             cuda_graphs=graphs,
+            tree=tree,
             **scale,
         )
         result["exit"] = 0
@@ -146,7 +201,7 @@ def cells_check(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-            )  # fmt: skip
+            )
             for c in cmds
         ]
         outs = [p.communicate(timeout=timeout)[0] for p in procs]
@@ -154,9 +209,10 @@ def cells_check(
         text += [f"$ {' '.join(c)}\n{o}" for c, o in zip(cmds, outs, strict=True)]
         epochs = [
             [json.loads(x) for x in (work / f"logs/tune-j{n}-{i}.jsonl").open()]
-            if (work / f"logs/tune-j{n}-{i}.jsonl").exists() else []
+            if (work / f"logs/tune-j{n}-{i}.jsonl").exists()
+            else []
             for i in range(n)
-        ]  # fmt: skip
+        ]
         samples = sum(e["samples"] for log in epochs for e in log)
         busy = max((sum(e["seconds"] for e in log) for log in epochs), default=0.0)
         peak = re.compile(r"tune: GPU memory peak ([\d.]+) GiB")

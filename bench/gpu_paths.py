@@ -1,10 +1,12 @@
-"""bench/gpu_check.py's before and after: the image path measured in one
-process (bench/image_path.py), a rehearsal per image path (`PAL_IMAGE_PATH`
-set for its stage processes), and `pal-paper plan all`'s Food101 tunings and
-extractions priced at each path's projected minutes."""
+"""bench/gpu_check.py's before and after: the image path of an older tree
+(`--baseline`) and of this one (bench/image_path.py, one process each, on the
+same photos and model), a rehearsal per tree (gpu_check runs its stage
+processes with that tree on PYTHONPATH), and `pal-paper plan all`'s Food101
+tunings and extractions priced at each tree's projected minutes."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,43 +18,81 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-PATHS = ("legacy", "new")
-SCALES = {  # image_path.measure's arguments per gpu_check scale
+REHEARSALS = {"before": "rehearsal_before", "after": "rehearsal"}  # report keys
+SCALES = {  # image_path.py's arguments per gpu_check scale
     "full": dict(config="vilt-b32", photos=512, batch=256, seconds=5.0),
     "smallest": dict(config="tiny", photos=24, batch=16, seconds=0.5),
 }
 
 
-def paths_check(work: Path, device: str, scale: str) -> dict[str, Any]:
-    """bench/image_path.py's before/after; {'exit': 1, 'error': line} if it
+def trees(baseline: Path | None) -> list[tuple[str, Path]]:
+    """(name, tree) of each tree measured: the baseline's first, if given."""
+    return ([("before", baseline)] if baseline else []) + [("after", ROOT)]
+
+
+def baseline_tree(spec: str | None, work: Path) -> Path | None:
+    """`--baseline`: a folder holding an older tree, or a commit of this
+    repository archived into `work/baseline` (`git archive`); None: none."""
+    if not spec:
+        return None
+    if Path(spec).is_dir():
+        return Path(spec).resolve()
+    folder = work / "baseline"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = ["palcore", "pipeline", "solver", "params.yaml", "contracts.yaml"]
+    tar = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", spec, *names],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
+    return folder
+
+
+def paths_check(
+    work: Path, device: str, scale: str, baseline: Path | None
+) -> dict[str, Any]:
+    """bench/image_path.py on each tree (`trees`), and the cosine of the
+    features of after against before; {'exit': 1, 'error': line} if one
     fails."""
-    import image_path
     import torch
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    try:
-        result = image_path.measure(device=dev, work=work, **SCALES[scale])
-        result["exit"] = 0
-    except Exception as exc:  # one line in the report, the run goes on
-        result = {"exit": 1, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    finally:
-        os.environ.pop("PAL_IMAGE_PATH", None)
+    args = SCALES[scale]
+    result: dict[str, Any] = {"paths": {}, "exit": 0}
+    for name, tree in trees(baseline):
+        cmd = [
+            sys.executable,
+            str(ROOT / "bench" / "image_path.py"),
+            "--device",
+            device,
+            "--workdir",
+            str(work),
+            "--out",
+            str(work / f"{name}.json"),
+            "--features",
+            str(work / f"{name}.pt"),
+            *(f"--{k}={v}" for k, v in args.items()),
+        ]
+        env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1")
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode:
+            last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            result.update(exit=1, error=f"{name} ({tree}): {last}")
+            break
+        measured = json.loads((work / f"{name}.json").read_text())
+        for key in ("config", "card", "batch", "photos"):
+            result[key] = measured.pop(key)
+        result["paths"][name] = measured
+    if result["exit"] == 0 and baseline is not None:
+        a, b = (torch.load(work / f"{n}.pt") for n in ("before", "after"))
+        cos = torch.nn.functional.cosine_similarity(a, b, dim=1)
+        result["feature_cosine_min"] = round(float(cos.min()), 6)
     result["wall_s"] = round(time.perf_counter() - start, 1)
     return result
-
-
-def with_path(path: str, fn, *args, **kwargs):
-    """fn(...) with PAL_IMAGE_PATH set for `path` (inherited by the rehearsal's
-    stage processes)."""
-    os.environ["PAL_IMAGE_PATH"] = "legacy" if path == "legacy" else ""
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        os.environ.pop("PAL_IMAGE_PATH", None)
 
 
 def plan_counts(preset: str = "configs/food101.yaml") -> tuple[int, int] | None:
@@ -61,8 +101,9 @@ def plan_counts(preset: str = "configs/food101.yaml") -> tuple[int, int] | None:
     cmd = [sys.executable, "-m", "palpaper", "plan", "all", "-p", preset]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     try:
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=120)  # fmt: skip
+        r = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = re.findall(r"(\d+) tunings, (\d+) extractions", r.stdout)
@@ -72,16 +113,19 @@ def plan_counts(preset: str = "configs/food101.yaml") -> tuple[int, int] | None:
 
 
 def priced(report: dict[str, Any], counts: tuple[int, int] | None) -> dict:
-    """Per path: Food101's projected protocol hours and plan-all hours."""
+    """Per tree: Food101's projected protocol hours and plan-all hours."""
     out = {}
-    for path in PATHS:
-        r = report.get("rehearsal" if path == "new" else f"rehearsal_{path}") or {}
+    for path, key in REHEARSALS.items():
+        r = report.get(key) or {}
         p = (r.get("projections") or {}).get("UPMC-Food101")
         if not p:
             continue
-        entry = {"tune_min": p["tune_min"], "extract_min": p["extract_min"],
-                 "once_min": p.get("once_min", 0.0),
-                 "protocol_h": p["protocol_h"]}  # fmt: skip
+        entry = {
+            "tune_min": p["tune_min"],
+            "extract_min": p["extract_min"],
+            "once_min": p.get("once_min", 0.0),
+            "protocol_h": p["protocol_h"],
+        }
         if counts:  # the per-dataset stages once, whatever the cells
             t, e = counts
             minutes = t * p["tune_min"] + e * p["extract_min"] + entry["once_min"]
@@ -97,7 +141,8 @@ def markdown(report: dict[str, Any]) -> list[str]:
     lines = []
     if "paths" in report:
         r = report["paths"]
-        lines += ["", "## The image path, before (legacy) and after", ""]
+        title = "before (--baseline) and after" if len(r["paths"]) > 1 else "this tree"
+        lines += ["", f"## The image path, {title}", ""]
         if r["exit"]:
             lines.append(f"Failed: {r['error']}.")
         else:
@@ -108,14 +153,28 @@ def markdown(report: dict[str, Any]) -> list[str]:
         what = "`pal-paper plan all` (did not run)"
         if counts:
             what = f"`pal-paper plan all`: {counts[0]} tunings, {counts[1]} extractions"
-        lines += ["", f"## Projected Food101 hours per image path; {what}", ""]
+        lines += ["", f"## Projected Food101 hours per tree; {what}", ""]
         lines += md_table(
-            ["path", "tune min", "extract min", "once per dataset min", "protocol h",
-             "plan all h"],
-            [[path, p["tune_min"], p["extract_min"], p.get("once_min", 0.0),
-              p["protocol_h"], p.get("plan_all_h", "–")]
-             for path, p in plan["paths"].items()],
-        )  # fmt: skip
+            [
+                "tree",
+                "tune min",
+                "extract min",
+                "once per dataset min",
+                "protocol h",
+                "plan all h",
+            ],
+            [
+                [
+                    path,
+                    p["tune_min"],
+                    p["extract_min"],
+                    p.get("once_min", 0.0),
+                    p["protocol_h"],
+                    p.get("plan_all_h", "–"),
+                ]
+                for path, p in plan["paths"].items()
+            ],
+        )
     return lines
 
 

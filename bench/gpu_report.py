@@ -45,7 +45,7 @@ def render(report: dict[str, Any]) -> str:
         ]
     lines += gpu_paths.markdown(report)
     for key, title, log in (
-        ("rehearsal_legacy", " (legacy image path)", "rehearsal-legacy.log"),
+        ("rehearsal_before", " (before: the --baseline tree)", "rehearsal-before.log"),
         ("rehearsal", "", "rehearsal.log"),
     ):
         if key not in report:
@@ -98,12 +98,28 @@ def cells_lines(cells: dict[str, Any]) -> list[str]:
     """The `cells` part (N tunes side by side on one card) as Markdown."""
     lines = ["", "## Several cells on one card (`pal-paper run -j N`)", ""]
     lines += gpu_paths.md_table(
-        ["tunes side by side", "exit", "wall s", "samples/s (all)", "speed-up",
-         "samples/s (steady)", "GPU peak GiB each"],
-        [[n, j["exit"], j["wall_s"], j["samples_per_s"], j["speedup"],
-          j["steady_samples_per_s"], j["gpu_peak_gib_each"]]
-         for n, j in cells["jobs"].items()],
-    )  # fmt: skip
+        [
+            "tunes side by side",
+            "exit",
+            "wall s",
+            "samples/s (all)",
+            "speed-up",
+            "samples/s (steady)",
+            "GPU peak GiB each",
+        ],
+        [
+            [
+                n,
+                j["exit"],
+                j["wall_s"],
+                j["samples_per_s"],
+                j["speedup"],
+                j["steady_samples_per_s"],
+                j["gpu_peak_gib_each"],
+            ]
+            for n, j in cells["jobs"].items()
+        ],
+    )
     return lines
 
 

@@ -1,10 +1,13 @@
-"""The image path before and after, in one process: `PAL_IMAGE_PATH=legacy`
-(float32 pixels and an int64 mask from the loader, HF's embedding of padded
-batches) against the current one (uint8 from the loader, normalised on the
-device, `Backbone.embed_padded`), on the same photo batches.
+"""The image path of one tree of the project, on photo batches: the tree
+whose `pipeline` imports first (PYTHONPATH's, else this repository).
+bench/gpu_check.py runs it once on an older tree (`--baseline`) and once on
+this one, on the same photos and the same random ViLT (`--workdir`), and
+compares the two (before and after).
 
     PYTHONPATH=. python3 bench/image_path.py --config vilt-b32 --device cuda
     .venv/bin/python bench/image_path.py --config tiny --device cpu   # smoke
+    PYTHONPATH=/tmp/older python3 bench/image_path.py --out before.json \
+        --features before.pt --workdir /tmp/ip   # an older tree's
 
 Photos: JPEGs of the photo mix's Food101 shapes (pipeline/fakes/trees.py; at
 ViLT-B/32's processor 12×16, 16×12, 12×12 and 12×18 patches), 35 % text and
@@ -18,8 +21,8 @@ is timed apart, per image on one core). Per path it prints and returns:
   syncs per batch; the FLOPs of each (torch.utils.flop_counter) and their
   share of the card's dense bf16 peak where the card is known;
 - bytes per extract batch as the loader ships it; the loader's ms per image;
-- the features of one extract batch: cosine of the new path's against the
-  legacy path's (the same inputs, a different summation order).
+- the features of one extract batch (`--features`: saved for comparing
+  two trees; gpu_check gives the cosine of after against before).
 
 Host syncs: on CUDA the warnings of `torch.cuda.set_sync_debug_mode("warn")`;
 on the CPU the ops that would sync on a GPU (`pipeline.model.vision.SYNC_OPS`,
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -39,8 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.append(str(ROOT))  # after PYTHONPATH: an older tree given there wins
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -51,7 +52,8 @@ from pipeline.data.loader import Collate, SampleDataset  # noqa: E402
 from pipeline.data.samples import Sample  # noqa: E402
 from pipeline.fakes import trees as fakes  # noqa: E402
 from pipeline.model import vision  # noqa: E402
-from pipeline.model.backbone import autocast, load_backbone  # noqa: E402
+from pipeline.model.backbone import load_backbone  # noqa: E402
+from pipeline.model.device import autocast  # noqa: E402
 from pipeline.model.graphs import capturable_adamw, set_lr  # noqa: E402
 from pipeline.model.losses import dummy_segments  # noqa: E402
 from pipeline.model.network import QueryCache  # noqa: E402
@@ -60,7 +62,6 @@ from pipeline.model.train import make_step  # noqa: E402
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense TF/s
 FOOD101_SHAPES = fakes.SIZES[:4]  # (w, h) of the photo mix's Food101 photos
 N_TASKS = 10
-PATHS = ("legacy", "new")
 
 
 class SyncOps(TorchDispatchMode):
@@ -160,8 +161,9 @@ def tune_part(model, ds, n: int, device: torch.device, seconds: float) -> dict:
     cuda = device.type == "cuda"
     backbone, D = model.backbone, model.backbone.hidden_size
     train = batches_with(ds, 4, 12, cuda, copies=not cuda)
-    cache = QueryCache(torch.randn(n, 2, D, device=device),
-                       torch.randn(n, 2, D, device=device))  # fmt: skip
+    cache = QueryCache(
+        torch.randn(n, 2, D, device=device), torch.randn(n, 2, D, device=device)
+    )
     groups = [{"params": model.trainable_parameters(), "lr": 1e-4}]
     opt_args = {"betas": (0.9, 0.98), "weight_decay": 0.0}
     if cuda:
@@ -169,8 +171,9 @@ def tune_part(model, ds, n: int, device: torch.device, seconds: float) -> dict:
         dummy = dummy_segments(backbone, ds.empty_ids, ds.empty_mask, ds.dummy_image())
     else:
         opt, dummy = torch.optim.AdamW(groups, **opt_args), None
-    run = make_step(model, opt, cache, N_TASKS, 0.01, static=cuda, dummy=dummy,
-                    graphs=cuda)  # fmt: skip
+    run = make_step(
+        model, opt, cache, N_TASKS, 0.01, static=cuda, dummy=dummy, graphs=cuda
+    )
     state = {"i": 0}
 
     def step() -> None:
@@ -181,11 +184,22 @@ def tune_part(model, ds, n: int, device: torch.device, seconds: float) -> dict:
     model.train()
     per_step = timed(step, device, len(train), seconds)
     syncs = count_syncs(step, device)
-    eager = make_step(model, torch.optim.AdamW(groups, **opt_args), cache, N_TASKS,
-                      0.01, static=cuda, dummy=dummy, graphs=False)  # fmt: skip
+    eager = make_step(
+        model,
+        torch.optim.AdamW(groups, **opt_args),
+        cache,
+        N_TASKS,
+        0.01,
+        static=cuda,
+        dummy=dummy,
+        graphs=False,
+    )
     f = flops(lambda: eager(train[0]))
-    return {"samples_per_s": round(4 / per_step, 1), "syncs_per_step": syncs,
-            "flops_per_sample": f / 4}  # fmt: skip
+    return {
+        "samples_per_s": round(4 / per_step, 1),
+        "syncs_per_step": syncs,
+        "flops_per_sample": f / 4,
+    }
 
 
 def extract_part(model, ds, size: int, device: torch.device, seconds: float):
@@ -224,51 +238,75 @@ def batches_with(ds, size, count, cuda, copies):
     return out
 
 
-def measure(config: str, device: torch.device, work: Path, photos: int,
-            batch: int, seconds: float) -> dict[str, Any]:  # fmt: skip
-    """Both paths on the same model and photos; see the module docstring."""
+def measure(
+    config: str,
+    device: torch.device,
+    work: Path,
+    photos: int,
+    batch: int,
+    seconds: float,
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """This tree's image path on the photos and model in `work` (made there
+    when absent), and the features of the first extract batch."""
+    import pipeline
+
+    torch.manual_seed(0)  # the prompts' init: the same in every tree's process
     backbone, model = build(config, device, work)
-    backbone.fast_embed = True  # as on CUDA (place()), so the CPU shows both rules
+    backbone.fast_embed = True  # as on CUDA (place()), so the CPU shows its rule
     root = work / "photos"
     root.mkdir(exist_ok=True)
     samples = photo_samples(root, photos)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = next((v for k, v in PEAK_BF16.items() if card and k in card), None)
-    out: dict[str, Any] = {"config": config, "card": card, "batch": batch,
-                           "photos": photos, "paths": {}}  # fmt: skip
-    features = {}
-    for path in PATHS:
-        os.environ["PAL_IMAGE_PATH"] = "legacy" if path == "legacy" else ""
-        ds = SampleDataset(samples, root, backbone.processor, backbone.max_text_len,
-                           backbone.image_side, uint8=path == "new")  # fmt: skip
-        t0 = time.perf_counter()
-        for i in range(min(32, len(ds))):
-            ds[i]
-        per_image_ms = 1e3 * (time.perf_counter() - t0) / min(32, len(ds))
-        tune = tune_part(model, ds, len(samples), device, seconds)
-        ext, features[path] = extract_part(model, ds, batch, device, seconds)
-        for part in (tune, ext):
-            achieved = part["samples_per_s"] * part["flops_per_sample"]
-            part["bf16_peak_share"] = round(achieved / peak, 4) if peak else None
-        ms = round(per_image_ms, 2)
-        out["paths"][path] = {"tune": tune, "extract": ext, "loader_ms_per_image": ms}
-        print(f"image_path {path}: tune {tune['samples_per_s']}/s, "
-              f"{tune['syncs_per_step']} syncs a step; extract "
-              f"{ext['samples_per_s']}/s, {ext['syncs_per_batch']} syncs a batch, "
-              f"{ext['bytes_per_batch'] / 2**20:.1f} MiB", flush=True)  # fmt: skip
-    os.environ.pop("PAL_IMAGE_PATH", None)
-    a, b = features["legacy"], features["new"]
-    cos = torch.nn.functional.cosine_similarity(a, b, dim=1)
-    out["feature_cosine_min"] = round(float(cos.min()), 6)
-    return out
+    ds = SampleDataset(
+        samples,
+        root,
+        backbone.processor,
+        backbone.max_text_len,
+        backbone.image_side,
+        uint8=True,
+    )
+    t0 = time.perf_counter()
+    for i in range(min(32, len(ds))):
+        ds[i]
+    per_image_ms = 1e3 * (time.perf_counter() - t0) / min(32, len(ds))
+    tune = tune_part(model, ds, len(samples), device, seconds)
+    ext, features = extract_part(model, ds, batch, device, seconds)
+    for part in (tune, ext):
+        achieved = part["samples_per_s"] * part["flops_per_sample"]
+        part["bf16_peak_share"] = round(achieved / peak, 4) if peak else None
+    tree = str(Path(pipeline.__file__).resolve().parents[1])
+    print(
+        f"image_path {tree}: tune {tune['samples_per_s']}/s, "
+        f"{tune['syncs_per_step']} syncs a step; extract "
+        f"{ext['samples_per_s']}/s, {ext['syncs_per_batch']} syncs a batch, "
+        f"{ext['bytes_per_batch'] / 2**20:.1f} MiB",
+        flush=True,
+    )
+    return {
+        "tree": tree,
+        "config": config,
+        "card": card,
+        "batch": batch,
+        "photos": photos,
+        "tune": tune,
+        "extract": ext,
+        "loader_ms_per_image": round(per_image_ms, 2),
+    }, features
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
-    """The before/after table, as Markdown lines."""
+    """The table of each tree measured (bench/gpu_paths.py's result), as
+    Markdown lines."""
+    cos = result.get("feature_cosine_min")
+    against = (
+        ""
+        if cos is None
+        else (f"; features of one extract batch, after against before: cosine ≥ {cos}")
+    )
     lines = [
         f"{result['config']} sizes, {result['photos']} Food101-shaped photos, "
-        f"extract batch {result['batch']}; features of one extract batch, new "
-        f"against legacy: cosine ≥ {result['feature_cosine_min']}.",
+        f"extract batch {result['batch']}{against}.",
         "",
         "| path | tune samples/s | bf16 peak | syncs/step | extract samples/s "
         "| bf16 peak | syncs/batch | MiB/batch | loader ms/image |",
@@ -307,15 +345,26 @@ def main() -> None:
     )
     ap.add_argument("--seconds", type=float, default=3.0, help="time per rate")
     ap.add_argument("--out", type=Path, help="also write the result as JSON here")
-    a = ap.parse_args()  # fmt: skip
+    ap.add_argument("--features", type=Path, help="save the features here (torch)")
+    ap.add_argument(
+        "--workdir", type=Path, help="photos and model, kept (default: a temp one)"
+    )
+    a = ap.parse_args()
     device = torch.device(a.device)
     cuda = device.type == "cuda"
     with tempfile.TemporaryDirectory(prefix="pal-image-path-") as tmp:
-        result = measure(a.config, device, Path(tmp), a.photos or (512 if cuda else 24),
-                         a.batch or (256 if cuda else 16), a.seconds)  # fmt: skip
-    print("\n".join(markdown(result)))
+        work = a.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        photos, batch = (
+            a.photos or (512 if cuda else 24),
+            a.batch or (256 if cuda else 16),
+        )
+        result, features = measure(a.config, device, work, photos, batch, a.seconds)
+    print("\n".join(markdown({**result, "paths": {"this tree": result}})))
     if a.out:
         a.out.write_text(json.dumps(result, indent=2) + "\n")
+    if a.features:
+        torch.save(features, a.features)
 
 
 if __name__ == "__main__":

@@ -59,32 +59,78 @@ from rehearsal_figures import analyse, markdown  # noqa: E402
 BACKBONE = "models/vilt-b32-mlm"
 
 
-def stage_commands(python: str, once: bool = True) -> list[tuple[str, list[str]]]:
-    """One run of PAL, as dvc.yaml's stages prepare@0 … evaluate@pal-0 run it;
-    `once`: with the stages a dataset runs once (the pixel cache and the
-    frozen queries), which tune and extract then read; without: as before
-    them (the legacy path's rehearsal)."""
+def stage_commands(python: str) -> list[tuple[str, list[str]]]:
+    """One run of PAL, as dvc.yaml's stages prepare@0 … evaluate@pal-0 run it,
+    with the stages a dataset runs once (the pixel cache and the frozen
+    queries), which tune and extract then read."""
     pal, solver = [python, "-m", "pipeline"], [python, "-m", "solver"]
     chain = ["--variant", "pal"]
-    read = ["--pixels", "data/pixels", "--frozen", "data/frozen"] if once else []
-    per_dataset = [
-        ("pixels", [*pal, "pixels", "--out", "data/pixels"]),
-        ("frozen", [*pal, "frozen", "--pixels", "data/pixels", "--out", "data/frozen"]),
-    ]
+    read = ["--pixels", "data/pixels", "--frozen", "data/frozen"]
     return [
         ("prepare", [*pal, "prepare", "--run", "0", "--out", "data/prepare/0"]),
-        *(per_dataset if once else []),
-        ("tune", [*pal, "tune", "--run", "0", *chain, "--prepare", "data/prepare/0",
-                  "--out", "data/tune/pal/0", *read]),
-        ("extract", [*pal, "extract", *chain, "--prepare", "data/prepare/0",
-                     "--tune", "data/tune/pal/0", "--out", "data/extract/pal/0",
-                     *read]),
-        ("solve", [*solver, "solve", "--run", "0", *chain,
-                   "--features", "data/extract/pal/0", "--out", "data/solve/pal/0"]),
-        ("evaluate", [*solver, "evaluate", "--run", "0", *chain,
-                      "--features", "data/extract/pal/0", "--solve", "data/solve/pal/0",
-                      "--out", "data/evaluate/pal/0"]),
-    ]  # fmt: skip
+        ("pixels", [*pal, "pixels", "--out", "data/pixels"]),
+        ("frozen", [*pal, "frozen", "--pixels", "data/pixels", "--out", "data/frozen"]),
+        (
+            "tune",
+            [
+                *pal,
+                "tune",
+                "--run",
+                "0",
+                *chain,
+                "--prepare",
+                "data/prepare/0",
+                "--out",
+                "data/tune/pal/0",
+                *read,
+            ],
+        ),
+        (
+            "extract",
+            [
+                *pal,
+                "extract",
+                *chain,
+                "--prepare",
+                "data/prepare/0",
+                "--tune",
+                "data/tune/pal/0",
+                "--out",
+                "data/extract/pal/0",
+                *read,
+            ],
+        ),
+        (
+            "solve",
+            [
+                *solver,
+                "solve",
+                "--run",
+                "0",
+                *chain,
+                "--features",
+                "data/extract/pal/0",
+                "--out",
+                "data/solve/pal/0",
+            ],
+        ),
+        (
+            "evaluate",
+            [
+                *solver,
+                "evaluate",
+                "--run",
+                "0",
+                *chain,
+                "--features",
+                "data/extract/pal/0",
+                "--solve",
+                "data/solve/pal/0",
+                "--out",
+                "data/evaluate/pal/0",
+            ],
+        ),
+    ]
 
 
 def rehearsal_params(
@@ -107,14 +153,17 @@ def rehearsal_params(
 def run_direct(work: Path, env: dict[str, str], log: list[str]) -> dict[str, float]:
     """Each stage command in turn; returns its wall seconds by stage."""
     wall = {}
-    once = env.get("PAL_IMAGE_PATH") != "legacy"  # the legacy path: as before
-    for name, cmd in stage_commands(sys.executable, once):
+    for name, cmd in stage_commands(sys.executable):
         log.append(f"$ {' '.join(cmd)}\n")
         start = time.perf_counter()
         proc = subprocess.run(
-            cmd, cwd=work, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            cmd,
+            cwd=work,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wall[name] = time.perf_counter() - start
         log.append(proc.stdout)
         if proc.returncode != 0:
@@ -127,9 +176,13 @@ def run_dvc(work: Path, env: dict[str, str], log: list[str]) -> dict[str, float]
     "Running stage" line to the next one's."""
     starts: dict[str, float] = {}
     proc = subprocess.Popen(
-        ["dvc", "repro", "evaluate@pal-0"], cwd=work, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        ["dvc", "repro", "evaluate@pal-0"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         log.append(line)
@@ -151,10 +204,13 @@ class StageFailed(Exception):
         super().__init__(f"{stage} failed (exit {code})")
 
 
-def scratch_folder(work: Path, params: dict[str, Any], runner: str) -> dict[str, str]:
+def scratch_folder(
+    work: Path, params: dict[str, Any], runner: str, tree: Path = ROOT
+) -> dict[str, str]:
     """Make `work` a project folder with `params`; returns the stages'
     environment. The dvc runner gets a committed copy of the project (dvc.yaml
-    and all), the direct runner only params.yaml."""
+    and all), the direct runner only params.yaml, and `tree` (the project's
+    code the stages run) on PYTHONPATH."""
     if runner == "dvc":
         sys.path.insert(0, str(ROOT / "tests"))
         from scratch_project import make_scratch_project
@@ -162,7 +218,7 @@ def scratch_folder(work: Path, params: dict[str, Any], runner: str) -> dict[str,
         return make_scratch_project(work, params)
     work.mkdir(parents=True, exist_ok=True)
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    return dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    return dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1")
 
 
 def run_logged(
@@ -198,18 +254,22 @@ def rehearse(
     device: str = "auto",
     runner: str = "auto",
     cuda_graphs: bool = True,
+    tree: Path = ROOT,
 ) -> dict[str, Any]:
-    """Build the scratch folder in `work`, run one run of PAL, return the
+    """Build the scratch folder in `work`, run one run of PAL with the code of
+    `tree` (an older tree of the project: the direct runner only), return the
     figures (`analyse`) with the set-up. Raises SystemExit naming the log on
     a failed stage."""
     if runner == "auto":
-        runner = "dvc" if shutil.which("dvc") else "direct"
+        runner = "dvc" if shutil.which("dvc") and tree == ROOT else "direct"
     if runner == "dvc" and not shutil.which("dvc"):
         raise SystemExit("rehearsal: --runner dvc, but there is no dvc on PATH")
+    if runner == "dvc" and tree != ROOT:
+        raise SystemExit("rehearsal: another tree runs with --runner direct only")
     cores = os.cpu_count() or 1
     workers = max(0, min(15, cores - 1))
     params = rehearsal_params(config, epochs, width, device, workers, cuda_graphs)
-    env = scratch_folder(work, params, runner)
+    env = scratch_folder(work, params, runner, tree)
     start = time.perf_counter()
     photos = make_food101_tree(work / "data/raw/food101", classes, train, test, cores)
     make_hub_vilt(work / BACKBONE, layers=8, hidden=128, full_size=config == "vilt-b32")
@@ -231,6 +291,7 @@ def rehearse(
         "loader_workers": workers,
         "runner": runner,
         "cuda_graphs": cuda_graphs,
+        "tree": str(tree),
     }
     acc = json.loads((work / "data/evaluate/pal/0/metrics.json").read_text())
     result["accuracy"] = acc.get("acc")
@@ -248,9 +309,11 @@ def main() -> None:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--runner", choices=("auto", "dvc", "direct"), default="auto")
     ap.add_argument(
-        "--eager", dest="cuda_graphs", action="store_false",
+        "--eager",
+        dest="cuda_graphs",
+        action="store_false",
         help="tune.cuda_graphs: false (the preset replays CUDA graphs)",
-    )  # fmt: skip
+    )
     ap.add_argument("--workdir", type=Path)
     a = ap.parse_args()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-rehearsal-"))

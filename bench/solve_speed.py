@@ -51,7 +51,7 @@ from solve_floor import ETA, Floor, Kernels, acil_reference, rel, warm_up  # noq
 from solve_procs import Run, baseline_rss, run_solve  # noqa: E402
 
 from solver.api import Classifier, make_features, weights_name  # noqa: E402
-from solver.shards import open_features  # noqa: E402
+from solver.shard_readers import open_features  # noqa: E402
 
 SWEEP = (0.01, 0.1, 1.0, 10.0, 100.0)
 

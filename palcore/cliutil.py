@@ -136,15 +136,16 @@ def run_params_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def folder_option(
-    flag: str, default: str, help: str, dest: str | None = None
+    flag: str, default: str | None, help: str, dest: str | None = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """`--<flag> DIR`: a stage's input or output folder (default shown in
-    --help); `dest` names the parameter when it differs from the flag."""
+    --help; None: the option is off unless given); `dest` names the parameter
+    when it differs from the flag."""
     names = [f"--{flag}", dest] if dest else [f"--{flag}"]
     return click.option(
         *names,
         default=default,
-        show_default=True,
+        show_default=default is not None,
         metavar="DIR",
         type=click.Path(file_okay=False),
         help=help,

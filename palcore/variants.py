@@ -103,8 +103,10 @@ def _paper_name(value: Any, key: str) -> str | dict[str, str] | None:
         raise ParamsError(
             f"{key} must be a text or map result ids to texts, got {shown(value)}"
         )
-    return {_text_of(r, f"{key} (a result id)"): _text_of(v, f"{key}.{r}")
-            for r, v in value.items()}  # fmt: skip
+    return {
+        _text_of(r, f"{key} (a result id)"): _text_of(v, f"{key}.{r}")
+        for r, v in value.items()
+    }
 
 
 def _bp_row(value: Any, key: str) -> VariantRow | None:

@@ -223,9 +223,8 @@ def run_cmd(
     # SIGTERM (what a batch scheduler or `kill` sends) stops the grid as Ctrl-C
     previous = signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
-        running.run_grid(
-            repo, ids, run_ids, wanted, part, jobs, cards, no_wait, out, rerun, params
-        )
+        asked = (ids, run_ids, wanted, part, jobs, cards, no_wait, out, rerun)
+        running.run_grid(repo, running.GridRun(*asked), params)
     except KeyboardInterrupt:
         raise ExperimentError(running.interrupted(repo, rerun)) from None
     finally:

@@ -10,6 +10,7 @@ resumes where it stopped.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,21 +38,25 @@ def refuse_uncommitted(repo: Repo, out: Path) -> None:
         )
 
 
-def run_grid(
-    repo: Repo,
-    ids: list[str],
-    run_ids: list[int] | None,
-    wanted: list[str] | None,
-    shard: slice | None,
-    jobs: int,
-    cards: list[str] | None,
-    no_wait: bool,
-    out: Path,
-    rerun: str,
-    params: dict[str, Any],
-) -> None:
+@dataclass(frozen=True)
+class GridRun:
+    """What one `pal-paper run` asks for."""
+
+    ids: list[str]  # the results whose cells run
+    runs: list[int] | None  # --runs; None: the preset's protocol.runs
+    cells: list[str] | None  # --cells: cells' names or columns' keys; None: all
+    shard: slice | None  # --shard's slice of the cells
+    jobs: int  # -j: DVC queue workers
+    cards: list[str] | None  # --gpus: one worker pinned per card
+    no_wait: bool  # return once the workers are started
+    out: Path  # where the results are rendered
+    rerun: str  # the command line that resumes this run
+
+
+def run_grid(repo: Repo, run: GridRun, params: dict[str, Any]) -> None:
     """`pal-paper run`'s work: check, queue, start workers, wait, render."""
-    todo = _todo(ids, params, run_ids, wanted, shard)
+    ids, jobs, cards = run.ids, run.jobs, run.cards
+    todo = _todo(ids, params, run.runs, run.cells, run.shard)
     finished = repo.finished()
     check_cells(
         repo.root, params, [c for c in todo if repo.exp_name(c) not in finished]
@@ -74,7 +79,7 @@ def run_grid(
         announce_copies(repo.root, copies)
         if cards or "Running" not in repo.queue_status().values():
             repo.start(jobs, cards)  # pinned: only the workers that are gone
-        if no_wait:
+        if run.no_wait:
             log.info("workers started; `dvc queue status` shows them")
             return
         outcome = _wait(repo, pending, jobs, cards, copies)
@@ -83,11 +88,11 @@ def run_grid(
             raise ExperimentError(
                 "\nError: ".join(
                     f"cell '{c.name}' ({c.describe()}) failed: `dvc queue logs "
-                    f"{repo.exp_name(c)}` shows why; rerun: {rerun}"
+                    f"{repo.exp_name(c)}` shows why; rerun: {run.rerun}"
                     for c in failed
                 )
             )
-    collect(repo, ids, params, run_ids, out)
+    collect(repo, ids, params, run.runs, run.out)
 
 
 def _todo(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from palcore.outputs import write_bytes_atomic
+from pipeline.closure import code_closure, imported_modules
 from pipeline.contracts import (
     METHOD_STAGES,
     RECORD_FILE,
@@ -53,8 +54,6 @@ def method_file(method: str) -> str:
 
 
 def _closure(module: str, root: Path) -> list[str]:
-    from pipeline.stages.resume import code_closure
-
     return [p.relative_to(root).as_posix() for p in code_closure(module, root)]
 
 
@@ -79,8 +78,6 @@ def unit_files(root: Path = ROOT) -> dict[str, list[str]]:
 def _method_closure(method: str, root: Path) -> list[str]:
     """The method modules that method `method`'s module imports, transitively
     (not through `pipeline.methods`' registry, which imports them all)."""
-    from pipeline.stages.resume import imported_modules
-
     names = {f"pipeline.methods.{m}": m for m in method_names()}
     seen, todo = set(), [method]
     while todo:

@@ -1,10 +1,11 @@
 """The solver's public face: what code outside `solver/` may use.
 
 Besides this module, only `solver.shards` (the feature shard format, which
-`pal extract` writes: DESIGN §3) and `solver.cli` (the `pal-solver` group) are
-public; every other module of the package is its inside and may change
-without notice. `tests/test_solver_api.py` checks that no module of
-`pipeline/`, `palpaper/`, `palcore/` or `bench/` imports another.
+`pal extract` writes: DESIGN §3) with its readers `solver.shard_readers`, and
+`solver.cli` (the `pal-solver` group) are public; every other module of the
+package is its inside and may change without notice. `tests/test_solver_api.py`
+checks that no module of `pipeline/`, `palpaper/`, `palcore/` or `bench/`
+imports another.
 
 - Fit: `fit(features, out, params)` writes one chain's weights (what
   `pal-solver solve` does); `fit_pipeline(source, name, features, out)`

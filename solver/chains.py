@@ -23,7 +23,7 @@ from palcore.params import (
     shown,
 )
 from palcore.variants import pipeline_variants
-from solver.shards import open_features
+from solver.shard_readers import open_features
 
 
 def pipeline_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -40,7 +40,7 @@ from palcore.cliutil import (
 )
 from palcore.codes import Missing
 from palcore.errors import PalError, ShardError
-from palcore.outputs import write_bytes_atomic
+from palcore.outputs import task_group_name, write_bytes_atomic
 from palcore.params import Source, load_section
 from palcore.progress import tqdm
 from solver.backend import Backend, get_backend
@@ -50,7 +50,7 @@ from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar
 from solver.params import EvaluateParams, SolveParams
 from solver.plots import step_plot_png
-from solver.shards import StepShards, open_features, task_group_name
+from solver.shard_readers import StepShards, open_features
 from solver.weights import WEIGHTS_NAME, WeightsError, WeightsFile, check_solved_by
 
 log = logging.getLogger(__name__)
@@ -348,8 +348,8 @@ def cli(
         # what --solve holds must be what solve.* makes; --weights scores any file
         solved = None if weights else load_section(params_file, "solve", SolveParams)
         score = list(weights) or [solve]
-        evaluate(features, score, out, get_backend(params.device), params.batch_rows,
-                 solve_params=solved)  # fmt: skip
+        backend = get_backend(params.device)
+        evaluate(features, score, out, backend, params.batch_rows, solve_params=solved)
         return
     if weights:
         raise PalError("--pipeline reads each chain's weights from --solve")
@@ -383,9 +383,14 @@ def evaluate_pipeline(
     for chain, solved in todo:
         log.info("evaluate: chain %s", chain)
         written += evaluate(
-            Path(features) / chain, [Path(solve_dir) / chain], Path(out) / chain,
-            backend, params.batch_rows, plot=False, solve_params=solved,
-        )  # fmt: skip
+            Path(features) / chain,
+            [Path(solve_dir) / chain],
+            Path(out) / chain,
+            backend,
+            params.batch_rows,
+            plot=False,
+            solve_params=solved,
+        )
     if report is not None:
         from solver.report import protocol_report
 

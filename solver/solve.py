@@ -33,7 +33,7 @@ from solver.options import apply_overrides, override_options
 from solver.params import SolveParams, check_memory
 from solver.rls import Expander, RidgeRLS, make_expander, make_rls
 from solver.select import EtaSelector
-from solver.shards import StepShards, open_features
+from solver.shard_readers import StepShards, open_features
 from solver.state import SolverState, StateInfo, check_state, load_state, save_state
 from solver.weights import WeightsInfo, WeightsWriter, weights_name
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from solver.shards import Block, ShardAttrs, step_dir_name, write_test, write_train
+from palcore.outputs import step_dir_name
+from solver.shards import Block, ShardAttrs, write_test, write_train
 
 
 def _rows(
@@ -43,6 +44,7 @@ def make_features(
     out_dir: str | Path,
     rows_per_step: Sequence[int] | int = 200,
     classes_per_step: Sequence[int] | int = 4,
+    *,
     feature_dim: int = 32,
     test_rows: int = 40,
     n_steps: int | None = None,
@@ -68,7 +70,6 @@ def make_features(
     n_classes = int(sum(classes_per_step))
     base = 0.3 * rng.standard_normal(feature_dim)
     means = separation * rng.standard_normal((n_classes, feature_dim))
-    out_dir = Path(out_dir)
     tests: list[Block] = []
     first = 0
     for step, (n, c) in enumerate(
@@ -83,7 +84,8 @@ def make_features(
             _missing(rng, n, missing_rate),
             [f"s{step:02d}-train-{j:06d}" for j in range(n)],
         )
-        write_train(out_dir / step_dir_name(step) / "train.h5", train, attrs)
+        folder = Path(out_dir) / step_dir_name(step)
+        write_train(folder / "train.h5", train, attrs)
         y_test = rng.integers(first, seen, size=test_rows).astype(np.int64)
         tests.append(
             Block(
@@ -94,11 +96,9 @@ def make_features(
             )
         )
         blocks = _with_logits(rng, tests, step, seen) if bp_logits else tests
-        write_test(
-            out_dir / step_dir_name(step) / "test.h5", dict(enumerate(blocks, 1)), attrs
-        )
+        write_test(folder / "test.h5", dict(enumerate(blocks, 1)), attrs)
         first = seen
-    return out_dir
+    return Path(out_dir)
 
 
 def _with_logits(

@@ -28,10 +28,16 @@ import h5py
 import numpy as np
 
 from palcore.errors import PalError
-from palcore.outputs import exit_disk_full, free_bytes, is_disk_full, temp_path
+from palcore.outputs import (
+    exit_disk_full,
+    free_bytes,
+    is_disk_full,
+    step_dir_name,
+    temp_path,
+)
 from palcore.recorded import check_content
 from solver.params import SolveParams
-from solver.shards import hdf5_reason, step_dir_name
+from solver.shards import hdf5_reason
 
 FORMAT_VERSION = 1
 WEIGHTS_NAME = "weights.h5"

@@ -184,11 +184,11 @@ def make_model(backbone, tasks, steps: int = 1, **prompt):
     first `steps` tasks added."""
     import torch
 
-    from pipeline.model.network import PalModel
+    from pipeline.methods import build_model
     from pipeline.params import PromptParams
 
     params = {**PROMPT, "layers": tuple(PROMPT["layers"]), **prompt}
-    model = PalModel(backbone, PromptParams(**params), tasks.classes_per_task)
+    model = build_model(backbone, PromptParams(**params), tasks.classes_per_task)
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         model.add_task(g)

@@ -9,7 +9,8 @@ from helpers import make_vilt
 from PIL import Image
 
 from pipeline.model import vision
-from pipeline.model.backbone import BackboneError, LayerPrompt, load_backbone
+from pipeline.model.backbone import BackboneError, load_backbone
+from pipeline.model.encoder import LayerPrompt
 
 
 def _inputs(backbone, texts, sizes):

@@ -3,7 +3,7 @@
 Code, an import-boundary check: a stage's command (`pal tune`) names its
 module through the command group's table (`pipeline.cli.COMMANDS`); the
 stage's code is that module and every project module it imports, transitively
-(`pipeline.stages.resume.code_closure`, the same closure the resume signature
+(`pipeline.closure.code_closure`, the same closure the resume signature
 hashes). Every file of it must lie under a code dep of the stage (a file, or a
 folder such as `palcore` or `solver` declared whole), and every declared file,
 and at least one file of every declared folder, must be imported: no
@@ -41,10 +41,10 @@ from helpers import committed, committed_params
 
 from palcore.params import outcome_keys
 from pipeline import cli as pipeline_cli
+from pipeline.closure import ROOT, code_closure, imported_modules
 from pipeline.contract_code import watched_files
 from pipeline.contracts import STAGES as CONTRACTED
 from pipeline.sections import PARAM_CLASSES
-from pipeline.stages.resume import ROOT, code_closure, imported_modules
 from solver import cli as solver_cli
 
 GROUPS = {"pal": pipeline_cli.COMMANDS, "pal-solver": solver_cli.COMMANDS}

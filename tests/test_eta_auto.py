@@ -14,7 +14,7 @@ from palcore.params import section_from_mapping
 from solver.evaluate import evaluate
 from solver.params import SolveParams
 from solver.rls import upsampling_matrix
-from solver.shards import open_features
+from solver.shard_readers import open_features
 from solver.solve import solve
 from solver.synthetic import make_features
 from solver.weights import WeightsFile

@@ -11,7 +11,7 @@ from solver.evaluate import evaluate
 from solver.metrics import forgetting, forgetting_diag
 from solver.params import SolveParams
 from solver.rls import upsampling_matrix
-from solver.shards import open_features
+from solver.shard_readers import open_features
 from solver.solve import solve
 from solver.synthetic import make_features
 

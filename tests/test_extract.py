@@ -12,7 +12,7 @@ from pipeline import params as pparams
 from pipeline.data.samples import read_prepare, select
 from pipeline.model.checkpoint import checkpoint_path
 from pipeline.stages.extract import cli, extract, parse_steps
-from solver.shards import open_features
+from solver.shard_readers import open_features
 
 
 def _digests(folder):
@@ -178,7 +178,7 @@ def test_batch_size_changes_only_float_noise(extracted, tuned, tmp_path):
 
 
 def open_step_3(folder):
-    from solver.shards import open_step
+    from solver.shard_readers import open_step
 
     return open_step(folder / "step_03", 3)
 
@@ -297,8 +297,9 @@ def test_a_model_without_prompts_embeds_each_test_set_once(
     import h5py
     from helpers import write_params
 
+    from pipeline.methods import model_from_checkpoint
     from pipeline.model.backbone import load_backbone
-    from pipeline.model.checkpoint import load_checkpoint, model_from_checkpoint
+    from pipeline.model.checkpoint import load_checkpoint
     from pipeline.stages.tune import tune
 
     params = write_params(
@@ -383,10 +384,11 @@ def test_one_loader_writes_what_a_loader_per_step_embeds(extracted, tuned):
     """Each step's features and BP logits, row for row, equal `embed_samples`
     of the step's samples with a loader of their own (the path before one
     loader served every step): the same batches under the same seeds."""
+    from pipeline.methods import model_from_checkpoint
     from pipeline.model.backbone import load_backbone
-    from pipeline.model.checkpoint import load_checkpoint, model_from_checkpoint
+    from pipeline.model.checkpoint import load_checkpoint
     from pipeline.model.embed import embed_samples
-    from solver.shards import open_step
+    from solver.shard_readers import open_step
 
     params, prepare, tune_dir = tuned
     ext = pparams.load(params, "extract")

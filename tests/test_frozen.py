@@ -41,7 +41,7 @@ from pipeline.model.train import _query_cache
 from pipeline.stages.extract import extract
 from pipeline.stages.frozen import frozen_pairs
 from pipeline.stages.tune import tune
-from solver.shards import open_features
+from solver.shard_readers import open_features
 
 ATOL = 1e-5
 BACKBONE = {"max_text_len": 12}

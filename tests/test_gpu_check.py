@@ -17,26 +17,42 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_check  # noqa: E402
 
-STAGES = ["prepare", "tune", "extract", "solve", "evaluate"]
-# after: the pixel cache and the frozen queries once per dataset, read by tune
-# and extract; before (the legacy path): as the pipeline ran without them
+# the pixel cache and the frozen queries once per dataset, read by tune and extract
 ONCE = ["prepare", "pixels", "frozen", "tune", "extract", "solve", "evaluate"]
+NAMES = ["palcore", "pipeline", "solver", "params.yaml", "contracts.yaml"]
+
+
+def archived(commit: str, folder: Path) -> Path:
+    """`git archive commit` of the project's code into `folder`: an older tree."""
+    folder.mkdir()
+    tar = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, *NAMES],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
+    return folder
 
 
 @pytest.mark.slow
 def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
+    """Before and after are two trees: the committed one archived (the
+    baseline) and this one, each measured by its own processes."""
+    baseline = archived("HEAD", tmp_path / "baseline")
     out = tmp_path / "out"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
-    cmd = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--scale",
-           "smallest", "--device", "cpu", "--out", str(out),
-           "--parts", "tests,solver,paths,rehearsal,cells", "--jobs", "1,2",
-           "--workdir", str(tmp_path / "work")]  # fmt: skip
+    cmd = [
+        *(sys.executable, str(ROOT / "bench" / "gpu_check.py")),
+        *("--scale", "smallest", "--device", "cpu", "--out", str(out)),
+        *("--parts", "tests,solver,paths,rehearsal,cells", "--jobs", "1,2"),
+        *("--baseline", str(baseline), "--workdir", str(tmp_path / "work")),
+    ]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "cells.log",
         "gpu_tests.log",
-        "rehearsal-legacy.log",
+        "rehearsal-before.log",
         "rehearsal.log",
         "report.json",
         "report.md",
@@ -44,6 +60,7 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     ]
     report = json.loads((out / "report.json").read_text())
     assert report["scale"] == "smallest" and report["versions"]["card"] is None
+    assert report["baseline"] == str(baseline)
     # without a GPU every test marked gpu is skipped, all others deselected
     # (and test_dvc_deps.py as a whole where dvc is not installed)
     skipped = 9 + (importlib.util.find_spec("dvc") is None)
@@ -52,34 +69,36 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     solver = report["solver"]
     assert (solver["exit"], solver["rows"], solver["width"]) == (0, 2000, 1024)
     assert solver["backend"] == "NumPy (solve.device cpu)"
-    rehearsal = report["rehearsal"]
-    assert rehearsal["exit"] == 0 and list(rehearsal["stages"]) == ONCE
-    assert list(report["rehearsal_legacy"]["stages"]) == STAGES
-    # the new path's tune reads the stored queries: no frozen pass of its own
-    assert rehearsal["queries"]["seconds"] == 0.0
-    assert report["rehearsal_legacy"]["queries"]["seconds"] > 0
-    assert rehearsal["setup"]["runner"] == "direct"  # no dvc on PATH
-    assert rehearsal["setup"]["photos"] == 11 * 3 - 1 + 11 * 2
-    assert rehearsal["train_samples"] == 10 * 3  # the smallest class dropped
-    assert set(rehearsal["projections"]) == {"UPMC-Food101", "N24News"}
-    # before and after: the image path in one process, a rehearsal per path
+    rehearsal, before = report["rehearsal"], report["rehearsal_before"]
+    assert rehearsal["exit"] == 0 and before["exit"] == 0
+    # each rehearsal ran its own tree's code
+    assert rehearsal["setup"]["tree"] == str(ROOT)
+    assert before["setup"]["tree"] == str(baseline)
+    for r in (rehearsal, before):
+        assert list(r["stages"]) == ONCE
+        # tune reads the stored queries: no frozen pass of its own
+        assert r["queries"]["seconds"] == 0.0
+        assert r["setup"]["runner"] == "direct"  # no dvc on PATH
+        assert r["setup"]["photos"] == 11 * 3 - 1 + 11 * 2
+        assert r["train_samples"] == 10 * 3  # the smallest class dropped
+        assert set(r["projections"]) == {"UPMC-Food101", "N24News"}
+    # before and after: the image path in one process per tree, same photos
     paths = report["paths"]
-    assert paths["exit"] == 0 and list(paths["paths"]) == ["legacy", "new"]
-    legacy, new = paths["paths"]["legacy"], paths["paths"]["new"]
-    # uint8 against float32 + int64 mask: 3 bytes a canvas position against 20
-    assert legacy["extract"]["bytes_per_batch"] > 6 * new["extract"]["bytes_per_batch"]
-    assert new["extract"]["syncs_per_batch"] < legacy["extract"]["syncs_per_batch"]
+    assert paths["exit"] == 0 and list(paths["paths"]) == ["before", "after"]
+    old, new = paths["paths"]["before"], paths["paths"]["after"]
+    assert (old["tree"], new["tree"]) == (str(baseline), str(ROOT))
+    # the same code on the same inputs: the same batches and features
+    assert old["extract"]["bytes_per_batch"] == new["extract"]["bytes_per_batch"]
+    assert old["extract"]["syncs_per_batch"] == new["extract"]["syncs_per_batch"]
     assert paths["feature_cosine_min"] >= 0.9999
-    assert report["rehearsal_legacy"]["exit"] == 0
-    # plan all's tunings and extractions, priced at each path's projection
+    # plan all's tunings and extractions, priced at each tree's projection
     tunings, extractions = report["plan"]["counts"]
     assert tunings > 0 and extractions > 0
-    assert set(report["plan"]["paths"]) == {"legacy", "new"}
+    assert set(report["plan"]["paths"]) == {"before", "after"}
     for p in report["plan"]["paths"].values():
         minutes = tunings * p["tune_min"] + extractions * p["extract_min"]
         assert p["plan_all_h"] == round((minutes + p["once_min"]) / 60, 1)
-    assert report["plan"]["paths"]["legacy"]["once_min"] == 0.0
-    assert report["plan"]["paths"]["new"]["once_min"] > 0.0
+        assert p["once_min"] > 0.0
     # several cells on one device: 1, then 2 tunes side by side, each on its
     # own folder; every training sample of both counted
     cells = report["cells"]
@@ -90,8 +109,28 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     md = (out / "report.md").read_text().splitlines()
     assert md[0] == "# GPU check on no GPU (CPU only)"
     assert "## Rehearsal: one run of PAL on a Food101-shaped tree" in md
-    assert "## The image path, before (legacy) and after" in md
+    assert (
+        "## Rehearsal: one run of PAL on a Food101-shaped tree (before: the "
+        "--baseline tree)" in md
+    )
+    assert "## The image path, before (--baseline) and after" in md
     assert "## Several cells on one card (`pal-paper run -j N`)" in md
+
+
+def test_a_baseline_commit_is_archived_into_the_workdir(tmp_path):
+    """--baseline COMMIT: the commit's code, not the workspace's."""
+    tree = gpu_check.gpu_paths.baseline_tree("HEAD", tmp_path)
+    assert tree == tmp_path / "baseline"
+    assert sorted(p.name for p in tree.iterdir()) == sorted(NAMES)
+    committed = subprocess.run(
+        ["git", "-C", str(ROOT), "show", "HEAD:pipeline/model/method.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert (tree / "pipeline/model/method.py").read_text() == committed
+    assert gpu_check.gpu_paths.baseline_tree(None, tmp_path) is None
+    assert gpu_check.gpu_paths.baseline_tree(str(tree), tmp_path) == tree
 
 
 def test_missing_packages_are_named_in_one_line():
@@ -120,15 +159,7 @@ def test_unknown_part_is_one_line(tmp_path, capsys):
 def test_the_contracts_part_compares_the_fixture_twice_and_with_a_baseline(tmp_path):
     """On a GPU it shows whether the card repeats its bytes and how far an
     older tree's outputs are; here on the CPU, both byte for byte."""
-    baseline = tmp_path / "baseline"
-    baseline.mkdir()
-    names = ["palcore", "pipeline", "solver", "params.yaml", "contracts.yaml"]
-    tree = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "HEAD", *names],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(baseline)], input=tree, check=True)
+    baseline = archived("HEAD", tmp_path / "baseline")
     out = tmp_path / "out"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     cmd = [

@@ -10,7 +10,8 @@ import pytest
 from helpers import make_hub_vilt
 from PIL import Image
 
-from pipeline.data.loader import SampleDataset, WaitClock, vilt_pixels
+from pipeline.data.images import vilt_pixels
+from pipeline.data.loader import SampleDataset, WaitClock
 from pipeline.data.samples import Sample
 from pipeline.model.backbone import load_backbone
 

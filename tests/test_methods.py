@@ -11,8 +11,9 @@ from helpers import write_params
 from palcore.errors import ParamsError
 from pipeline import contracts
 from pipeline import params as pparams
-from pipeline.methods import Method, Out, View, layer_prompts, no_aux, registry
-from pipeline.model.backbone import Backbone
+from pipeline.methods import registry
+from pipeline.model.encoder import Backbone
+from pipeline.model.method import Method, Out, View, layer_prompts, no_aux
 from pipeline.params import PromptParams
 
 

@@ -10,13 +10,12 @@ import torch
 from palcore.errors import ParamsError
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
-from pipeline.methods import build
+from pipeline.methods import build, build_model, model_from_checkpoint
 from pipeline.methods.dualprompt import DualPrompt
 from pipeline.methods.l2p import L2P, side_by_side
 from pipeline.model.backbone import load_backbone
-from pipeline.model.checkpoint import model_from_checkpoint
 from pipeline.model.losses import loss as batch_loss
-from pipeline.model.network import PalModel, build_cache
+from pipeline.model.network import build_cache
 from pipeline.params import PromptParams
 
 EYE = torch.eye(4)
@@ -169,7 +168,7 @@ def _train(backbone, tiny_prepare, row, steps=8):
     one batch of task 2 through the project's loss (pull weight 1); returns
     the model, its tensors before training and the (ce, pull) of each step."""
     samples, tasks = read_prepare(tiny_prepare)
-    model = PalModel(backbone, PromptParams(**row), tasks.classes_per_task)
+    model = build_model(backbone, PromptParams(**row), tasks.classes_per_task)
     g = torch.Generator().manual_seed(0)
     model.add_task(g)
     model.add_task(g)
@@ -218,7 +217,7 @@ def test_dualprompt_trains_g_and_its_task_e_prompt_only(backbone, tiny_prepare):
 @pytest.mark.parametrize("row", [L2P_ROW, DUAL_ROW], ids=["l2p", "dualprompt"])
 def test_a_checkpoint_rebuilds_the_same_model(backbone, tiny_prepare, row):
     samples, tasks = read_prepare(tiny_prepare)
-    model = PalModel(backbone, PromptParams(**row), tasks.classes_per_task)
+    model = build_model(backbone, PromptParams(**row), tasks.classes_per_task)
     g = torch.Generator().manual_seed(1)
     model.add_task(g)
     model.add_task(g)

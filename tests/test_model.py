@@ -6,13 +6,10 @@ from helpers import PROMPT, make_model
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
-from pipeline.model.backbone import autocast, load_backbone
-from pipeline.model.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    model_from_checkpoint,
-    save_checkpoint,
-)
+from pipeline.methods import model_from_checkpoint
+from pipeline.model.backbone import load_backbone
+from pipeline.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from pipeline.model.device import autocast
 from pipeline.model.losses import loss as batch_loss
 from pipeline.model.network import build_cache
 

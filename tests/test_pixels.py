@@ -18,7 +18,8 @@ from PIL import Image
 
 from palcore.codes import Missing
 from pipeline import params as pparams
-from pipeline.data.loader import SampleDataset, SampleError, make_loader, vilt_uint8
+from pipeline.data.images import vilt_uint8
+from pipeline.data.loader import SampleDataset, SampleError, make_loader
 from pipeline.data.pixel_cache import (
     FILE,
     OFF_MARKER,

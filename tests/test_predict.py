@@ -91,7 +91,9 @@ def test_csv_input_gives_the_jsonl_predictions(solved, tmp_path):
         writer.writeheader()
         writer.writerows(rows)
     a, _ = predict(path, tune_dir, weights, step=2, top_k=3)
-    b, _ = predict(_jsonl(tmp_path / "in.jsonl", rows), tune_dir, weights, 2, 3)
+    b, _ = predict(
+        _jsonl(tmp_path / "in.jsonl", rows), tune_dir, weights, step=2, top_k=3
+    )
     assert [p["top"] for p in a] == [p["top"] for p in b]
     assert all(len(p["top"]) == 3 for p in a)
 

@@ -83,13 +83,14 @@ def test_each_method_of_a_preset_trains_and_extracts_on_mixed_size_photos(
     from palcore.params import Source
     from pipeline.data.loader import SampleDataset, make_loader
     from pipeline.data.samples import select
+    from pipeline.methods import build_model
     from pipeline.model.losses import loss
-    from pipeline.model.network import PalModel, build_cache
+    from pipeline.model.network import build_cache
 
     backbone, samples, tasks = photos
     src = Source(ROOT / "configs" / f"{preset}.yaml", 0, variant)
     prompt, tune = load(src, "prompt"), load(src, "tune")
-    model = PalModel(backbone, prompt, tasks.classes_per_task)
+    model = build_model(backbone, prompt, tasks.classes_per_task)
     model.add_task(torch.Generator().manual_seed(0))
     train = select(samples, "train", [1])
     ds = SampleDataset(train, tasks.root, backbone.processor, 12, backbone.image_side)

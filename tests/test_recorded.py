@@ -28,7 +28,7 @@ from palcore.recorded import (
     recorded_md5,
 )
 from solver.api import make_features
-from solver.shards import open_features
+from solver.shard_readers import open_features
 
 OUT = "data/extract/pal/0"
 

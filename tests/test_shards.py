@@ -7,14 +7,8 @@ import numpy as np
 import pytest
 
 from palcore.errors import ShardError
-from solver.shards import (
-    Block,
-    ShardAttrs,
-    open_features,
-    open_step,
-    write_test,
-    write_train,
-)
+from solver.shard_readers import open_features, open_step
+from solver.shards import Block, ShardAttrs, write_test, write_train
 from solver.synthetic import make_features
 
 D = 8

@@ -12,7 +12,7 @@ from palcore.errors import PalError
 from solver.backend import Backend, get_backend
 from solver.params import SolveParams
 from solver.rls import Expander, make_rls, one_hot, upsampling_matrix
-from solver.shards import open_features
+from solver.shard_readers import open_features
 from solver.solve import solve
 from solver.synthetic import make_features
 from solver.weights import WeightsFile, eta_label, weights_name

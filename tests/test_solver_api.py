@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from solver.api import Classifier, SolveParams, evaluate, fit, make_features
-from solver.shards import open_features
+from solver.shard_readers import open_features
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC = {"solver", "solver.api", "solver.cli", "solver.shards"}
+PUBLIC = {"solver", "solver.api", "solver.cli", "solver.shards", "solver.shard_readers"}
 # the project's code outside solver/; tests/ may test the inside
 OUTSIDE = ("pipeline", "palpaper", "palcore", "bench")
 NEVER_IN_SOLVER = {"torch", "transformers"}

@@ -10,7 +10,8 @@ from helpers import make_model
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
-from pipeline.model.backbone import autocast, load_backbone
+from pipeline.model.backbone import load_backbone
+from pipeline.model.device import autocast
 from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
 from pipeline.model.losses import (
     DummySegments,

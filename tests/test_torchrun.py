@@ -12,7 +12,7 @@ import yaml
 
 from pipeline import params as pparams
 from pipeline.stages.extract import extract
-from solver.shards import open_features
+from solver.shard_readers import open_features
 
 pytestmark = pytest.mark.slow  # two fresh interpreters load torch: ~20 s
 

@@ -361,8 +361,8 @@ def test_zero_epochs_keep_prompts_and_head_at_their_init(
     """The "never trained" ablation (tune.epochs 0): step k holds exactly the
     model that k calls of add_task with tune's per-task seeds build."""
     from pipeline.data.samples import read_prepare
+    from pipeline.methods import build_model
     from pipeline.model.backbone import load_backbone
-    from pipeline.model.network import PalModel
     from pipeline.model.train import task_seed
 
     params = write_params(tmp_path / "p.yaml", tiny_vilt, tune={"epochs": 0, "seed": 3})
@@ -370,7 +370,8 @@ def test_zero_epochs_keep_prompts_and_head_at_their_init(
     assert (tmp_path / "tune" / "log.jsonl").read_text() == ""
     _, tasks = read_prepare(tiny_prepare)
     backbone = load_backbone(str(tiny_vilt), 12)
-    model = PalModel(backbone, pparams.load(params, "prompt"), tasks.classes_per_task)
+    prompt = pparams.load(params, "prompt")
+    model = build_model(backbone, prompt, tasks.classes_per_task)
     for k in (1, 2, 3):
         torch.manual_seed(task_seed(3, k))
         model.add_task(torch.Generator().manual_seed(task_seed(3, k)))

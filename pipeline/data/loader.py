@@ -18,8 +18,6 @@ with a multi-line traceback in its message.
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,24 +29,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from palcore.codes import Missing
 from palcore.errors import PalError
+from pipeline.data import images
 from pipeline.data.samples import Batch, Sample
 
 if TYPE_CHECKING:
     from pipeline.data.pixel_cache import PixelCache
-
-
-def legacy_path() -> bool:
-    """True when `PAL_IMAGE_PATH=legacy`: the image path as it was before this
-    module (float32 pixels and an int64 mask from the loader, HF's embedding
-    for padded batches, loader workers restarted each epoch). Only for
-    measuring before and after in one process tree (bench/gpu_check.py);
-    on the CPU both paths give the same bytes."""
-    return os.environ.get("PAL_IMAGE_PATH", "") == "legacy"
-
-
-def dummy_image(side: int) -> torch.Tensor:
-    """(3, side, side) of 1.0: an all-white image after ViLT's normalisation."""
-    return torch.ones(3, side, side)
 
 
 class SampleDataset(Dataset):
@@ -113,8 +98,8 @@ class SampleDataset(Dataset):
         return len(self.samples)
 
     def dummy_image(self) -> torch.Tensor:
-        """The dummy image of this dataset's image side (`dummy_image`), float."""
-        return dummy_image(self.image_side)
+        """The dummy image of this dataset's image side, float."""
+        return images.dummy_image(self.image_side)
 
     def dummy_item_image(self) -> torch.Tensor:
         """The dummy image as items carry it: float, or for a uint8 dataset
@@ -128,8 +113,10 @@ class SampleDataset(Dataset):
     def norm(self) -> torch.Tensor:
         """(3, 3) float64: rescale factor, mean and std per channel."""
         ip = self.image_processor
-        mean, std = (np.broadcast_to(np.asarray(v, np.float64), 3)
-                     for v in (ip.image_mean, ip.image_std))  # fmt: skip
+        mean, std = (
+            np.broadcast_to(np.asarray(v, np.float64), 3)
+            for v in (ip.image_mean, ip.image_std)
+        )
         scale = np.full(3, float(ip.rescale_factor))
         return torch.from_numpy(np.stack([scale, mean, std]))
 
@@ -165,7 +152,8 @@ class SampleDataset(Dataset):
 
     def _image(self, path: Path) -> torch.Tensor:
         """(3, h, w): the image at `path` decoded and processed (one decode)."""
-        x = decode_resized(path, self.image_processor, self.image_side, self.draft)
+        ip, side = self.image_processor, self.image_side
+        x = images.decode_resized(path, ip, side, self.draft)
         return self._pixels(x)
 
     def _cached(self, image: str) -> torch.Tensor:
@@ -174,79 +162,14 @@ class SampleDataset(Dataset):
         x = self.pixels.read(image)  # (3, h, w) uint8
         if self.uint8:
             return torch.from_numpy(x)
-        return torch.from_numpy(_normalised(x.transpose(1, 2, 0), self.image_processor))
+        x = x.transpose(1, 2, 0)
+        return torch.from_numpy(images.normalised(x, self.image_processor))
 
     def _pixels(self, x: np.ndarray) -> torch.Tensor:
         """(3, h, w) uint8 or float32 of a resized image `x` (h, w, 3) uint8."""
         if self.uint8:
             return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
-        return torch.from_numpy(_normalised(x, self.image_processor))
-
-
-def decode_resized(path: Path, image_processor, image_side: int, draft: bool = True):
-    """(h, w, 3) uint8: the image at `path` decoded (JPEG at a reduced scale
-    with `draft`) and resized as ViLT's image processor resizes it. Both the
-    loader and the pixel cache (`pipeline.data.pixel_cache`) decode through
-    here, so the cache holds the loader's bytes."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        if draft and im.format == "JPEG":
-            # decode at 1/2, 1/4 or 1/8 scale when the result still covers
-            # the processor's size (shorter side image_side): several
-            # times faster on photos (bench/loader.py, tolerance there)
-            w, h = im.size
-            scale = image_side / min(w, h)
-            im.draft(None, (math.ceil(w * scale), math.ceil(h * scale)))
-        rgb = im.convert("RGB")
-    return np.asarray(_vilt_resize(rgb, image_processor))
-
-
-def vilt_uint8(rgb, image_processor) -> np.ndarray:
-    """(3, h, w) uint8: the image `vilt_pixels` makes, resized but before
-    rescaling and normalisation."""
-    x = np.asarray(_vilt_resize(rgb, image_processor))
-    return np.ascontiguousarray(x.transpose(2, 0, 1))
-
-
-def _vilt_resize(rgb, ip):
-    """The RGB PIL image resized as ViLT's image processor resizes it."""
-    from transformers.models.vilt import image_processing_pil_vilt as vilt
-
-    if not ip.do_resize:
-        return rgb
-    shorter = ip.size.shortest_edge
-    longer = int(vilt.MAX_LONGER_EDGE / vilt.MAX_SHORTER_EDGE * shorter)
-    height, width = vilt.get_resize_output_image_size(
-        np.empty((rgb.height, rgb.width, 0)),
-        shorter=shorter,
-        longer=longer,
-        size_divisor=ip.size_divisor,
-        input_data_format="channels_last",
-    )
-    return rgb.resize((width, height), resample=ip.resample)
-
-
-def vilt_pixels(rgb, image_processor) -> np.ndarray:
-    """(3, h, w) float32: what ViLT's image processor makes of one RGB PIL image
-    (resize keeping the aspect ratio — shorter side `size.shortest_edge`, longer
-    capped at 1333/800 of it, both floored to `size_divisor` — then rescale and
-    normalise), bit for bit, through the same PIL resize and NumPy functions,
-    without the processor's per-call overhead (several times its cost for one
-    image; bench/loader.py)."""
-    return _normalised(np.asarray(_vilt_resize(rgb, image_processor)), image_processor)
-
-
-def _normalised(x: np.ndarray, ip) -> np.ndarray:
-    """(3, h, w) float32: a resized image `x` (h, w, 3) uint8 rescaled and
-    normalised by the image processor `ip` (as `vilt_pixels`)."""
-    from transformers.image_transforms import normalize, rescale
-
-    if ip.do_rescale:
-        x = rescale(x, ip.rescale_factor, input_data_format="channels_last")
-    if ip.do_normalize:
-        x = normalize(x, ip.image_mean, ip.image_std, input_data_format="channels_last")
-    return np.ascontiguousarray(x.transpose(2, 0, 1), dtype=np.float32)
+        return torch.from_numpy(images.normalised(x, self.image_processor))
 
 
 class SampleError(PalError):
@@ -394,8 +317,31 @@ def make_loader(
         collate_fn=Collate(dataset, copies),
         pin_memory=cuda,
         # workers live as long as the loader: one start per stage part, not
-        # one per epoch (the legacy path restarts them, as before)
-        persistent_workers=num_workers > 0 and not legacy_path(),
+        # one per epoch
+        persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers else None,
     )
     return Batches(loader)
+
+
+def index_batches(
+    labels: torch.Tensor, batch_size: int, seed: int, epoch: int
+) -> Iterator[Batch]:
+    """Batches of indices and labels only (the head-only run of
+    `prompt.enabled: false` trains on cached queries, no images needed)."""
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = torch.randperm(len(labels), generator=g)
+    empty = torch.zeros(0, dtype=torch.int64)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        yield Batch(
+            input_ids=empty,
+            attention_mask=empty,
+            pixel_values=empty,
+            pixel_mask=empty,
+            index=idx,
+            missing=torch.zeros_like(idx),
+            labels=labels[idx],
+            complete=empty,
+            ids=[""] * len(idx),
+        )

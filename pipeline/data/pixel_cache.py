@@ -14,7 +14,7 @@ makes it, so tune and extract read bytes instead of decoding (DESIGN §5).
 
 Only images that decode are stored; one that does not is what `pal prepare`
 makes of it (a sample with the image missing, `pipeline.data.absent`), and a
-loader asked for it says so. With `data.pixel_cache: false` the folder holds
+loader asked for it says so. With `pixels.enabled: false` the folder holds
 only the marker `OFF_MARKER` and the loader decodes as before.
 """
 
@@ -34,7 +34,7 @@ from palcore.errors import PalError
 from palcore.outputs import atomic_path, exits_when_full, free_bytes
 from palcore.progress import tqdm
 from palcore.recorded import check_content
-from pipeline.data import loader
+from pipeline.data import images
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _decode_in_worker(path: Path) -> np.ndarray | None:
 def _decode(path: Path, ip, image_side: int) -> np.ndarray | None:
     """(3, h, w) uint8 as the loader makes it, or None when it does not decode."""
     try:
-        x = loader.decode_resized(path, ip, image_side)
+        x = images.decode_resized(path, ip, image_side)
     except Exception:  # OSError, ValueError, DecompressionBombError…
         return None
     return np.ascontiguousarray(x.transpose(2, 0, 1))
@@ -91,8 +91,9 @@ def _decoded(
     if workers <= 1:
         yield from (_decode(p, ip, image_side) for p in paths)
         return
-    with ProcessPoolExecutor(workers, initializer=_init_worker,
-                             initargs=(ip, image_side)) as pool:  # fmt: skip
+    with ProcessPoolExecutor(
+        workers, initializer=_init_worker, initargs=(ip, image_side)
+    ) as pool:
         yield from pool.map(_decode_in_worker, paths, chunksize=16)
 
 
@@ -117,12 +118,23 @@ def write_cache(
         with exits_when_full(Path(path), tmp, needed, free):
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["processor"] = key
-            flat = f.create_dataset("pixels", shape=(0,), maxshape=(None,),
-                                    dtype=np.uint8, chunks=(CHUNK,),
-                                    fletcher32=True)  # fmt: skip
+            flat = f.create_dataset(
+                "pixels",
+                shape=(0,),
+                maxshape=(None,),
+                dtype=np.uint8,
+                chunks=(CHUNK,),
+                fletcher32=True,
+            )
             images = _decoded(Path(root), rels, ip, image_side, workers)
-            bar = tqdm(images, total=len(rels), desc="pixels", unit="image",
-                       disable=None, leave=False)  # fmt: skip
+            bar = tqdm(
+                images,
+                total=len(rels),
+                desc="pixels",
+                unit="image",
+                disable=None,
+                leave=False,
+            )
             for rel, x in zip(rels, bar, strict=True):
                 if x is None:
                     bad.append(rel)
@@ -185,8 +197,11 @@ class PixelCache:
         self.close()
         want = processor_key(image_processor, image_side, draft)
         if made != want:
-            diff = ", ".join(f"{k} {made.get(k)} (now {want[k]})" for k in want
-                             if made.get(k) != want[k])  # fmt: skip
+            diff = ", ".join(
+                f"{k} {made.get(k)} (now {want[k]})"
+                for k in want
+                if made.get(k) != want[k]
+            )
             raise PixelCacheError(
                 f"{self.path}: made for other processor settings ({diff}); "
                 "rerun `pal pixels`"
@@ -220,9 +235,13 @@ class PixelCache:
         if n and not (paths[1:] > paths[:-1]).all():  # written sorted, unique
             f.close()
             raise self._damaged(ValueError("its image names are not sorted and unique"))
-        if (version != FORMAT_VERSION or offsets.shape != (n + 1,)
-                or sizes.shape != (n, 2) or offsets[-1] != flat.shape[0]
-                or np.any(np.diff(offsets) != 3 * sizes.prod(1))):  # fmt: skip
+        if (
+            version != FORMAT_VERSION
+            or offsets.shape != (n + 1,)
+            or sizes.shape != (n, 2)
+            or offsets[-1] != flat.shape[0]
+            or np.any(np.diff(offsets) != 3 * sizes.prod(1))
+        ):
             f.close()
             raise self._damaged(ValueError("its index does not match its pixels"))
         self._file, self._pid = f, os.getpid()
@@ -258,17 +277,3 @@ class PixelCache:
         return PixelCacheError(
             f"{self.path}: not a readable pixel cache ({reason}); rerun `pal pixels`"
         )
-
-
-def pixels_option(fn):
-    """`--pixels DIR` of `pal tune`, `pal extract` and `pal frozen`."""
-    import click
-
-    return click.option(
-        "--pixels",
-        default=None,
-        metavar="DIR",
-        type=click.Path(file_okay=False),
-        help="Folder written by `pal pixels`: read the images' pixels from its "
-        "cache instead of decoding them (same bytes). Default: decode.",
-    )(fn)

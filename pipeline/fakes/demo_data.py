@@ -56,13 +56,12 @@ FLAVOURS = (
     ("herbal", "minty"),
     ("zesty", "lemony"),
 )
-FILLERS = (
-    "a", "an", "the", "photo", "of", "my", "our", "this", "that", "plate", "dish",
-    "bowl", "with", "served", "on", "in", "table", "homemade", "recipe", "today",
-    "is", "very", "really", "and", "some", "lunch", "dinner", "breakfast", "tasty",
-    "quick", "easy", "best", "for", "family", "weekend", "kitchen", "classic",
-    "simple", "new", "favourite", "style", "little", "big", "at", "home", "night",
-)  # fmt: skip
+FILLERS = tuple(
+    """a an the photo of my our this that plate dish bowl with served on in table
+    homemade recipe today is very really and some lunch dinner breakfast tasty quick
+    easy best for family weekend kitchen classic simple new favourite style little
+    big at home night""".split()
+)
 PUNCTUATION = (".", ",", "!")
 
 MIN_CLASSES = 4  # two looks and two flavours at least, so that the chain closes

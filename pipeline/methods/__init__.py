@@ -1,7 +1,9 @@
 """Prompt methods: one module each, behind one interface (DESIGN §5).
 
 The model (`pipeline.model.network.PalModel`) is a frozen backbone, a method and a
-per-task linear head. A method owns its prompts and decides, for a batch:
+per-task linear head; it calls the method through the interface of
+`pipeline.model.method` (`Method`, `View`, `Out`, `Copies`), which each method
+module here implements. A method owns its prompts and decides, for a batch:
 
 * which prompts each sample gets, from the frozen queries (q_t, q_v), the
   sample's missing case and, in training, the task id (`Method.features`);
@@ -13,147 +15,31 @@ per-task linear head. A method owns its prompts and decides, for a batch:
   the earlier tasks' head rows frozen (`masked`), or over every class seen so
   far with every head row training (sequential fine-tuning: MAP, MSP).
 
-A method is chosen by `prompt.method`; `METHODS` maps each name of
-`pipeline.params.MethodName` to its class. Adding one: a module here with a
+A method is chosen by `prompt.method`; `METHODS` (`registry.py`) maps each
+name of `pipeline.params.MethodName` to its class. `build_model` is the one
+place a `PalModel` gets its method from params, `model_from_checkpoint` the
+one place a step's model is rebuilt. Adding a method: a module here with a
 `Method` subclass, its line in `METHODS`, its name in `MethodName`, and a
 params row (docs/USAGE.md, "Add a method").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
-from torch import nn
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from palcore.errors import ParamsError
-from pipeline.model.backbone import Backbone, LayerPrompt
+from palcore.params import section_from_mapping
+from pipeline.methods.registry import METHODS
+from pipeline.model.checkpoint import restore
+from pipeline.model.encoder import Backbone
+from pipeline.model.method import Method
+from pipeline.model.network import PalModel
 from pipeline.params import PromptParams
-
-
-@dataclass
-class Copies:
-    """The reconstruction copies of a training batch's c complete samples.
-
-    h (2c, N, D), mask (2c, N): the text-dropped copies, then the
-    image-dropped ones, as the loader appended them; q_t, q_v (2c, D) their
-    frozen queries (zeros for the dropped modality); complete (c,) int64 on
-    the device: the rows of the batch they were made from.
-    """
-
-    h: torch.Tensor
-    mask: torch.Tensor
-    q_t: torch.Tensor
-    q_v: torch.Tensor
-    complete: torch.Tensor
-
-
-@dataclass
-class View:
-    """A batch of B samples as a method sees it.
-
-    h (B, N, D) and mask (B, N) bool: the embedded samples, text length
-    `text_len`; q_t, q_v (B, D) float32: their frozen, prompt-free queries
-    (the dummy input's where a modality is missing); missing (B,) int64
-    codes on the host (`palcore.codes.Missing`); task: the training task
-    (1-based), None at extraction; copies: only in training, for a method
-    with `copies`, when the batch has complete samples.
-    """
-
-    h: torch.Tensor
-    mask: torch.Tensor
-    text_len: int
-    q_t: torch.Tensor
-    q_v: torch.Tensor
-    missing: torch.Tensor
-    task: int | None = None
-    copies: Copies | None = None
-
-
-@dataclass
-class Out:
-    """A method's output for a batch: x (B, D) float32, the joint embedding
-    (fed to the head and dumped for the analytic classifier); aux, the
-    unweighted auxiliary loss (scalar, 0 when none) averaged over `aux_rows`
-    rows (for the epoch's mean in the log)."""
-
-    x: torch.Tensor
-    aux: torch.Tensor
-    aux_rows: torch.Tensor
-
-
-class Method(nn.Module):
-    """The interface of a prompt method. Subclasses set the class attributes
-    and implement `add_task` and `features`; `check` validates the params
-    before anything is built."""
-
-    copies: ClassVar[bool] = False  # training batches carry reconstruction copies
-    masked: ClassVar[bool] = True  # CE over the current task's classes only
-    aux_name: ClassVar[str] = "aux"  # the auxiliary loss's name in the tune log
-    graphable: ClassVar[bool] = False  # has `static_features` (CUDA graphs)
-
-    @classmethod
-    def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
-        """Raise `ParamsError` naming the key when params do not fit."""
-        params.check_depth(depth)
-
-    def add_task(self, generator: torch.Generator) -> None:
-        """Start the next task: grow, init from `generator`, freeze what stays."""
-        raise NotImplementedError
-
-    def features(self, backbone: Backbone, view: View) -> Out:
-        """The joint embeddings (and auxiliary loss) of a batch."""
-        raise NotImplementedError
-
-    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
-        """`features` with shapes fixed by the input shapes (graphable methods;
-        see `pipeline.model.losses.static_loss`)."""
-        raise NotImplementedError
-
-
-def no_aux(x: torch.Tensor) -> Out:
-    """`Out` of joint embeddings x (B, D) with no auxiliary loss."""
-    zero = torch.zeros((), device=x.device)
-    return Out(x, zero, zero)
-
-
-def layer_prompts(
-    P: torch.Tensor,
-    layers: tuple[int, ...],
-    position: str,
-    mask: torch.Tensor | None = None,
-    keep: bool = False,
-) -> dict[int, LayerPrompt]:
-    """Per-layer prompts for the backbone from P (J, B, L, D), layer j of P
-    going to encoder layer `layers[j]`.
-
-    position `prefix`: the first L/2 tokens are prepended to the keys, the
-    rest to the values; `input`: the L tokens are prepended to the sequence
-    (with `keep`, in front of the earlier layers' prompt tokens, which then
-    accumulate). mask (B, L) bool switches tokens off per sample (prefix: its
-    first L/2 columns are used); None: all on.
-    """
-    J, B, L, _ = P.shape
-    if mask is None:
-        mask = torch.ones(B, L, dtype=torch.bool, device=P.device)
-    if position == "prefix":
-        h = L // 2
-        keys_mask = mask[:, :h]  # one tensor for every layer: one attention bias
-        return {
-            layer: LayerPrompt(mask=keys_mask, keys=P[j, :, :h], values=P[j, :, h:])
-            for j, layer in enumerate(layers)
-        }
-    return {
-        layer: LayerPrompt(mask=mask, tokens=P[j], keep=keep)
-        for j, layer in enumerate(layers)
-    }
 
 
 def method_class(name: str) -> type[Method]:
     """The class of method `name` (`prompt.method`)."""
-    from pipeline.methods.registry import METHODS
-
     if name not in METHODS:
         raise ParamsError(
             f"prompt.method '{name}' is not a method (known: {', '.join(METHODS)})"
@@ -166,3 +52,28 @@ def build(params: PromptParams, n_tasks: int, dim: int, depth: int) -> Method:
     cls = method_class(params.method)
     cls.check(params, n_tasks, dim, depth)
     return cls(params, n_tasks, dim, depth)
+
+
+def build_model(
+    backbone: Backbone, prompt: PromptParams, classes_per_task: Sequence[int]
+) -> PalModel:
+    """A fresh PalModel on `backbone` with the method of `prompt` (none with
+    `prompt.enabled: false`, its params still checked) and no task added."""
+    n_tasks, D, depth = len(classes_per_task), backbone.hidden_size, backbone.num_layers
+    if prompt.enabled:
+        method: Method | None = build(prompt, n_tasks, D, depth)
+    else:
+        method_class(prompt.method).check(prompt, n_tasks, D, depth)
+        method = None
+    return PalModel(backbone, method, classes_per_task)
+
+
+def model_from_checkpoint(ckpt: Mapping[str, Any], backbone: Backbone) -> PalModel:
+    """Rebuild step k's model from its checkpoint on `backbone` (eval mode)."""
+    # coerced as params.yaml is (lists of layers to tuples, keys a method
+    # added later at their defaults)
+    prompt = section_from_mapping(PromptParams, "prompt", ckpt["params"]["prompt"])
+    model = build_model(backbone, prompt, ckpt["tasks"]["classes_per_task"])
+    restore(model, ckpt["state"], int(ckpt["step"]))
+    model.eval()
+    return model

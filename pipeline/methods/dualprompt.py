@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.methods import Method, Out, View, layer_prompts
 from pipeline.methods.l2p import cosine, uniform
-from pipeline.model.backbone import Backbone, LayerPrompt
+from pipeline.model.encoder import Backbone, LayerPrompt
+from pipeline.model.method import Method, Out, View, layer_prompts
 from pipeline.params import PromptParams
 
 

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.methods import Method, Out, View, layer_prompts
-from pipeline.model.backbone import Backbone
+from pipeline.model.encoder import Backbone
+from pipeline.model.method import Method, Out, View, layer_prompts
 from pipeline.params import PromptParams
 
 INIT_SCALE = 1e-2  # U(0, 0.01): flax's `initializers.uniform()`

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeline.methods import Method, Out, View, layer_prompts, no_aux
-from pipeline.model.backbone import Backbone
+from pipeline.model.encoder import Backbone
+from pipeline.model.method import Method, Out, View, layer_prompts, no_aux
 from pipeline.params import PromptParams
 
 N_CASES = 3  # codes of palcore.codes.Missing: complete, text missing, image missing

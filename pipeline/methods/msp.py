@@ -28,8 +28,8 @@ from torch import nn
 
 from palcore.codes import Missing
 from palcore.errors import ParamsError
-from pipeline.methods import Method, Out, View, layer_prompts
-from pipeline.model.backbone import Backbone
+from pipeline.model.encoder import Backbone
+from pipeline.model.method import Method, Out, View, layer_prompts
 from pipeline.model.prompts import orthogonal_rows
 from pipeline.params import PromptParams
 

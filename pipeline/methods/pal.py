@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from palcore.codes import Missing
-from pipeline.methods import Method, Out, View
+from pipeline.model.method import Method, Out, View
 from pipeline.model.prompts import Prompts, check_prompt_params
 from pipeline.params import PromptParams
 
 if TYPE_CHECKING:
-    from pipeline.model.backbone import Backbone
+    from pipeline.model.encoder import Backbone
 
 
 class Pal(Prompts, Method):

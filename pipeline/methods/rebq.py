@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.methods import layer_prompts
 from pipeline.methods.pal import Pal
-from pipeline.model.backbone import Backbone
+from pipeline.model.encoder import Backbone
+from pipeline.model.method import layer_prompts
 from pipeline.model.prompts import PromptPool
 from pipeline.params import PromptParams
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.methods import Method, dualprompt, l2p, msp, pal, rebq
+from pipeline.methods import dualprompt, l2p, msp, pal, rebq
 from pipeline.methods import map as map_method
+from pipeline.model.method import Method
 
 METHODS: dict[str, type[Method]] = {
     "pal": pal.METHOD,

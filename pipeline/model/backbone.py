@@ -3,8 +3,7 @@
 `load_backbone(model.backbone, model.max_text_len)` checks that `model.backbone`
 names a ViLT (a local folder, or a hub id in the local HF cache:
 `cached_snapshot`), loads `ViltModel` and its `ViltProcessor`, and wraps them
-in the prompt-aware encoder `pipeline.model.encoder.Backbone`. `Backbone`,
-`LayerPrompt`, `autocast` and `resolve_device` are importable from here too.
+in the prompt-aware encoder `pipeline.model.encoder.Backbone`.
 """
 
 from __future__ import annotations
@@ -14,19 +13,7 @@ import logging
 from pathlib import Path
 
 from palcore.errors import PalError
-from pipeline.model.device import autocast, resolve_device
-from pipeline.model.encoder import Backbone, LayerPrompt
-
-__all__ = [
-    "Backbone",
-    "BackboneError",
-    "LayerPrompt",
-    "autocast",
-    "backbone_folder",
-    "cached_snapshot",
-    "load_backbone",
-    "resolve_device",
-]
+from pipeline.model.encoder import Backbone
 
 log = logging.getLogger(__name__)
 

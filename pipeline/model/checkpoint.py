@@ -21,8 +21,7 @@ import torch
 
 from palcore.errors import PalError
 from palcore.outputs import step_dir_name, write_bytes_atomic
-from palcore.params import outcome_record, section_from_mapping
-from pipeline.model.encoder import Backbone
+from palcore.params import outcome_record
 from pipeline.model.network import PalModel
 from pipeline.params import ModelParams, PromptParams, TuneParams
 
@@ -158,14 +157,3 @@ def restore(model: PalModel, state: Mapping[str, torch.Tensor], step: int) -> No
             f"checkpoint of step {step} does not fit the model "
             f"(missing {missing[:2]}, unexpected {unexpected[:2]})"
         )
-
-
-def model_from_checkpoint(ckpt: Mapping[str, Any], backbone: Backbone) -> PalModel:
-    """Rebuild step k's model from its checkpoint on `backbone` (eval mode)."""
-    # coerced as params.yaml is (lists of layers to tuples, keys a method
-    # added later at their defaults)
-    prompt = section_from_mapping(PromptParams, "prompt", ckpt["params"]["prompt"])
-    model = PalModel(backbone, prompt, ckpt["tasks"]["classes_per_task"])
-    restore(model, ckpt["state"], int(ckpt["step"]))
-    model.eval()
-    return model

@@ -20,7 +20,7 @@ import torch
 
 from palcore.progress import tqdm
 from pipeline import params as pparams
-from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
+from pipeline.data.loader import SampleDataset, WaitClock, make_loader
 from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample
 from pipeline.model.device import autocast
@@ -100,8 +100,8 @@ def _dataset(
         backbone.processor,
         backbone.max_text_len,
         backbone.image_side,
-        uint8=not legacy_path(),  # normalised on the device, same bits
-        pixels=None if legacy_path() else pixels,
+        uint8=True,  # normalised on the device, same bits
+        pixels=pixels,
     )
 
 

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from pipeline.data.loader import legacy_path
 from pipeline.model import vision
 
 SMALL_MODEL_WIDTH = 256  # CPU: below this hidden size, run single-threaded
@@ -146,7 +145,7 @@ class Backbone(nn.Module):
         attend). On CUDA, with `sizes`, the sync-free `embed_padded`; else HF's
         `ViltEmbeddings`, which consumes torch's RNG (patch order).
         """
-        if self.fast_embed and sizes is not None and not legacy_path():
+        if self.fast_embed and sizes is not None:
             if not vision.samples_patches(self.vilt, sizes):
                 return self.embed_padded(input_ids, attention_mask, pixel_values, sizes)
         if pixel_mask is None:

@@ -33,8 +33,9 @@ import torch.nn.functional as F
 
 from palcore.codes import Missing
 from pipeline.data.samples import Batch
-from pipeline.methods import Copies, Out, View
-from pipeline.model.backbone import Backbone, autocast
+from pipeline.model.device import autocast
+from pipeline.model.encoder import Backbone
+from pipeline.model.method import Copies, Out, View
 from pipeline.model.network import PalModel, QueryCache
 from pipeline.model.vision import batch_inputs
 

@@ -1,7 +1,8 @@
 """PAL's BP model: frozen ViLT + prompt method + linear head (DESIGN §5).
 
 The prompt method (`prompt.method`, `pipeline.methods`: PAL's pools with
-reconstruction, or a baseline's prompts) turns a batch's embedded tokens and
+reconstruction, or a baseline's prompts; called through the interface of
+`pipeline.model.method`) turns a batch's embedded tokens and
 frozen queries into joint embeddings; the head classifies them. The frozen,
 prompt-free query pass (q_t at the text CLS, q_v at the image CLS) is the
 model's, cacheable per sample (`QueryCache`), and stored once per dataset by
@@ -20,11 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.data.samples import Batch
-from pipeline.methods import Method, View, build, method_class
-from pipeline.model.backbone import Backbone
+from pipeline.model.encoder import Backbone
+from pipeline.model.method import Method, View
 from pipeline.model.queries import QueryCache, batch_queries
 from pipeline.model.vision import batch_inputs
-from pipeline.params import PromptParams
 
 
 class TaskHead(nn.Module):
@@ -65,29 +65,24 @@ class TaskHead(nn.Module):
 class PalModel(nn.Module):
     """Frozen backbone + prompt method (None when disabled) + per-task head.
 
-    classes_per_task: number of classes of each task 1..K (task k owns labels
-    [offset_k, offset_k + n_k)).
+    method: built for this backbone and these tasks (`pipeline.methods.
+    build_model` builds it from `prompt.method`); classes_per_task: number of
+    classes of each task 1..K (task k owns labels [offset_k, offset_k + n_k)).
     """
 
     def __init__(
         self,
         backbone: Backbone,
-        prompt: PromptParams,
+        method: Method | None,
         classes_per_task: Sequence[int],
     ):
         super().__init__()
         self.backbone = backbone
-        self.prompt_params = prompt
         self.classes_per_task = list(classes_per_task)
-        n_tasks, D = len(self.classes_per_task), backbone.hidden_size
         # `prompts`: the attribute name keeps the state-dict keys of PAL's
         # checkpoints (`prompts.text.P.0`, ...)
-        if prompt.enabled:
-            self.prompts: Method | None = build(prompt, n_tasks, D, backbone.num_layers)
-        else:
-            method_class(prompt.method).check(prompt, n_tasks, D, backbone.num_layers)
-            self.prompts = None
-        self.head = TaskHead(D)
+        self.prompts = method
+        self.head = TaskHead(backbone.hidden_size)
         self.step = 0
 
     # ------------------------------------------------------------ structure

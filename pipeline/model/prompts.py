@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from palcore.errors import ParamsError
-from pipeline.model.backbone import LayerPrompt
+from pipeline.model.encoder import LayerPrompt
 from pipeline.params import PromptParams
 
 

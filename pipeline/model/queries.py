@@ -23,10 +23,10 @@ the file, tune (`network.build_cache`) and extract (`PalModel.features`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
@@ -87,21 +87,6 @@ def open_frozen(
     if folder is None:
         return None
     return FrozenQueries.open(queries_path(folder), backbone, max_text_len, D)
-
-
-def frozen_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`--frozen DIR` of `pal tune` and `pal extract` (dest `frozen_dir`)."""
-    import click
-
-    return click.option(
-        "--frozen",
-        "frozen_dir",
-        default=None,
-        metavar="DIR",
-        type=click.Path(file_okay=False),
-        help="Folder written by `pal frozen`: the frozen queries are read from "
-        "its queries.h5 instead of computed from the images (default: computed).",
-    )(fn)
 
 
 def digest(ids: Sequence[str], pairs: np.ndarray) -> str:

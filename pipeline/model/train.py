@@ -19,18 +19,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from palcore.progress import tqdm
 from pipeline import params as pparams
-from pipeline.data.loader import SampleDataset, WaitClock, legacy_path, make_loader
+from pipeline.data.loader import SampleDataset, WaitClock, index_batches, make_loader
 from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample, Tasks
-from pipeline.model.backbone import autocast
 from pipeline.model.checkpoint import CheckpointError
+from pipeline.model.device import autocast
 from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
 from pipeline.model.losses import (
     DummySegments,
@@ -154,12 +154,15 @@ def _session(
         backbone.processor,
         backbone.max_text_len,
         backbone.image_side,
-        uint8=not legacy_path(),  # normalised on the device, same bits
-        pixels=None if legacy_path() else pixels,
+        uint8=True,  # normalised on the device, same bits
+        pixels=pixels,
     )
     if method is not None and 0 < tune_p.prompt_tasks < task:
-        log.info("task %d: tune.prompt_tasks %d, prompts stay at their init",
-                 task, tune_p.prompt_tasks)  # fmt: skip
+        log.info(
+            "task %d: tune.prompt_tasks %d, prompts stay at their init",
+            task,
+            tune_p.prompt_tasks,
+        )
         method.requires_grad_(False)
     prompted = method is not None and any(p.requires_grad for p in method.parameters())
     copies = prompted and method.copies and tune_p.recon_weight > 0
@@ -200,7 +203,7 @@ def _epoch(
     t0 = time.perf_counter()
     batches = s.loader
     if model.prompts is None:
-        batches = _index_batches(s.labels, tune_p.batch_size, s.seed, epoch)
+        batches = index_batches(s.labels, tune_p.batch_size, s.seed, epoch)
     clock = WaitClock(batches)
     bar = tqdm(
         clock,
@@ -381,26 +384,3 @@ def make_step(
         return replay(inputs)
 
     return Stepper(run, replay if graphs else None)
-
-
-def _index_batches(
-    labels: torch.Tensor, batch_size: int, seed: int, epoch: int
-) -> Iterator[Batch]:
-    """Batches of indices and labels only (the head-only run of
-    `prompt.enabled: false` trains on cached queries, no images needed)."""
-    g = torch.Generator().manual_seed(seed * 1000 + epoch)
-    order = torch.randperm(len(labels), generator=g)
-    empty = torch.zeros(0, dtype=torch.int64)
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        yield Batch(
-            input_ids=empty,
-            attention_mask=empty,
-            pixel_values=empty,
-            pixel_mask=empty,
-            index=idx,
-            missing=torch.zeros_like(idx),
-            labels=labels[idx],
-            complete=empty,
-            ids=[""] * len(idx),
-        )

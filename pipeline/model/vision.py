@@ -21,7 +21,7 @@ added before), so the CLS outputs equal HF's up to summation order
 (tests/test_vision.py holds them to 1e-5).
 
 `normalise_pixels` turns the loader's uint8 canvas into ViLT's float
-pixels on the device, bit for bit what `loader.vilt_pixels` makes on the
+pixels on the device, bit for bit what `images.vilt_pixels` makes on the
 host (rescale in float64, then normalise in float32).
 """
 
@@ -208,7 +208,8 @@ def samples_patches(vilt, sizes: torch.Tensor) -> bool:
 
 def full_images(vilt, pixel_mask: torch.Tensor) -> bool:
     """True when every image fills the whole padded tensor and ViLT would keep
-    all of its patches. One host sync: the rule of the legacy path."""
+    all of its patches. One host sync: the rule for a float32 batch with a
+    pixel mask (the loader's uint8 batches carry their sizes instead)."""
     limit = vilt.config.max_image_length
     if isinstance(limit, int) and limit > 0:
         ph, pw = vilt.embeddings.patch_embeddings.patch_size

@@ -140,7 +140,7 @@ def check_paths(path: Path) -> list[str]:
 
 
 def check_devices(path: Path) -> list[str]:
-    from pipeline.model.backbone import resolve_device
+    from pipeline.model.device import resolve_device
 
     problems = []
     for section in ("tune", "extract"):

@@ -31,38 +31,39 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 import torch
 
 from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.errors import PalError
-from palcore.outputs import step_of_name
+from palcore.outputs import step_dir_name, step_of_name
 from palcore.params import Source, outcome_record
 from pipeline import params as pparams
 from pipeline.contracts import prompt_method, write_stamp
-from pipeline.data.loader import legacy_path
-from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
+from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
-from pipeline.model.backbone import Backbone, load_backbone
+from pipeline.methods import model_from_checkpoint
+from pipeline.model.backbone import load_backbone
 from pipeline.model.checkpoint import (
     CheckpointError,
     checkpoint_path,
     load_checkpoint,
-    model_from_checkpoint,
     params_diff,
 )
 from pipeline.model.device import resolve_device
 from pipeline.model.embed import StepLoader
-from pipeline.model.queries import FrozenQueries, frozen_option, open_frozen
-from pipeline.stages.extract_shards import extract_step, step_plan
+from pipeline.model.encoder import Backbone
+from pipeline.model.queries import FrozenQueries, open_frozen
+from pipeline.stages.extract_shards import ExtractRun, extract_step, step_plan
+from pipeline.stages.options import frozen_option, pixels_option
 from pipeline.stages.resume import (
     PartialRun,
     hash_samples,
     run_environment,
     signature,
 )
-from solver.shards import step_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def extract(
     tune_dir: str | Path,
     out_dir: str | Path,
     params: pparams.ExtractParams,
+    *,
     steps: Sequence[int] | str | None = None,
     fresh: bool = False,
     data_root: str | Path | None = None,
@@ -129,8 +131,8 @@ def extract(
     names = _shard_names(world, rank)
     ready = partial.reusable([step_dir_name(s) for s in steps], names)  # verified
     todo = [s for s in steps if step_dir_name(s) not in ready]
-    reuse, parts = step_plan(todo, samples, ckpts, params, partial.path, names,
-                             rank, world)  # fmt: skip
+    run = ExtractRun(samples, tasks, params, partial.path, names, rank, world, frozen)
+    reuse, parts = step_plan(run, todo, ckpts)
     backbone, loader = None, None
     for i, step in enumerate(todo):
         folder = step_dir_name(step)
@@ -139,21 +141,10 @@ def extract(
             backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
             loader = _step_loader(parts, tasks, backbone, params, cache, ckpt, frozen)
         key = _extract_key(ckpt["hash"], digests[step - 1], params.dtype, world)
-        extract_step(
-            model_from_checkpoint(ckpt, backbone),
-            step,
-            samples,
-            tasks,
-            params,
-            partial.path / folder,
-            names,
-            _provenance(ckpt, key, digests[step - 1], params),
-            rank,
-            world,
-            reuse[step],
-            frozen,
-            None if loader is None else loader.part(i),
-        )
+        provenance = _provenance(ckpt, key, digests[step - 1], params)
+        part = None if loader is None else loader.part(i)
+        model = model_from_checkpoint(ckpt, backbone)
+        extract_step(model, step, run, provenance, reuse[step], part)
         partial.seal(folder, names)
     _finish(partial, out, steps, ready, names, device)
     if rank == 0:
@@ -170,11 +161,9 @@ def _step_loader(
     ckpt: dict,
     frozen: FrozenQueries | None,
 ) -> StepLoader | None:
-    """One loader for every step's rows; None on the legacy image path (a
-    loader per step, as before: `loader.legacy_path`) and where no step loads
-    an image (a model without prompts reading `pal frozen`'s queries)."""
-    no_images = frozen is not None and not ckpt["params"]["prompt"]["enabled"]
-    if legacy_path() or no_images:
+    """One loader for every step's rows; None where no step loads an image
+    (a model without prompts reading `pal frozen`'s queries)."""
+    if frozen is not None and not ckpt["params"]["prompt"]["enabled"]:
         return None
     return StepLoader(parts, tasks.root, backbone, params, pixels)
 
@@ -359,14 +348,7 @@ def _provenance(
 @frozen_option
 @clean_errors
 def cli(
-    params_file: Source,
-    prepare_dir: str,
-    tune_dir: str,
-    out_dir: str,
-    steps: str | None,
-    pixels: str | None,
-    fresh: bool,
-    frozen_dir: str | None,
+    params_file: Source, prepare_dir: str, tune_dir: str, out_dir: str, **options: Any
 ) -> None:
     """Dump prompted joint embeddings into HDF5 feature shards.
 
@@ -380,15 +362,21 @@ def cli(
     variant's features are its q_t: no image is read).
     """
     params = pparams.load(params_file, "extract")
+    folders = (prepare_dir, tune_dir, out_dir)
     if params.processes > 1 and "WORLD_SIZE" not in os.environ:
-        args = [*params_file.args(), "--prepare", prepare_dir, "--tune", tune_dir]
-        args += ["--out", out_dir, *(["--steps", steps] if steps else [])]
-        args += ["--frozen", frozen_dir] if frozen_dir else []
-        args += ["--pixels", pixels] if pixels else []
-        sys.exit(launch(params.processes, [*args, *(["--fresh"] if fresh else [])]))
-    root = pparams.data_root(params_file)
-    extract(prepare_dir, tune_dir, out_dir, params, steps, fresh=fresh,
-            data_root=root, frozen_dir=frozen_dir, pixels=pixels)  # fmt: skip
+        args = _rank_args(folders, options)
+        sys.exit(launch(params.processes, [*params_file.args(), *args]))
+    extract(*folders, params, data_root=pparams.data_root(params_file), **options)
+
+
+def _rank_args(folders: tuple[str, str, str], options: dict[str, Any]) -> list[str]:
+    """The folders and options given, as each rank's command line."""
+    given = dict(zip(("--prepare", "--tune", "--out"), folders, strict=True))
+    given["--steps"] = options["steps"]
+    given["--frozen"] = options["frozen_dir"]
+    given["--pixels"] = options["pixels"]
+    args = [word for k, v in given.items() if v for word in (k, v)]
+    return args + (["--fresh"] if options["fresh"] else [])
 
 
 def launch(processes: int, args: list[str]) -> int:

@@ -13,27 +13,37 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from palcore.outputs import step_dir_name
 from pipeline import params as pparams
 from pipeline.data.samples import Batch, Sample, Tasks, select
 from pipeline.model.device import autocast
 from pipeline.model.embed import embed_samples
 from pipeline.model.network import PalModel
 from pipeline.model.queries import FrozenQueries
-from solver.shards import (
-    Block,
-    ShardAttrs,
-    open_step,
-    step_dir_name,
-    write_test,
-    write_train,
-)
+from solver.shard_readers import open_step
+from solver.shards import Block, ShardAttrs, write_test, write_train
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExtractRun:
+    """What every step of one `pal extract` run shares."""
+
+    samples: list[Sample]  # prepare's samples, every task and split
+    tasks: Tasks
+    params: pparams.ExtractParams
+    partial: Path  # the run's folder of finished steps (`PartialRun.path`)
+    names: tuple[str, str]  # this rank's shard files (train, test)
+    rank: int = 0  # this process's rank among `world` (torchrun)
+    world: int = 1
+    frozen: FrozenQueries | None = None  # `pal frozen`'s queries; None: computed
 
 
 def rank_range(n: int, batch_size: int, rank: int, world: int) -> tuple[int, int]:
@@ -47,13 +57,7 @@ def rank_range(n: int, batch_size: int, rank: int, world: int) -> tuple[int, int
 
 
 def reusable(
-    ckpt: dict,
-    params: pparams.ExtractParams,
-    partial: Path,
-    step: int,
-    names: tuple[str, str],
-    world: int,
-    coming: bool = False,
+    run: ExtractRun, ckpt: dict, step: int, coming: bool = False
 ) -> Path | None:
     """The previous step's folder when its test features can be reused: a
     model without prompts embeds a sample the same at every step (only its
@@ -61,13 +65,13 @@ def reusable(
     one process and float32 shards, the stored features are the exact ones.
     `coming`: the previous step is written earlier in this run (its files
     need not exist yet)."""
-    prev = partial / step_dir_name(step - 1)
+    prev = run.partial / step_dir_name(step - 1)
     if (
         step == 1
         or ckpt["params"]["prompt"]["enabled"]
-        or world != 1
-        or params.dtype != "float32"
-        or not (coming or all((prev / name).is_file() for name in names))
+        or run.world != 1
+        or run.params.dtype != "float32"
+        or not (coming or all((prev / name).is_file() for name in run.names))
     ):
         return None
     return prev
@@ -76,32 +80,27 @@ def reusable(
 def extract_step(
     model: PalModel,
     step: int,
-    samples: list[Sample],
-    tasks: Tasks,
-    params: pparams.ExtractParams,
-    folder: Path,
-    names: tuple[str, str],
+    run: ExtractRun,
     provenance: dict,
-    rank: int,
-    world: int,
     reuse: Path | None = None,
-    frozen: FrozenQueries | None = None,
     batches: Iterable[Batch] | None = None,
 ) -> None:
-    """Embed and write one step's shards. Task `step`'s training samples, then
-    the test samples of tasks 1..step, are embedded as one list in batches;
-    this rank takes whole batches of it. With `reuse` (a model without
-    prompts, one process), only task `step`'s test samples are embedded: the
-    earlier tasks' test features come from that step folder. `frozen`: the
-    stored frozen queries (`pal frozen`), in place of the frozen pass.
-    `batches`: this rank's batches of those samples from a loader shared by
-    the steps (`embed.StepLoader`); None: a loader of their own."""
-    blocks = step_blocks(step, samples, reuse)
-    every, lo, hi = step_rows(blocks, params.batch_size, rank, world)
+    """Embed and write one step's shards into its folder of `run.partial`.
+    Task `step`'s training samples, then the test samples of tasks 1..step,
+    are embedded as one list in batches; this rank takes whole batches of it.
+    With `reuse` (a model without prompts, one process), only task `step`'s
+    test samples are embedded: the earlier tasks' test features come from
+    that step folder. `run.frozen`: the stored frozen queries (`pal frozen`),
+    in place of the frozen pass. `batches`: this rank's batches of those
+    samples from a loader shared by the steps (`embed.StepLoader`); None: a
+    loader of their own."""
+    params, frozen = run.params, run.frozen
+    blocks = step_blocks(step, run.samples, reuse)
+    every, lo, hi = step_rows(blocks, params.batch_size, run.rank, run.world)
     x, logits = embed_samples(
         model,
         every[lo:hi],
-        tasks.root,
+        run.tasks.root,
         params,
         f"step {step}",
         first_batch=lo // params.batch_size,
@@ -118,30 +117,26 @@ def extract_step(
         start += len(block)
     if reuse is not None:
         parts[1:1] = _reused_tests(model, reuse, step)
-        log.info("step %d: reused the test features of tasks 1-%d from %s",
-                 step, step - 1, reuse.name)  # fmt: skip
-    _write_step(step, tasks, folder, names, provenance, parts, x.shape[1])
+        log.info(
+            "step %d: reused the test features of tasks 1-%d from %s",
+            step,
+            step - 1,
+            reuse.name,
+        )
+    _write_step(step, run, provenance, parts, x.shape[1])
 
 
 def step_plan(
-    todo: list[int],
-    samples: list[Sample],
-    ckpts: dict[int, dict],
-    params: pparams.ExtractParams,
-    partial: Path,
-    names: tuple[str, str],
-    rank: int,
-    world: int,
+    run: ExtractRun, todo: list[int], ckpts: dict[int, dict]
 ) -> tuple[dict[int, Path | None], list[list[Sample]]]:
     """For the steps `todo` (in order), before the first runs: each one's
     `reuse` folder (`reusable`; a previous step in `todo` will be written by
     then) and the rows this rank embeds at each, for one loader over all."""
-    reuse = {s: reusable(ckpts[s], params, partial, s, names, world,
-                         coming=s - 1 in todo) for s in todo}  # fmt: skip
+    reuse = {s: reusable(run, ckpts[s], s, coming=s - 1 in todo) for s in todo}
     parts = []
     for s in todo:
-        every, lo, hi = step_rows(step_blocks(s, samples, reuse[s]),
-                                  params.batch_size, rank, world)  # fmt: skip
+        blocks = step_blocks(s, run.samples, reuse[s])
+        every, lo, hi = step_rows(blocks, run.params.batch_size, run.rank, run.world)
         parts.append(every[lo:hi])
     return reuse, parts
 
@@ -198,15 +193,10 @@ def _block(part: list[Sample], x: np.ndarray, logits: np.ndarray | None) -> Bloc
 
 
 def _write_step(
-    step: int,
-    tasks: Tasks,
-    folder: Path,
-    names: tuple[str, str],
-    provenance: dict,
-    parts: list[Block],
-    feature_dim: int,
+    step: int, run: ExtractRun, provenance: dict, parts: list[Block], feature_dim: int
 ) -> None:
-    classes_seen = sum(tasks.classes_per_task[:step])
+    folder, names = run.partial / step_dir_name(step), run.names
+    classes_seen = sum(run.tasks.classes_per_task[:step])
     attrs = ShardAttrs(
         step=step,
         classes_seen=classes_seen,

@@ -45,12 +45,14 @@ from palcore.progress import tqdm
 from pipeline import params as pparams
 from pipeline.contracts import write_stamp
 from pipeline.data.listing import listed
-from pipeline.data.loader import SampleDataset, legacy_path, make_loader
-from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
+from pipeline.data.loader import SampleDataset, make_loader
+from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import Sample
-from pipeline.model.backbone import Backbone, autocast, load_backbone
-from pipeline.model.device import resolve_device
+from pipeline.model.backbone import load_backbone
+from pipeline.model.device import autocast, resolve_device
+from pipeline.model.encoder import Backbone
 from pipeline.model.queries import batch_queries, queries_path, write_queries
+from pipeline.stages.options import pixels_option
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +89,8 @@ def frozen_pairs(
         backbone.processor,
         backbone.max_text_len,
         backbone.image_side,
-        uint8=not legacy_path(),  # normalised on the device, same bits
-        pixels=None if legacy_path() else pixels,  # `pal pixels`: no decoding
+        uint8=True,  # normalised on the device, same bits
+        pixels=pixels,  # `pal pixels`: no decoding
     )
     batches = make_loader(
         dataset, batch_size, copies=True, num_workers=num_workers, device=device

@@ -2,7 +2,7 @@
 
 Every image the dataset lists (after `data.per_class`), whatever run, variant
 or grid cell later loads it, is decoded and resized exactly as the loader does
-(`pipeline.data.loader.decode_resized`) and stored as uint8 in
+(`pipeline.data.images.decode_resized`) and stored as uint8 in
 `data/pixels/pixels.h5` (`pipeline.data.pixel_cache`); tune and extract then
 read those bytes instead of decoding, and make the same batches.
 
@@ -100,8 +100,9 @@ def pixels(
             ", ".join(bad[:5]),
         )
     size = (out / FILE).stat().st_size
-    log.info("cached %d images in %s (%.2f GB)", len(rels) - len(bad),
-             out / FILE, size / 1e9)  # fmt: skip
+    log.info(
+        "cached %d images in %s (%.2f GB)", len(rels) - len(bad), out / FILE, size / 1e9
+    )
     return out / FILE
 
 

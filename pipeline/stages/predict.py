@@ -48,12 +48,10 @@ from palcore.outputs import step_of_name, write_bytes_atomic
 from palcore.params import load_section
 from pipeline import params as pparams
 from pipeline.data.samples import Sample
-from pipeline.model.backbone import load_backbone, resolve_device
-from pipeline.model.checkpoint import (
-    checkpoint_path,
-    load_checkpoint,
-    model_from_checkpoint,
-)
+from pipeline.methods import model_from_checkpoint
+from pipeline.model.backbone import load_backbone
+from pipeline.model.checkpoint import checkpoint_path, load_checkpoint
+from pipeline.model.device import resolve_device
 from pipeline.model.embed import embed_samples
 from pipeline.stages.predict_rows import (
     MAX_PIXELS,
@@ -70,6 +68,7 @@ def predict(
     input_path: str | Path,
     tune_dir: str | Path,
     weights_path: str | Path,
+    *,
     step: int | None = None,
     top_k: int = 5,
     batch_size: int = 32,
@@ -97,9 +96,15 @@ def predict(
     predicted: dict[int, list[dict[str, Any]]] = {}
     if good:
         predicted = _scored(
-            model, good, folder, partial(weights.logits, step=step, W=W),
-            names, k, batch_size, device,
-        )  # fmt: skip
+            model,
+            good,
+            folder,
+            partial(weights.logits, step=step, W=W),
+            names,
+            k,
+            batch_size,
+            device,
+        )
     rows = _result_rows(raw, made, predicted)
     for n, e in errors.items():
         log.warning("%s: row %d: %s (not predicted)", input_path, n, e)
@@ -220,6 +225,55 @@ def _weights_for(
     return weights.W(step)
 
 
+# how rows are read and scored: `predict`'s keywords (max_megapixels: its
+# max_pixels, in millions)
+ROW_OPTIONS = [
+    click.option(
+        "--step",
+        type=int,
+        default=None,
+        help="Use the model and weights of this step (default: the last).",
+    ),
+    click.option("--top-k", default=5, show_default=True, help="Classes per row."),
+    click.option("--batch-size", default=32, show_default=True, help="Rows per batch."),
+    click.option(
+        "--device",
+        type=click.Choice(["auto", "cpu", "cuda"]),
+        default="auto",
+        show_default=True,
+        help="Where the ViLT forward runs.",
+    ),
+    click.option(
+        "--strict",
+        is_flag=True,
+        help="Stop at the first row that cannot be predicted instead of reporting "
+        "it in its output line.",
+    ),
+    click.option(
+        "--allow-outside-paths",
+        "allow_outside",
+        is_flag=True,
+        help="Read image paths outside INPUT's folder too (absolute, with .., or "
+        "a symlink pointing out); without it such a row gets an error.",
+    ),
+    click.option(
+        "--max-megapixels",
+        type=click.FloatRange(min=0, min_open=True),
+        default=MAX_PIXELS / 1e6,
+        show_default=True,
+        help="A row whose image has more pixels (read from its header, before "
+        "decoding) gets an error instead of being decoded.",
+    ),
+]
+
+
+def row_options(command: Callable) -> Callable:
+    """`command` with every option of ROW_OPTIONS, in their order in --help."""
+    for option in reversed(ROW_OPTIONS):
+        command = option(command)
+    return command
+
+
 @click.command("predict")
 @click.argument("input_file", metavar="INPUT", type=click.Path(dir_okay=False))
 @params_option
@@ -234,42 +288,7 @@ def _weights_for(
     "data/solve/pal/0/weights.h5",
     "Weights file written by `pal-solver solve` (default: run 0 of PAL).",
 )
-@click.option(
-    "--step",
-    type=int,
-    default=None,
-    help="Use the model and weights of this step (default: the last).",
-)
-@click.option("--top-k", default=5, show_default=True, help="Classes per row.")
-@click.option("--batch-size", default=32, show_default=True, help="Rows per batch.")
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Where the ViLT forward runs.",
-)
-@click.option(
-    "--strict",
-    is_flag=True,
-    help="Stop at the first row that cannot be predicted instead of reporting "
-    "it in its output line.",
-)
-@click.option(
-    "--allow-outside-paths",
-    "allow_outside",
-    is_flag=True,
-    help="Read image paths outside INPUT's folder too (absolute, with .., or "
-    "a symlink pointing out); without it such a row gets an error.",
-)
-@click.option(
-    "--max-megapixels",
-    type=click.FloatRange(min=0, min_open=True),
-    default=MAX_PIXELS / 1e6,
-    show_default=True,
-    help="A row whose image has more pixels (read from its header, before "
-    "decoding) gets an error instead of being decoded.",
-)
+@row_options
 @click.option(
     "--out",
     default="-",
@@ -283,14 +302,9 @@ def cli(
     params_file: str,
     tune_dir: str,
     weights: str,
-    step: int | None,
-    top_k: int,
-    batch_size: int,
-    device: str,
-    strict: bool,
-    allow_outside: bool,
-    max_megapixels: float,
     out: str,
+    max_megapixels: float,
+    **options: Any,
 ) -> None:
     """Classify image–text rows with the tuned model and analytic weights.
 
@@ -309,9 +323,18 @@ def cli(
         else None
     )
     rows, summary = predict(
-        input_file, tune_dir, weights, step, top_k, batch_size, device, solve_p,
-        strict, allow_outside, int(max_megapixels * 1e6),
-    )  # fmt: skip
+        input_file,
+        tune_dir,
+        weights,
+        solve_params=solve_p,
+        max_pixels=int(max_megapixels * 1e6),
+        **options,
+    )
+    _write_rows(rows, summary, out)
+
+
+def _write_rows(rows: list[dict[str, Any]], summary: dict[str, Any], out: str) -> None:
+    """One JSON line per row into `out` (- : stdout), the summary logged."""
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     if out == "-":
         sys.stdout.write(text)

@@ -173,8 +173,10 @@ def prepared_rows(
             if row.get("image"):
                 log.warning(
                     "%s: row %d: image %s not found: predicted without it",
-                    input_path, n, folder / row["image"],
-                )  # fmt: skip
+                    input_path,
+                    n,
+                    folder / row["image"],
+                )
     errors = {n: e for n, e in made.items() if isinstance(e, str)}
     if errors and strict:
         n = min(errors)

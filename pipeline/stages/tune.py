@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import click
 import torch
@@ -28,14 +29,15 @@ from palcore.cliutil import clean_errors, file_option, folder_option, run_params
 from palcore.outputs import write_bytes_atomic
 from pipeline import params as pparams
 from pipeline.contracts import prompt_method, write_stamp
-from pipeline.data.pixel_cache import PixelCache, open_pixels, pixels_option
+from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import (
     Sample,
     Tasks,
     read_prepare,
     select,
 )
-from pipeline.model.backbone import Backbone, load_backbone
+from pipeline.methods import build_model
+from pipeline.model.backbone import load_backbone
 from pipeline.model.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -45,9 +47,11 @@ from pipeline.model.checkpoint import (
     save_checkpoint,
 )
 from pipeline.model.device import resolve_device
+from pipeline.model.encoder import Backbone
 from pipeline.model.network import PalModel
-from pipeline.model.queries import FrozenQueries, frozen_option, open_frozen
+from pipeline.model.queries import FrozenQueries, open_frozen
 from pipeline.model.train import train_task
+from pipeline.stages.options import frozen_option, pixels_option
 from pipeline.stages.resume import (
     PartialRun,
     hash_samples,
@@ -66,6 +70,7 @@ def tune(
     model_p: pparams.ModelParams,
     prompt_p: pparams.PromptParams,
     tune_p: pparams.TuneParams,
+    *,
     fresh: bool = False,
     timings: str | Path | None = None,
     data_root: str | Path | None = None,
@@ -88,23 +93,13 @@ def tune(
     record = params_record(model_p, prompt_p, tune_p, tasks.n_tasks)
     device = resolve_device(tune_p.device, "tune.device")
     backbone = load_backbone(model_p.backbone, model_p.max_text_len).place(device)
-    model = PalModel(backbone, prompt_p, tasks.classes_per_task).to(device)
+    model = build_model(backbone, prompt_p, tasks.classes_per_task).to(device)
     frozen = open_frozen(
         frozen_dir, model_p.backbone, model_p.max_text_len, backbone.hidden_size
     )
     sources = _signatures(samples, tasks, record, backbone, device, frozen)
     partial = PartialRun(out, sources, fresh=fresh)
-    for k in range(partial.kept + 1, tasks.n_tasks + 1):  # inputs changed
-        checkpoint_path(partial.path, k).unlink(missing_ok=True)
-    done = _resume(model, partial.path, tasks, partial.kept)
-    entries = [e for e in _read_log(partial.path) if e.get("task", 0) <= done]
-    if done:
-        log.info(
-            "reusing steps 1-%d of an interrupted run with the same code, params "
-            "and inputs (%s; `pal tune --fresh` discards them)",
-            done,
-            partial.path,
-        )
+    done, entries = _reuse_finished(partial, model, tasks)
     for task in range(done + 1, tasks.n_tasks + 1):
         entries += _tune_task(
             model, task, samples, tasks, tune_p, timings, frozen, cache
@@ -121,6 +116,25 @@ def tune(
         peak = torch.cuda.max_memory_allocated(device) / 2**30
         log.info("tune: GPU memory peak %.1f GiB", peak)
     return [checkpoint_path(out, k) for k in range(1, tasks.n_tasks + 1)]
+
+
+def _reuse_finished(
+    partial: PartialRun, model: PalModel, tasks: Tasks
+) -> tuple[int, list[dict[str, Any]]]:
+    """The steps an interrupted run with the same inputs finished, loaded into
+    `model`, and their epochs' log entries; steps after them are discarded."""
+    for k in range(partial.kept + 1, tasks.n_tasks + 1):  # inputs changed
+        checkpoint_path(partial.path, k).unlink(missing_ok=True)
+    done = _resume(model, partial.path, tasks, partial.kept)
+    entries = [e for e in _read_log(partial.path) if e.get("task", 0) <= done]
+    if done:
+        log.info(
+            "reusing steps 1-%d of an interrupted run with the same code, params "
+            "and inputs (%s; `pal tune --fresh` discards them)",
+            done,
+            partial.path,
+        )
+    return done, entries
 
 
 def _tune_task(
