@@ -51,7 +51,7 @@ def run_grid(
     params: dict[str, Any],
 ) -> None:
     """`pal-paper run`'s work: check, queue, start workers, wait, render."""
-    todo = _todo(ids, params, run_ids, wanted, shard)
+    todo = select_cells(ids, params, run_ids, wanted, shard)
     finished = repo.finished()
     check_cells(
         repo.root, params, [c for c in todo if repo.exp_name(c) not in finished]
@@ -90,7 +90,7 @@ def run_grid(
     collect(repo, ids, params, run_ids, out)
 
 
-def _todo(
+def select_cells(
     ids: list[str],
     params: dict[str, Any],
     runs: list[int] | None,
