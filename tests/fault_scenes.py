@@ -6,7 +6,6 @@ returns the `Case`: the command a user runs next and what must hold after it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import h5py
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import flip_keeping_mtime
 
 from pipeline import params as pparams
 from pipeline.cli import main as pal
@@ -449,16 +449,6 @@ def recorded_features(scene: Scene) -> Path:
     (root / "dvc.yaml").write_text(json.dumps({"stages": {"extract": stage}}))
     _dvc(root, "repro", "-q")
     return root
-
-
-def flip_keeping_mtime(path: Path) -> None:
-    """One bit of the middle byte flipped, the mtime as it was (disk rot,
-    `rsync -t`): DVC, which trusts mtime and size, sees no change."""
-    st = path.stat()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x40
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def shard_bit_rot(scene: Scene) -> Case:

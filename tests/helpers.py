@@ -6,6 +6,7 @@ second. The session fixtures built from them live in conftest.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -244,3 +245,13 @@ def pal_paper(
         capture_output=True,
         text=True,
     )
+
+
+def flip_keeping_mtime(path: Path) -> None:
+    """One bit of the middle byte flipped, the mtime as it was (disk rot,
+    `rsync -t`): DVC, which trusts mtime and size, sees no change."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))

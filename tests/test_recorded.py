@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers import flip_keeping_mtime
 
 from palcore.errors import ShardError
 from palcore.recorded import (
@@ -65,15 +65,6 @@ def _project(tmp_path: Path, cache: str | None = None) -> Path:
     return root
 
 
-def _flip_keeping_mtime(path: Path) -> None:
-    """One bit of the middle byte flipped, the mtime as it was (disk rot)."""
-    st = path.stat()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x40
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 def test_the_recorded_md5_is_the_manifests(tmp_path: Path) -> None:
     root = _project(tmp_path, cache="../shared-cache")
     assert cache_dir(root) == (root / "shared-cache").resolve()
@@ -93,7 +84,7 @@ def test_the_recorded_md5_is_the_manifests(tmp_path: Path) -> None:
 def test_a_bit_flipped_with_its_mtime_kept_is_one_line(tmp_path: Path) -> None:
     root = _project(tmp_path)
     shard = root / OUT / "step_02" / "train.h5"
-    _flip_keeping_mtime(shard)
+    flip_keeping_mtime(shard)
     line = (
         f"{shard}: its bytes differ from the md5 that dvc.lock recorded when "
         "stage extract@pal-0 wrote it (damaged since): `pal verify --stage "
@@ -150,7 +141,7 @@ def test_a_copy_outside_the_project_is_not_checked(tmp_path: Path) -> None:
     root = _project(tmp_path)
     copy = tmp_path / "copy"
     shutil.copytree(root / OUT, copy)
-    _flip_keeping_mtime(copy / "step_01" / "test.h5")
+    flip_keeping_mtime(copy / "step_01" / "test.h5")
     check_content(copy / "step_01" / "test.h5")  # no lock above it: nothing raised
 
 
@@ -164,7 +155,7 @@ def test_a_partial_beside_a_complete_output_goes_with_its_first_good_read(
     partial = root / f"{OUT}.partial"
     shutil.copytree(root / OUT / "step_01", partial / "step_01")
     damaged = _project(tmp_path / "other")
-    _flip_keeping_mtime(damaged / OUT / "step_01" / "train.h5")
+    flip_keeping_mtime(damaged / OUT / "step_01" / "train.h5")
     kept = damaged / f"{OUT}.partial"
     kept.mkdir()
     with pytest.raises(DamagedError):
