@@ -102,7 +102,7 @@ def second_user() -> Iterator[str]:
     subprocess.run(["groupadd", "-f", GROUP], check=True)
     subprocess.run(["useradd", "-m", "-G", GROUP, USER], check=True)
     closed = _closed_folders(Path(os.path.realpath(sys.executable)))
-    for folder in closed:  # the venv's interpreter, e.g. under ~/.pyenv
+    for folder in closed:  # the venv's interpreter, e.g. under /root/.pyenv
         _unless(shutil.which("setfacl") is not None, f"{folder} is closed: no setfacl")
         subprocess.run(["setfacl", "-m", f"u:{USER}:x", folder], check=True)
     yield USER
