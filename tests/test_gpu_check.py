@@ -23,22 +23,16 @@ NAMES = ["palcore", "pipeline", "solver", "params.yaml", "contracts.yaml"]
 
 
 def archived(commit: str, folder: Path) -> Path:
-    """`git archive commit` of the project's code into `folder`: an older tree."""
-    folder.mkdir()
-    tar = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, *NAMES],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
-    return folder
+    """`git archive commit` of the project's code into `folder`/baseline: an
+    older tree, made by `--baseline COMMIT`'s own code."""
+    return gpu_check.gpu_paths.baseline_tree(commit, folder)
 
 
 @pytest.mark.slow
 def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     """Before and after are two trees: the committed one archived (the
     baseline) and this one, each measured by its own processes."""
-    baseline = archived("HEAD", tmp_path / "baseline")
+    baseline = archived("HEAD", tmp_path)
     out = tmp_path / "out"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     cmd = [
@@ -159,7 +153,7 @@ def test_unknown_part_is_one_line(tmp_path, capsys):
 def test_the_contracts_part_compares_the_fixture_twice_and_with_a_baseline(tmp_path):
     """On a GPU it shows whether the card repeats its bytes and how far an
     older tree's outputs are; here on the CPU, both byte for byte."""
-    baseline = archived("HEAD", tmp_path / "baseline")
+    baseline = archived("HEAD", tmp_path)
     out = tmp_path / "out"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     cmd = [
