@@ -130,6 +130,21 @@ def interrupted_tune(scene: Scene, out: Path) -> None:
             module.tune(prepare, out, *sections, timings=scene.root / "t.jsonl")
 
 
+def tune_args(scene: Scene, out: Path, prepare: Path | None = None) -> list:
+    params, clean_prepare, _ = scene.tuned
+    return [
+        "tune",
+        "--params",
+        params,
+        "--prepare",
+        prepare or clean_prepare,
+        "--out",
+        out,
+        "--timings",
+        scene.root / "t.jsonl",
+    ]
+
+
 def extract_args(scene: Scene, out: Path, prepare: Path | None = None) -> list:
     params, clean_prepare, tune_dir = scene.tuned
     return [
@@ -187,19 +202,7 @@ def tune_partial_corrupted(scene: Scene) -> Case:
     out = scene.root / "tune"
     interrupted_tune(scene, out)
     flip_byte(scene.root / "tune.partial" / "step_01.pt")
-    params, prepare, clean = scene.tuned
-    args = [
-        "tune",
-        "--params",
-        params,
-        "--prepare",
-        prepare,
-        "--out",
-        out,
-        "--timings",
-        scene.root / "t.jsonl",
-    ]
-    return Case(pal, args, recovered=(out, clean))
+    return Case(pal, tune_args(scene, out), recovered=(out, scene.tuned[2]))
 
 
 def unsafe_pickle(scene: Scene) -> Case:
@@ -234,17 +237,7 @@ def samples_line(edit: Callable[[bytes], bytes], command: str = "extract"):
         out = scene.root / command
         args = extract_args(scene, out, prepare)
         if command == "tune":
-            args = [
-                "tune",
-                "--params",
-                scene.tuned[0],
-                "--prepare",
-                prepare,
-                "--out",
-                out,
-                "--timings",
-                scene.root / "t.jsonl",
-            ]
+            args = tune_args(scene, out, prepare)
         return Case(pal, args, absent=[out, scene.root / f"{command}.partial"])
 
     return inject
