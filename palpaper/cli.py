@@ -28,7 +28,8 @@ from palcore.cliutil import clean_errors, setup_logging
 from palcore.errors import ParamsError
 from palcore.params import DEFAULT_PARAMS
 from palcore.paramsfile import read_params_file
-from palpaper import running, workers
+from palpaper import cluster, running, slurm, workers
+from palpaper.cells import check_cells, untracked_inputs
 from palpaper.collect import collect, command
 from palpaper.experiments import ExperimentError, Repo
 from palpaper.grids import RESULTS, GridError, get, result
@@ -123,6 +124,20 @@ params_path_option = click.option(
     type=click.Path(dir_okay=False, path_type=Path),
     help="The params file the cells change (the committed one for run/collect).",
 )
+cells_option = click.option(
+    "--cells",
+    default=None,
+    metavar="NAME[,NAME…]",
+    help="Run only these cells: a cell's name or its column's key, as `pal-paper "
+    "list` prints them (missing's `text-0.1` is the cell of 10 % text missing).",
+)
+shard_option = click.option(
+    "--shard",
+    default=None,
+    metavar="K/N",
+    help="Run every N-th cell from the K-th (1-based): one share of the grid, "
+    "for one of N machines or clones (docs/USAGE.md).",
+)
 out_option = click.option(
     "--out",
     default="results/paper",
@@ -165,20 +180,8 @@ def list_cmd(params_file: Path, runs: str | None) -> None:
 @click.option(
     "-j", "--jobs", default=1, show_default=True, type=click.IntRange(1), help=JOBS_HELP
 )
-@click.option(
-    "--cells",
-    default=None,
-    metavar="NAME[,NAME…]",
-    help="Run only these cells: a cell's name or its column's key, as `pal-paper "
-    "list` prints them (missing's `text-0.1` is the cell of 10 % text missing).",
-)
-@click.option(
-    "--shard",
-    default=None,
-    metavar="K/N",
-    help="Run every N-th cell from the K-th (1-based): one share of the grid, "
-    "for one of N machines or clones (docs/USAGE.md).",
-)
+@cells_option
+@shard_option
 @click.option("--gpus", default=None, metavar="ID[,ID…]", help=GPUS_HELP)
 @click.option("--no-wait", is_flag=True, help="Queue and start workers, then return.")
 @out_option
@@ -206,29 +209,31 @@ def run_cmd(
     Ctrl-C, or SIGTERM from a batch scheduler, stops DVC's queue workers and
     the cells they run; the same command resumes the grid.
     """
-    ids = _results(names)
-    run_ids = _runs(runs)
+    ids, run_ids = _results(names), _runs(runs)
     if shard is not None:
         _shard(shard)  # checked before the workspace
     cards = workers.parse_gpus(
         gpus if gpus is not None else os.environ.get(workers.ENV)
     )
-    wanted = None if cells is None else [c.strip() for c in cells.split(",")]
-    wanted = None if wanted is None else [c for c in wanted if c]
+    wanted = _cells(cells)
     rerun = command(ids, run_ids, wanted, shard, jobs)
     repo = Repo(Path.cwd())
     running.refuse_uncommitted(repo, out)
-    params = _params(DEFAULT_PARAMS)
     part = None if shard is None else _shard(shard)
+    args = (ids, run_ids, wanted, part, jobs, cards, no_wait, out, rerun)
     # SIGTERM (what a batch scheduler or `kill` sends) stops the grid as Ctrl-C
     previous = signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
-        asked = (ids, run_ids, wanted, part, jobs, cards, no_wait, out, rerun)
-        running.run_grid(repo, running.GridRun(*asked), params)
+        running.run_grid(repo, running.GridRun(*args), _params(DEFAULT_PARAMS))
     except KeyboardInterrupt:
         raise ExperimentError(running.interrupted(repo, rerun)) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _cells(text: str | None) -> list[str] | None:
+    """--cells NAME[,NAME…]: the names given, blanks dropped."""
+    return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
 
 
 def _as_ctrl_c(signum: int, frame: object) -> None:
@@ -291,3 +296,77 @@ def plan_cmd(
     lines = plan_lines(_results(names), params, _runs(runs), str(params_file), cards)
     for line in lines:
         click.echo(line)
+
+
+@main.command("submit")
+@click.argument("names", nargs=-1, metavar="RESULT…")
+@runs_option
+@cells_option
+@slurm.options
+@clean_errors
+def submit_cmd(
+    names: tuple[str, ...],
+    runs: str | None,
+    cells: str | None,
+    dry_run: bool,
+    time_min: int | None,
+    **opts: Any,
+) -> None:
+    """Submit the cells of RESULT… not yet finished on this commit to SLURM:
+    one array job, a task per cell (each in its own clone of the project,
+    sharing its DVC cache; its experiment pushed back here), and a job that
+    renders the tables when every task has ended (`pal-paper collect`).
+    `pal-paper status RESULT…` shows the cells; the same command again
+    submits only the cells that did not finish (docs/USAGE.md)."""
+    ids, run_ids = _results(names), _runs(runs)
+    repo = Repo(Path.cwd())
+    running.refuse_uncommitted(repo, Path("results/paper"))
+    params = _params(DEFAULT_PARAMS)
+    todo = running.select_cells(ids, params, run_ids, _cells(cells), None)
+    finished = repo.finished()
+    pending = [c for c in todo if repo.exp_name(c) not in finished]
+    if not pending:
+        click.echo(f"every cell finished on {repo.short}: `pal-paper collect` renders")
+        return
+    check_cells(repo.root, params, pending)
+    options = slurm.Options(**opts)
+    limit = time_min or slurm.time_limit(ids, pending, params, options.gpus)
+    collect_args = [*ids, *(["--runs", runs] if runs else [])]
+    copies = untracked_inputs(repo.root, params)
+    jobs = slurm.submit(repo, pending, copies, collect_args, options, limit, dry_run)
+    if jobs is not None:
+        click.echo(
+            f"submitted {len(pending)} cells of {repo.short} as array job {jobs[0]} "
+            f"({limit} min a task), the tables as job {jobs[1]} after it; "
+            f"`{command(ids, run_ids, verb='status')}` shows them"
+        )
+
+
+@main.command("status")
+@click.argument("names", nargs=-1, metavar="RESULT…")
+@runs_option
+@clean_errors
+def status_cmd(names: tuple[str, ...], runs: str | None) -> None:
+    """Each cell of RESULT… on this commit: finished, running, waiting,
+    stopped or failed (from the experiments, squeue and each task's last
+    word), with its SLURM job and log."""
+    ids = _results(names)
+    repo = Repo(Path.cwd())
+    todo = running.select_cells(ids, _params(DEFAULT_PARAMS), _runs(runs), None, None)
+    for line in slurm.status_lines(repo, todo):
+        click.echo(line)
+
+
+@main.command("task", hidden=True)
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@clean_errors
+def task_cmd(folder: Path) -> None:
+    """An array task of `pal-paper submit` (its batch script runs this)."""
+    try:
+        array = os.environ["SLURM_ARRAY_JOB_ID"]
+        index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+    except (KeyError, ValueError):
+        raise click.ClickException(
+            "not a SLURM array task (pal-paper submit)"
+        ) from None
+    raise SystemExit(cluster.run_task(folder, array, index))

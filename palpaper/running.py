@@ -56,7 +56,7 @@ class GridRun:
 def run_grid(repo: Repo, run: GridRun, params: dict[str, Any]) -> None:
     """`pal-paper run`'s work: check, queue, start workers, wait, render."""
     ids, jobs, cards = run.ids, run.jobs, run.cards
-    todo = _todo(ids, params, run.runs, run.cells, run.shard)
+    todo = select_cells(ids, params, run.runs, run.cells, run.shard)
     finished = repo.finished()
     check_cells(
         repo.root, params, [c for c in todo if repo.exp_name(c) not in finished]
@@ -95,7 +95,7 @@ def run_grid(repo: Repo, run: GridRun, params: dict[str, Any]) -> None:
     collect(repo, ids, params, run.runs, run.out)
 
 
-def _todo(
+def select_cells(
     ids: list[str],
     params: dict[str, Any],
     runs: list[int] | None,

@@ -72,23 +72,25 @@ def test_tables_1_2_run_acil_and_pal_whatever_main_a_rehearsal_committed() -> No
 
 def test_cells_are_chosen_by_name_or_by_column_key() -> None:
     from palpaper.grids import GridError
-    from palpaper.running import _todo
+    from palpaper.running import select_cells
 
     missing = {c.key: c.cell for c in RESULTS["missing"].columns(PARAMS, [0])}
     up = {c.key: c.cell for c in RESULTS["upsampling"].columns(PARAMS, [0])}
     # a column's key stands for its cell, in each result that has the key
-    got = _todo(["missing", "upsampling"], PARAMS, [0], ["text-0.1", "8k-1"], None)
+    got = select_cells(
+        ["missing", "upsampling"], PARAMS, [0], ["text-0.1", "8k-1"], None
+    )
     assert got == [missing["text-0.1"], up["8k-1"]]
     name = missing["image-0.5"].name
-    assert _todo(["missing"], PARAMS, [0], [name, "image-0.5"], None) == [
+    assert select_cells(["missing"], PARAMS, [0], [name, "image-0.5"], None) == [
         missing["image-0.5"]
     ]
     # both-0.1 is a column of missing and of steps: one cell, run once
-    assert _todo(["missing", "steps"], PARAMS, [0], ["both-0.1"], None) == [
+    assert select_cells(["missing", "steps"], PARAMS, [0], ["both-0.1"], None) == [
         missing["both-0.1"]
     ]
     with pytest.raises(GridError, match=r"^--cells: no cell '8k-1' in missing "):
-        _todo(["missing"], PARAMS, [0], ["8k-1"], None)
+        select_cells(["missing"], PARAMS, [0], ["8k-1"], None)
 
 
 def test_the_grids_follow_the_dataset() -> None:

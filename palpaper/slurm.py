@@ -1,0 +1,325 @@
+"""`pal-paper submit` and `pal-paper status`: a grid as one SLURM array job.
+
+`submit` writes a submission folder `.dvc/tmp/slurm/<commit>-<n>/` beside the
+project's other DVC state (on the shared file system with the project):
+`submission.json` (the cells, one per array task), `task.sh` (the array job:
+one task per cell, `%N` of them at once) and `collect.sh` (`pal-paper
+collect`, a job that starts when every task has ended, `afterany`: a partial
+grid renders with its missing cells named). Each task runs `pal-paper task`
+(palpaper/cluster.py): its cell in its own clone, then its experiment pushed
+to the project. Each task's log is `task-<i>.out` there, every try appended;
+`status` lists each cell's state from the project's experiments, `squeue`
+and the state file its last try left (`task-<i>.json`).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import math
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from palcore.errors import PalError
+from palcore.outputs import write_bytes_atomic
+from palpaper.experiments import Repo
+from palpaper.grids import RESULTS, Cell
+from palpaper.plan import costs, minutes, tunings
+
+FOLDER = Path(".dvc") / "tmp" / "slurm"
+SIGNAL_S = 180  # SIGUSR1 at most this long before the time limit
+
+
+def signal_s(time_min: int) -> int:
+    """Seconds before the limit that SIGUSR1 comes (SLURM sends it up to 60 s
+    earlier still): SIGNAL_S, or a sixth of a short limit (10 s for 1 min)."""
+    return min(SIGNAL_S, time_min * 10)
+
+
+START_MIN = 10  # per task beyond the projected tuning: start-up, solve, evaluate
+
+
+SLURM_OPTIONS = (
+    click.option("--partition", default=None, help="SLURM partition (-p)."),
+    click.option("--account", default=None, help="SLURM account (-A)."),
+    click.option(
+        "--gpus-per-task",
+        "gpus",
+        default=1,
+        show_default=True,
+        type=click.IntRange(0),
+        help="GPUs of each task, from SLURM's allocation (--gres=gpu:N); 0 on "
+        "CPU nodes.",
+    ),
+    click.option("--cpus-per-task", "cpus", default=None, type=click.IntRange(1)),
+    click.option(
+        "--time",
+        "time_min",
+        default=None,
+        type=click.IntRange(1),
+        metavar="MIN",
+        help="Each task's limit in minutes. Default: from `pal-paper plan`'s time "
+        "of the longest cell. A cell that outlasts it is stopped ahead of the "
+        "limit, requeued and resumed.",
+    ),
+    click.option(
+        "--throttle",
+        default=8,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Tasks running at once (--array …%N).",
+    ),
+    click.option("--dry-run", is_flag=True, help="Print the scripts; submit nothing."),
+)
+
+
+def options(fn: Any) -> Any:
+    """`pal-paper submit`'s SLURM options."""
+    for option in reversed(SLURM_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+class SlurmError(PalError):
+    """sbatch or squeue refused, or SLURM is not installed."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a cluster user sets; None: the cluster's default."""
+
+    partition: str | None = None
+    account: str | None = None
+    gpus: int = 1  # per task, from SLURM's allocation (--gres=gpu:N)
+    cpus: int | None = None  # per task
+    throttle: int = 8  # tasks at once (--array …%N)
+
+
+def time_limit(
+    ids: Sequence[str], cells: Sequence[Cell], params: dict, gpus: int
+) -> int:
+    """Minutes per task: 1.25 × the longest cell's projected tuning and
+    extraction (`pal-paper plan`'s rates, on a GPU when the task has one)
+    plus START_MIN. A cell longer than the cluster allows is fine: it is
+    stopped ahead of the limit, requeued and resumed."""
+    table = costs()
+    size = table["datasets"].get(str(params["data"]["dataset"]))
+    rates = table["devices"]["GPU" if gpus else "CPU"]
+    longest, wanted = 0.0, {c.name for c in cells}
+    for rid in ids:
+        for c in RESULTS[rid].columns(params, None):
+            if size is None or c.cell.name not in wanted:
+                continue
+            t, e = tunings(RESULTS[rid], c.cell, params)
+            tm, em = minutes(c.cell, params, rates, size)
+            longest = max(longest, t * tm + e * em)
+    return math.ceil(1.25 * longest) + START_MIN
+
+
+def _sbatch_lines(opts: Options, time_min: int) -> list[str]:
+    lines = [f"--time={time_min}"]
+    lines += [f"--partition={opts.partition}"] * (opts.partition is not None)
+    lines += [f"--account={opts.account}"] * (opts.account is not None)
+    return lines
+
+
+def scripts(
+    root: Path,
+    sub: Path,
+    n_tasks: int,
+    collect_args: list[str],
+    opts: Options,
+    time_min: int,
+) -> tuple[str, str]:
+    """The array job's batch script and the collect job's."""
+    tool = str(Path(sys.executable).parent / "pal-paper")
+    head = ["#!/bin/bash", f"#SBATCH --chdir={root}"]
+    task = [
+        *head,
+        f"#SBATCH --job-name=pal-{sub.name}",
+        f"#SBATCH --array=0-{n_tasks - 1}%{opts.throttle}",
+        *(f"#SBATCH {line}" for line in _sbatch_lines(opts, time_min)),
+        f"#SBATCH --signal=B:USR1@{signal_s(time_min)}",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --output={sub}/task-%a.out",
+    ]
+    if opts.gpus:
+        task.append(f"#SBATCH --gres=gpu:{opts.gpus}")
+    if opts.cpus:
+        task.append(f"#SBATCH --cpus-per-task={opts.cpus}")
+    task += [
+        "# one cell per task, in its clone; its experiment pushed to the project",
+        "umask 0002  # the group's shared DVC cache and clones",
+        f"exec {shlex.quote(tool)} task {shlex.quote(str(sub))}",
+    ]
+    collect = [
+        *head,
+        f"#SBATCH --job-name=pal-{sub.name}-collect",
+        *(f"#SBATCH {line}" for line in _sbatch_lines(opts, 30)),
+        f"#SBATCH --output={sub}/collect.out",
+        "# after every task of the array ended (afterany): the tables",
+        "umask 0002",
+        f"exec {shlex.quote(tool)} collect {shlex.join(collect_args)}",
+    ]
+    return "\n".join(task) + "\n", "\n".join(collect) + "\n"
+
+
+def _slurm(args: list[str], cwd: Path) -> str:
+    try:
+        proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise SlurmError(
+            f"'{args[0]}' not found: SLURM's commands are not installed"
+        ) from None
+    if proc.returncode != 0:
+        msg = " ".join((proc.stderr or proc.stdout).split()) or "(no output)"
+        raise SlurmError(f"{args[0]}: {msg}")
+    return proc.stdout
+
+
+def new_folder(repo: Repo) -> Path:
+    base = repo.root.resolve() / FOLDER
+    n = 1
+    while (base / f"{repo.short}-{n}").exists():
+        n += 1
+    return base / f"{repo.short}-{n}"
+
+
+def submit(
+    repo: Repo,
+    cells: Sequence[Cell],
+    copies: list[str],
+    collect_args: list[str],
+    opts: Options,
+    time_min: int,
+    dry_run: bool,
+) -> tuple[str, str] | None:
+    """Write the submission and sbatch its two jobs: (array id, collect id);
+    `dry_run`: print the scripts, write and submit nothing."""
+    sub = new_folder(repo)
+    task, collect = scripts(
+        repo.root.resolve(), sub, len(cells), collect_args, opts, time_min
+    )
+    if dry_run:
+        print(f"# {sub}/task.sh (sbatch task.sh)\n{task}")
+        print(
+            f"# {sub}/collect.sh (sbatch --dependency=afterany:<array job> collect.sh)"
+        )
+        print(collect, end="")
+        return None
+    sub.mkdir(parents=True)
+    record: dict[str, Any] = {
+        "origin": str(repo.root.resolve()),
+        "baseline": repo.baseline,
+        "cells": [
+            {"name": c.name, "exp": repo.exp_name(c), "set_args": list(c.set_args)}
+            for c in cells
+        ],
+        "copies": copies,
+    }
+    (sub / "task.sh").write_text(task)
+    (sub / "collect.sh").write_text(collect)
+    _save(sub, record)
+    array = _slurm(["sbatch", "--parsable", str(sub / "task.sh")], repo.root).strip()
+    array = array.split(";")[0]
+    record["array"] = array
+    _save(sub, record)
+    dep = f"--dependency=afterany:{array}"
+    after = _slurm(["sbatch", "--parsable", dep, str(sub / "collect.sh")], repo.root)
+    record["collect"] = after.strip().split(";")[0]
+    _save(sub, record)
+    return array, record["collect"]
+
+
+def _save(sub: Path, record: dict[str, Any]) -> None:
+    write_bytes_atomic(sub / "submission.json", json.dumps(record, indent=1).encode())
+
+
+def _queue(job_ids: Sequence[str], root: Path) -> dict[str, tuple[str, str]]:
+    """SLURM job or array task id -> (state, reason or node) of this user's
+    jobs still queued, of the arrays `job_ids` (`squeue -j` would refuse the
+    ids SLURM has forgotten)."""
+    if not job_ids:
+        return {}
+    user = getpass.getuser()
+    out = _slurm(["squeue", "-h", "-r", "-u", user, "-o", "%i|%T|%r|%N"], root)
+    wanted = set(job_ids)
+    jobs = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) == 4 and parts[0].split("_")[0] in wanted:
+            where = parts[2] if parts[1] == "PENDING" else parts[3]
+            jobs[parts[0]] = (parts[1], where)
+    return jobs
+
+
+def status_lines(repo: Repo, cells: Sequence[Cell]) -> list[str]:
+    """One line per cell: finished, running, waiting, stopped or failed, with
+    its job and log; then the collect job of the newest submission."""
+    subs = sorted(
+        (repo.root.resolve() / FOLDER).glob(f"{repo.short}-*/submission.json"),
+        key=lambda p: int(p.parent.name.rsplit("-", 1)[1]),
+    )
+    records = [(p.parent, json.loads(p.read_text())) for p in subs]
+    where: dict[str, tuple[Path, dict, int]] = {}
+    for sub, rec in records:
+        for i, c in enumerate(rec["cells"]):
+            where[c["exp"]] = (sub, rec, i)
+    ids = [r[k] for _, r in records for k in ("array", "collect") if r.get(k)]
+    queued = _queue(ids, repo.root)
+    finished = repo.finished()
+    counts: dict[str, int] = {}
+    lines = []
+    for c in cells:
+        name = repo.exp_name(c)
+        state, detail = _cell_state(name, finished, where.get(name), queued)
+        counts[state] = counts.get(state, 0) + 1
+        lines.append(f"  {c.name}: {state}{detail}")
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    head = f"{len(cells)} cells on {repo.short}: {summary}"
+    if records and records[-1][1].get("collect"):
+        sub, rec = records[-1]
+        job = rec["collect"]
+        st = queued.get(job, ("ended", ""))[0].lower()
+        lines.append(f"  tables: collect job {job} {st}; log {sub}/collect.out")
+    return [head, *lines]
+
+
+def _cell_state(
+    name: str,
+    finished: dict[str, str],
+    sub: tuple[Path, dict, int] | None,
+    queued: dict[str, tuple[str, str]],
+) -> tuple[str, str]:
+    if name in finished:
+        return "finished", ""
+    if sub is None:
+        return "not submitted", ""
+    folder, rec, i = sub
+    log_path = f"; log {folder}/task-{i}.out"
+    job = f"{rec.get('array')}_{i}"
+    if job in queued:
+        state, where = queued[job]
+        if state in ("RUNNING", "COMPLETING"):
+            return "running", f" (job {job} on {where}){log_path}"
+        return "waiting", f" (job {job}, {state.lower()}: {where}){log_path}"
+    try:
+        last = json.loads((folder / f"task-{i}.json").read_text())
+    except (OSError, ValueError):
+        return "failed", f" (job {job} ended before its cell started){log_path}"
+    if last["state"] == "stopped":
+        return (
+            "stopped",
+            f" (job {job}, {last['signal']}: scancel or pre-emption){log_path}",
+        )
+    if last["state"] == "running":
+        return "failed", f" (job {job} killed mid-cell){log_path}"
+    return "failed", f" (job {job}, `dvc exp run` exit {last.get('rc')}){log_path}"
