@@ -56,6 +56,15 @@ def block(doc: str, name: str) -> str:
     return "\n".join(lines[start:end])
 
 
+ADMIN = "/usr/sbin:/sbin:/usr/bin:/bin"  # where useradd & co. live, off a user's PATH
+
+
+def tool(name: str) -> str:
+    """`name`'s path, found in the system's admin folders too (CI runs with
+    PATH=/usr/bin:/bin, where groupadd and useradd are not)."""
+    return shutil.which(name, path=ADMIN) or name
+
+
 def sh(
     code: str, cwd: Path, env: dict[str, str], user: str | None = None
 ) -> subprocess.CompletedProcess:
@@ -63,7 +72,7 @@ def sh(
     args = ["bash", "-euo", "pipefail", "-c", code]
     if user is not None:
         args = [
-            shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin") or "runuser",
+            tool("runuser"),
             "-u",
             user,
             "--",
@@ -99,17 +108,19 @@ def cluster(base: Path) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def second_user() -> Iterator[str]:
     """A second account, in the group the cache belongs to."""
-    subprocess.run(["groupadd", "-f", GROUP], check=True)
-    subprocess.run(["useradd", "-m", "-G", GROUP, USER], check=True)
+    subprocess.run([tool("groupadd"), "-f", GROUP], check=True)
+    subprocess.run([tool("useradd"), "-m", "-G", GROUP, USER], check=True)
     closed = _closed_folders(Path(os.path.realpath(sys.executable)))
-    for folder in closed:  # the venv's interpreter, e.g. under /root/.pyenv
-        _unless(shutil.which("setfacl") is not None, f"{folder} is closed: no setfacl")
-        subprocess.run(["setfacl", "-m", f"u:{USER}:x", folder], check=True)
+    for folder in closed:  # the venv's interpreter, e.g. under ~/.pyenv
+        _unless(
+            shutil.which("setfacl", path=ADMIN) is not None, f"{folder}: no setfacl"
+        )
+        subprocess.run([tool("setfacl"), "-m", f"u:{USER}:x", folder], check=True)
     yield USER
     for folder in closed:
-        subprocess.run(["setfacl", "-x", f"u:{USER}", folder], check=True)
-    subprocess.run(["userdel", "-r", USER], capture_output=True)
-    subprocess.run(["groupdel", GROUP], capture_output=True)
+        subprocess.run([tool("setfacl"), "-x", f"u:{USER}", folder], check=True)
+    subprocess.run([tool("userdel"), "-r", USER], capture_output=True)
+    subprocess.run([tool("groupdel"), GROUP], capture_output=True)
 
 
 def _closed_folders(path: Path) -> list[str]:
