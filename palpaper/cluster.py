@@ -72,9 +72,10 @@ def prepare_clone(origin: Path, clone: Path, baseline: str, copies: list[str]) -
     for key in ("cache.type", "cache.shared", "core.site_cache_dir"):
         try:
             value = _run([dvc, "config", key], origin).strip()
-        except ExperimentError:  # not set
+        except ExperimentError:  # not set (DVC 3.x: exit 251)
             continue
-        _run([dvc, "config", "--local", key, value], tmp)
+        if value:  # not set (some DVC versions: exit 0, no output)
+            _run([dvc, "config", "--local", key, value], tmp)
     for rel in copies:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / rel).symlink_to((origin / rel).resolve())

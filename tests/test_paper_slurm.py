@@ -255,7 +255,7 @@ def test_table4_as_an_array_job_scancel_and_the_same_command_again(
     assert "submitted 1 cells" in out, out
     wait_jobs(env, path, submitted(path, out)[1])
     status = sh("pal-paper status upsampling", path, env).stdout.splitlines()
-    assert status[0] == f"5 cells on {head}: 5 finished", status
+    assert status[0] == f"5 cells on {head}: 5 finished", (status, logs(sub.parent))
     got = (path / UPSAMPLING).read_text().splitlines()
     assert got[1:] == committed(UPSAMPLING).splitlines()[1:]
     text = logs(path / ".dvc/tmp/slurm")
