@@ -110,11 +110,30 @@ class Stop:
             os.killpg(os.getpid(), signal.SIGINT)
 
 
+# What `dvc exp run` keeps in the clone's git while it runs: its queue entry
+# (the workspace stash) and its executor's refs. A try stopped by a signal
+# can leave them, and the next `dvc exp run` runs every entry it finds.
+RUN_REFS = ("refs/exps/stash", "refs/exps/exec")
+
+
+def clear_stopped_run(clone: Path) -> list[str]:
+    """Delete what a stopped `dvc exp run` left in the clone's git (RUN_REFS,
+    the stash's entries with its ref); the refs deleted. Only this cell's
+    task uses the clone, and no try of it runs now."""
+    refs = _run(["git", "for-each-ref", "--format=%(refname)", *RUN_REFS], clone)
+    for ref in refs.split():
+        _run(["git", "update-ref", "--no-deref", "-d", ref], clone)  # a symref itself
+    return refs.split()
+
+
 def run_cell(clone: Path, name: str, set_args: list[str], stop: Stop) -> int:
     """`dvc exp run -n NAME -S … evaluate` in the clone (its tracked files
-    back at the baseline first; untracked ones, `.partial/` among them,
-    kept); its exit status. A stop signal ends it (SIGKILL after GRACE_S)."""
+    back at the baseline first, what a stopped try left of its run cleared;
+    untracked files, `.partial/` among them, kept); its exit status. A stop
+    signal ends it (SIGKILL after GRACE_S)."""
     _run(["git", "checkout", "-q", "-f", "HEAD", "--", "."], clone)
+    if left := clear_stopped_run(clone):
+        log.info("cleared what a stopped try left: %s", ", ".join(left))
     dvc = _tool("dvc")
     if stop.signal is not None:  # stopped before the cell started
         return 128 + stop.signal

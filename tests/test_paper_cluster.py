@@ -1,34 +1,51 @@
-"""A SLURM task's clone of the project (palpaper/cluster.py), without SLURM:
-which of the project's DVC cache settings it takes over."""
+"""A SLURM task's clone of the project and its cell (palpaper/cluster.py),
+without SLURM: which of the project's DVC cache settings the clone takes
+over, and a try after one that a signal stopped."""
 
 from __future__ import annotations
 
 import configparser
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
-from palpaper.cluster import prepare_clone
+import pytest
+
+from palpaper.cluster import Stop, exp_ref, has_ref, prepare_clone, run_cell
 from palpaper.experiments import _tool
 
+GIT_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
 
-def _project(path: Path) -> str:
-    """A git and DVC repository at `path` with one commit; its commit id."""
+
+def _git(args: list[str], cwd: Path) -> str:
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, env=GIT_ENV, check=True, capture_output=True
+    )
+    return proc.stdout.decode().strip()
+
+
+def _project(path: Path, stage: bool = False) -> str:
+    """A git and DVC repository at `path`, committed; its commit id.
+    `stage`: with params.yaml (x: 1) and a stage `evaluate` that copies it
+    to out.txt."""
     path.mkdir()
-    env = {
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    for args in (
-        ["git", "init", "-q"],
-        [_tool("dvc"), "init", "-q"],
-        ["git", "commit", "-q", "-m", "init"],
-    ):
-        subprocess.run(args, cwd=path, check=True, env={**env, "PATH": "/usr/bin:/bin"})
-    return subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True
-    ).stdout.strip()
+    _git(["init", "-q"], path)
+    subprocess.run([_tool("dvc"), "init", "-q"], cwd=path, check=True)
+    if stage:
+        (path / "params.yaml").write_text("x: 1\n")
+        add = [_tool("dvc"), "stage", "add", "-q", "-n", "evaluate", "-p", "x"]
+        add += ["-o", "out.txt", "cp params.yaml out.txt"]
+        subprocess.run(add, cwd=path, check=True)
+    _git(["add", "-A"], path)
+    _git(["commit", "-q", "-m", "init"], path)
+    return _git(["rev-parse", "HEAD"], path)
 
 
 def _local_config(clone: Path) -> dict[str, dict[str, str]]:
@@ -49,7 +66,7 @@ def test_a_project_without_cache_settings_gives_a_clone_on_its_cache(
     assert _local_config(clone) == {
         "cache": {"dir": str((origin / ".dvc" / "cache").resolve())}
     }
-    assert not list(clone.parent.glob("*.tmp*"))  # made under a temporary name
+    assert [p.name for p in clone.parent.iterdir()] == ["a"]  # renamed into place
 
 
 def test_the_group_cache_settings_go_to_the_clone(tmp_path: Path) -> None:
@@ -68,3 +85,43 @@ def test_the_group_cache_settings_go_to_the_clone(tmp_path: Path) -> None:
     assert _local_config(clone) == {
         "cache": {"dir": str(shared), "type": "symlink", "shared": "group"}
     }
+
+
+@pytest.fixture
+def stop() -> Iterator[Stop]:
+    """A `Stop`, this process's SIGUSR1 and SIGTERM handlers put back after."""
+    kept = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    yield Stop()
+    for sig, handler in kept.items():
+        signal.signal(sig, handler)
+
+
+def test_a_try_after_a_stopped_one_runs_its_cell_once(
+    tmp_path: Path, stop: Stop, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A `dvc exp run` stopped between queueing its experiment and taking it
+    off the queue leaves the entry in the clone's workspace stash (here put
+    there as DVC's own queue puts it); the next try clears it, so the cell
+    runs once and its experiment is the next try's."""
+    origin = tmp_path / "origin"
+    head = _project(origin, stage=True)
+    clone = tmp_path / "cells" / "a"
+    prepare_clone(origin, clone, head, [])
+    stale = (
+        "from dvc.repo import Repo; "
+        "Repo('.').experiments.workspace_queue.put("
+        "params={'params.yaml': ['x=2']}, targets=['evaluate'], name='a')"
+    )
+    python = str(Path(_tool("dvc")).with_name("python"))
+    subprocess.run([python, "-c", stale], cwd=clone, check=True, capture_output=True)
+    assert _git(["for-each-ref", "--format=%(refname)", "refs/exps"], clone) == (
+        "refs/exps/stash"
+    )
+    assert run_cell(clone, "a", ["-S", "x=2"], stop) == 0
+    out = capfd.readouterr()
+    assert (out.out + out.err).count("Reproducing experiment 'a'") == 1, out
+    ref = exp_ref(head, "a")
+    assert has_ref(clone, ref)
+    assert _git(["show", f"{ref}:params.yaml"], clone) == "x: 2"
+    assert (clone / "out.txt").read_text() == "x: 2\n"  # the stage ran on it
+    assert not _git(["for-each-ref", "refs/exps/stash"], clone)  # queue empty
