@@ -317,16 +317,21 @@ def submit_cmd(
     sharing its DVC cache; its experiment pushed back here), and a job that
     renders the tables when every task has ended (`pal-paper collect`).
     `pal-paper status RESULT…` shows the cells; the same command again
-    submits only the cells that did not finish (docs/USAGE.md)."""
+    submits only the cells neither finished nor still in SLURM's queue
+    (docs/USAGE.md)."""
     ids, run_ids = _results(names), _runs(runs)
     repo = Repo(Path.cwd())
     running.refuse_uncommitted(repo, Path("results/paper"))
     params = _params(DEFAULT_PARAMS)
     todo = running.select_cells(ids, params, run_ids, _cells(cells), None)
-    finished = repo.finished()
-    pending = [c for c in todo if repo.exp_name(c) not in finished]
+    pending, held = slurm.to_submit(repo, todo)
+    if held:
+        click.echo(f"{held} cells still in SLURM's queue (running or waiting): kept")
     if not pending:
-        click.echo(f"every cell finished on {repo.short}: `pal-paper collect` renders")
+        if not held:
+            click.echo(
+                f"every cell finished on {repo.short}: `pal-paper collect` renders"
+            )
         return
     check_cells(repo.root, params, pending)
     options = slurm.Options(**opts)

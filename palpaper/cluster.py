@@ -110,20 +110,26 @@ class Stop:
             os.killpg(os.getpid(), signal.SIGINT)
 
 
-# What `dvc exp run` keeps in the clone's git while it runs: its queue entry
-# (the workspace stash) and its executor's refs. A try stopped by a signal
-# can leave them, and the next `dvc exp run` runs every entry it finds.
+# What a `dvc exp run` stopped by a signal can leave in the clone's git:
+# git's and dulwich's lock files (`.git/index.lock`, `.git/objects/xx/….lock`:
+# the next run fails on them, "File exists"), its queue entry (the workspace
+# stash: the next run would run every entry it finds) and its executor's refs.
 RUN_REFS = ("refs/exps/stash", "refs/exps/exec")
 
 
 def clear_stopped_run(clone: Path) -> list[str]:
-    """Delete what a stopped `dvc exp run` left in the clone's git (RUN_REFS,
-    the stash's entries with its ref); the refs deleted. Only this cell's
-    task uses the clone, and no try of it runs now."""
+    """Delete what a stopped `dvc exp run` left in the clone's git: every
+    `*.lock` file under `.git`, and RUN_REFS (the stash's entries with its
+    ref). Only this cell's task uses the clone, and no other try of it runs
+    now. What was deleted, `.git/…` files first."""
+    git = clone / ".git"
+    locks = sorted(p for p in git.rglob("*.lock") if p.is_file())
+    for path in locks:
+        path.unlink()
     refs = _run(["git", "for-each-ref", "--format=%(refname)", *RUN_REFS], clone)
     for ref in refs.split():
         _run(["git", "update-ref", "--no-deref", "-d", ref], clone)  # a symref itself
-    return refs.split()
+    return [str(p.relative_to(clone)) for p in locks] + refs.split()
 
 
 def run_cell(clone: Path, name: str, set_args: list[str], stop: Stop) -> int:
@@ -131,9 +137,9 @@ def run_cell(clone: Path, name: str, set_args: list[str], stop: Stop) -> int:
     back at the baseline first, what a stopped try left of its run cleared;
     untracked files, `.partial/` among them, kept); its exit status. A stop
     signal ends it (SIGKILL after GRACE_S)."""
-    _run(["git", "checkout", "-q", "-f", "HEAD", "--", "."], clone)
     if left := clear_stopped_run(clone):
         log.info("cleared what a stopped try left: %s", ", ".join(left))
+    _run(["git", "checkout", "-q", "-f", "HEAD", "--", "."], clone)
     dvc = _tool("dvc")
     if stop.signal is not None:  # stopped before the cell started
         return 128 + stop.signal

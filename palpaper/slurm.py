@@ -261,14 +261,21 @@ def _queue(job_ids: Sequence[str], root: Path) -> dict[str, tuple[str, str]]:
     return jobs
 
 
-def status_lines(repo: Repo, cells: Sequence[Cell]) -> list[str]:
-    """One line per cell: finished, running, waiting, stopped or failed, with
-    its job and log; then the collect job of the newest submission."""
+def _submissions(repo: Repo) -> list[tuple[Path, dict]]:
+    """This commit's submission folders and records, oldest first."""
     subs = sorted(
         (repo.root.resolve() / FOLDER).glob(f"{repo.short}-*/submission.json"),
         key=lambda p: int(p.parent.name.rsplit("-", 1)[1]),
     )
-    records = [(p.parent, json.loads(p.read_text())) for p in subs]
+    return [(p.parent, json.loads(p.read_text())) for p in subs]
+
+
+def cell_states(
+    repo: Repo, cells: Sequence[Cell], records: list[tuple[Path, dict]]
+) -> tuple[dict[str, tuple[str, str]], dict[str, tuple[str, str]]]:
+    """Each cell's (state, detail) by its name, from the project's
+    experiments, `squeue` and the newest submission of the cell in
+    `records`; and the queue of those submissions' jobs."""
     where: dict[str, tuple[Path, dict, int]] = {}
     for sub, rec in records:
         for i, c in enumerate(rec["cells"]):
@@ -276,11 +283,27 @@ def status_lines(repo: Repo, cells: Sequence[Cell]) -> list[str]:
     ids = [r[k] for _, r in records for k in ("array", "collect") if r.get(k)]
     queued = _queue(ids, repo.root)
     finished = repo.finished()
+    states = {
+        c.name: _cell_state(
+            repo.exp_name(c), finished, where.get(repo.exp_name(c)), queued
+        )
+        for c in cells
+    }
+    return states, queued
+
+
+IN_QUEUE = ("running", "waiting")  # states of a cell whose task SLURM still holds
+
+
+def status_lines(repo: Repo, cells: Sequence[Cell]) -> list[str]:
+    """One line per cell: finished, running, waiting, stopped or failed, with
+    its job and log; then the collect job of the newest submission."""
+    records = _submissions(repo)
+    states, queued = cell_states(repo, cells, records)
     counts: dict[str, int] = {}
     lines = []
     for c in cells:
-        name = repo.exp_name(c)
-        state, detail = _cell_state(name, finished, where.get(name), queued)
+        state, detail = states[c.name]
         counts[state] = counts.get(state, 0) + 1
         lines.append(f"  {c.name}: {state}{detail}")
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -291,6 +314,16 @@ def status_lines(repo: Repo, cells: Sequence[Cell]) -> list[str]:
         st = queued.get(job, ("ended", ""))[0].lower()
         lines.append(f"  tables: collect job {job} {st}; log {sub}/collect.out")
     return [head, *lines]
+
+
+def to_submit(repo: Repo, cells: Sequence[Cell]) -> tuple[list[Cell], int]:
+    """The cells neither finished nor held by SLURM (running or waiting: a
+    second task would run the same cell in the same clone), and how many
+    SLURM holds."""
+    states, _ = cell_states(repo, cells, _submissions(repo))
+    held = sum(states[c.name][0] in IN_QUEUE for c in cells)
+    todo = [c for c in cells if states[c.name][0] not in ("finished", *IN_QUEUE)]
+    return todo, held
 
 
 def _cell_state(

@@ -125,3 +125,27 @@ def test_a_try_after_a_stopped_one_runs_its_cell_once(
     assert _git(["show", f"{ref}:params.yaml"], clone) == "x: 2"
     assert (clone / "out.txt").read_text() == "x: 2\n"  # the stage ran on it
     assert not _git(["for-each-ref", "refs/exps/stash"], clone)  # queue empty
+
+
+def test_a_try_after_a_stopped_one_clears_its_lock_files(
+    tmp_path: Path, stop: Stop, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A `dvc exp run` killed mid-write leaves git's and dulwich's lock files
+    (`.git/index.lock`, `.git/objects/xx/<object>.lock`); git and DVC refuse
+    to go on ("File exists"). The next try deletes them, says so, and runs."""
+    origin = tmp_path / "origin"
+    head = _project(origin, stage=True)
+    clone = tmp_path / "cells" / "a"
+    prepare_clone(origin, clone, head, [])
+    stale = [clone / ".git/index.lock", clone / ".git/objects/42/7561.lock"]
+    for path in stale:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"")
+    with caplog.at_level("INFO", logger="palpaper.cluster"):
+        assert run_cell(clone, "a", ["-S", "x=3"], stop) == 0
+    assert not [p for p in stale if p.exists()]
+    assert (
+        "cleared what a stopped try left: .git/index.lock, .git/objects/42/7561.lock"
+        in caplog.messages
+    )
+    assert _git(["show", f"{exp_ref(head, 'a')}:params.yaml"], clone) == "x: 3"

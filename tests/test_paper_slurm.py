@@ -241,6 +241,11 @@ def test_table4_as_an_array_job_scancel_and_the_same_command_again(
     assert "submitted 5 cells" in out, out
     assert out.splitlines()[1].startswith(f"5 cells on {head}: "), out
     sub, jobs = submitted(path, out)
+    again = sh(readme.splitlines()[0], path, env).stdout  # while the tasks run
+    held = re.match(
+        r"(\d) cells still in SLURM's queue \(running or waiting\): kept$", again
+    )
+    assert held and int(held.group(1)) >= 1 and "submitted" not in again, again
     # a task mid-cell (its `dvc exp run` started) once another finished: cancelled
     deadline = time.monotonic() + 400
     while (victim := _mid_cell(sub)) is None or "finished:" not in logs(sub):
