@@ -29,7 +29,7 @@ import yaml
 from palcore.errors import PalError
 
 log = logging.getLogger(__name__)
-LOCKS = ("dvc.lock", "ablation/dvc.lock")  # the project's pipeline files' locks
+LOCK = "dvc.lock"  # the lock of the project's one pipeline file, dvc.yaml
 
 
 class DamagedError(PalError):
@@ -92,34 +92,32 @@ def _stamp(path: Path) -> tuple[int, int] | None:
 
 
 def recorded_outputs(root: Path) -> dict[str, Recorded]:
-    """Every output file the project's locks record, by path under `root`."""
-    locks = tuple(_stamp(root / lock) for lock in LOCKS)
-    return _recorded_outputs(root.resolve(), locks, _stamp(cache_dir(root)))
+    """Every output file the project's lock records, by path under `root`."""
+    lock = _stamp(root / LOCK)
+    return _recorded_outputs(root.resolve(), lock, _stamp(cache_dir(root)))
 
 
 @functools.lru_cache(maxsize=4)
 def _recorded_outputs(root: Path, *_: object) -> dict[str, Recorded]:
-    """(cached while the locks are unchanged)"""
+    """(cached while the lock is unchanged)"""
     cache = cache_dir(root)
     found: dict[str, Recorded] = {}
-    for lock in LOCKS:
-        path = root / lock
-        if not path.is_file():
-            continue
-        try:
-            stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {})["stages"]
-        except (yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
-            continue
-        prefix = "" if lock == "dvc.lock" else f"{Path(lock).parent}/dvc.yaml:"
-        for name, entry in stages.items():
-            for out in entry.get("outs") or []:
-                found.update(_files_of(out, prefix + name, cache))
+    path = root / LOCK
+    if not path.is_file():
+        return found
+    try:
+        stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {})["stages"]
+    except (yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
+        return found
+    for name, entry in stages.items():
+        for out in entry.get("outs") or []:
+            found.update(_files_of(out, name, cache))
     return found
 
 
 def _files_of(out: dict, stage: str, cache: Path) -> dict[str, Recorded]:
     """The files of one lock `outs` entry (paths relative to the project's
-    root: both of this project's pipeline files run from it)."""
+    root, where dvc.yaml is)."""
     where, md5 = str(out.get("path", "")), str(out.get("md5", ""))
     if not md5.endswith(".dir"):
         return {where: Recorded(where, md5, stage, where)} if md5 else {}
@@ -137,7 +135,7 @@ def _files_of(out: dict, stage: str, cache: Path) -> dict[str, Recorded]:
 
 
 def recorded_md5(path: Path) -> Recorded | None:
-    """What the project's locks record of the file at `path`, if anything."""
+    """What the project's lock records of the file at `path`, if anything."""
     root = project_root(path)
     if root is None:
         return None
@@ -163,7 +161,7 @@ def check_content(path: Path) -> None:
             remove_partials(root, rec)
         return
     raise DamagedError(
-        f"{path}: its bytes differ from the md5 that {_lock_of(rec.stage)} "
+        f"{path}: its bytes differ from the md5 that {LOCK} "
         f"recorded when stage {rec.stage} wrote it (damaged since): `pal verify "
         f"--stage {rec.stage}` checks its cache copy and names the repair"
     )
@@ -194,11 +192,3 @@ def remove_partials(root: Path, rec: Recorded) -> list[str]:
             rec.stage,
         )
     return removed
-
-
-def _lock_of(stage: str) -> str:
-    return (
-        f"{stage.split(':')[0][: -len('dvc.yaml')]}dvc.lock"
-        if ":" in stage
-        else "dvc.lock"
-    )

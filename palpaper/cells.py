@@ -75,20 +75,18 @@ def check_cells(root: Path, params: dict[str, Any], cells: Sequence[Cell]) -> No
 
 
 def _stage_outputs(root: Path) -> list[str]:
-    """The outputs the pipeline files declare (without `${…}` in them)."""
+    """The outputs dvc.yaml declares (without `${…}` in them)."""
+    path = root / "dvc.yaml"
+    if not path.is_file():
+        return []
     outs = []
-    for name in ("dvc.yaml", "ablation/dvc.yaml"):
-        path = root / name
-        if not path.is_file():
-            continue
-        folder = Path(name).parent
-        stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
-        for stage in stages.values():
-            body = stage.get("do", stage)
-            for out in body.get("outs", []) or []:
-                text = next(iter(out)) if isinstance(out, dict) else str(out)
-                if "${" not in text:
-                    outs.append((folder / text).as_posix())
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
+    for stage in stages.values():
+        body = stage.get("do", stage)
+        for out in body.get("outs", []) or []:
+            text = next(iter(out)) if isinstance(out, dict) else str(out)
+            if "${" not in text:
+                outs.append(text)
     return outs
 
 

@@ -5,7 +5,9 @@ its table and named in one line with the command that runs it (the
 researcher's options kept, `--cells` naming the missing ones), and, when
 those cells finished on another commit (HEAD moved since the grid ran), the
 `--rev` that renders them. A result none of whose cells finished is not
-written; the others are.
+written; the others are. A result with a report folder (Table 3's
+`ablation`) also gets its one cell's whole report there, as its evaluate
+stage wrote it.
 """
 
 from __future__ import annotations
@@ -92,34 +94,18 @@ def collect(
     dataset = str(get(params, "data.dataset"))
     finished = repo.finished()
     metrics: dict[str, dict[str, Any]] = {}
+    commits: dict[str, str] = {}
     classes = None
     for c in cells:
         commit = finished.get(repo.exp_name(c))
         m = None if commit is None else repo.metrics(commit, dataset)
         if m is not None:
-            metrics[c.name] = m
+            metrics[c.name], commits[c.name] = m, commit
             if classes is None:
                 classes = prepared_classes(repo.root, repo.show(commit, "dvc.lock"))
     lacking = [c for c in cells if c.name not in metrics]
     if lacking:
-        status = repo.queue_status()
-        moved = _moved_hint(repo, ids, lacking)
-        for rid in ids:
-            mine = [c for c in lacking if any(x.cell == c for x in columns[rid])]
-            if not mine:
-                continue
-            why: dict[str, list[str]] = {}
-            for c in mine:
-                why.setdefault(_why(repo, c, status), []).append(c.name)
-            log.warning(
-                "%s: %d of %d cells marked – (%s); run them: %s%s",
-                rid,
-                len(mine),
-                len(columns[rid]),
-                "; ".join(f"{w}: {', '.join(n)}" for w, n in why.items()),
-                command([rid], runs, [c.name for c in mine]),
-                moved,
-            )
+        _warn_lacking(repo, ids, columns, lacking, runs)
     empty = []
     for rid in ids:
         data = {col.key: metrics.get(col.cell.name, {}) for col in columns[rid]}
@@ -127,6 +113,9 @@ def collect(
             empty.append(rid)
             continue
         _write(repo, rid, columns[rid], data, params, runs, classes, out / dataset)
+        if RESULTS[rid].report is not None:
+            (column,) = columns[rid]
+            _keep_report(repo, rid, commits[column.cell.name], dataset)
     if empty:
         raise ExperimentError(
             "\nError: ".join(
@@ -135,6 +124,46 @@ def collect(
                 for rid in empty
             )
         )
+
+
+def _warn_lacking(
+    repo: Repo,
+    ids: list[str],
+    columns: dict[str, list[Column]],
+    lacking: list[Cell],
+    runs: list[int] | None,
+) -> None:
+    """One line per result that lacks cells: which, why, the command that
+    runs them (and the --rev where they finished on another commit)."""
+    status = repo.queue_status()
+    moved = _moved_hint(repo, ids, lacking)
+    for rid in ids:
+        mine = [c for c in lacking if any(x.cell == c for x in columns[rid])]
+        if not mine:
+            continue
+        why: dict[str, list[str]] = {}
+        for c in mine:
+            why.setdefault(_why(repo, c, status), []).append(c.name)
+        log.warning(
+            "%s: %d of %d cells marked – (%s); run them: %s%s",
+            rid,
+            len(mine),
+            len(columns[rid]),
+            "; ".join(f"{w}: {', '.join(n)}" for w, n in why.items()),
+            command([rid], runs, [c.name for c in mine]),
+            moved,
+        )
+
+
+def _keep_report(repo: Repo, rid: str, commit: str, dataset: str) -> None:
+    """The result's one cell's whole report (what its evaluate stage wrote to
+    results/<dataset>/: every variant's row, the step plots) copied into
+    results/<dataset>/<report>/."""
+    folder = repo.root / "results" / dataset / str(RESULTS[rid].report)
+    files = repo.report(commit, dataset)  # metrics.json among them: it was read
+    for name, blob in sorted(files.items()):
+        write_bytes_atomic(folder / name, blob)
+    log.info("%s: the cell's report in %s (%d files)", rid, folder, len(files))
 
 
 def labelled(metrics: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

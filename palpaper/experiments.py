@@ -302,6 +302,24 @@ class Repo:
         _run([_tool("dvc"), "queue", "stop", "--kill"], self.root)
         workers.stop(self.root)
 
+    def report(self, commit: str, dataset: str) -> dict[str, bytes]:
+        """The files evaluate wrote to `results/<dataset>/` in the experiment
+        `commit` (that folder's own files, not its subfolders'): name -> bytes."""
+        where = f"{commit}:results/{dataset}"
+        listing = _run([self.git, "ls-tree", "-z", where], self.root)
+        files = {}
+        for entry in filter(None, listing.split("\0")):
+            meta, name = entry.split("\t", 1)
+            _, kind, sha = meta.split()
+            if kind == "blob":
+                files[name] = subprocess.run(
+                    [self.git, "cat-file", "blob", sha],
+                    cwd=self.root,
+                    capture_output=True,
+                    check=True,
+                ).stdout
+        return files
+
     def metrics(self, commit: str, dataset: str) -> dict[str, Any] | None:
         text = self.show(commit, f"results/{dataset}/metrics.json")
         if text is None:

@@ -9,6 +9,9 @@ Each result lists its columns (the cells, in the paper's order) and the rows
 it reads from each cell's `results/<dataset>/metrics.json` (PAL, its BP head,
 the variants of `ablation`). The values of a grid follow the dataset: the
 paper's for its datasets, scaled ones for the 20-class, 4-layer demo.
+Table 3's one cell runs the variants of `pipelines.main` and then those of
+`pipelines.ablation`: the whole ablation, whose report (every variant's row)
+is also kept in `results/<dataset>/ablation/`.
 """
 
 from __future__ import annotations
@@ -118,6 +121,11 @@ class Result:
     # where main lacks them (Tables 1-2 need ACIL, the `frozen` variant, and PAL
     # whatever main a rehearsal committed)
     baselines: tuple[str, ...] | None = None
+    # its cells run these pipelines' lists (pipelines.<name>) one after the
+    # other as pipelines.main, in table order
+    pipelines: tuple[str, ...] | None = None
+    # a folder of results/<dataset>/ that gets its one cell's whole report
+    report: str | None = None
     keeps_features: bool = False  # varies solve.* only: the analytic stages rerun
     figure: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -129,6 +137,9 @@ class Result:
         base: dict[str, Any] = {}
         if self.variants is not None:
             base["pipelines.main"] = list(self.variants)
+        elif self.pipelines is not None:
+            lists = [get(params, f"pipelines.{p}") for p in self.pipelines]
+            base["pipelines.main"] = [v for names in lists for v in names]
         elif self.baselines is not None:
             main = list(get(params, "pipelines.main"))
             extra = (params.get("pipelines") or {}).get("baselines") or []
@@ -265,7 +276,9 @@ RESULTS = {
             "Table 3",
             "Ablation of the prompt module",
             rows=("pal", "frozen", "bp", "shared", "vector"),
-            variants=("pal", "frozen", "shared", "vector"),
+            variants=None,
+            pipelines=("main", "ablation"),
+            report="ablation",
         ),
         Result(
             "prompt",

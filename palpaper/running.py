@@ -17,19 +17,28 @@ from typing import Any
 from palpaper.cells import announce_copies, check_cells, untracked_inputs
 from palpaper.collect import collect, grid
 from palpaper.experiments import ExperimentError, Repo, wait
-from palpaper.grids import Cell, GridError
+from palpaper.grids import RESULTS, Cell, GridError
 
 log = logging.getLogger(__name__)
 
 
 def refuse_uncommitted(repo: Repo, out: Path) -> None:
-    """Cells are experiments on HEAD: refuse tracked changes, except the
-    tables pal-paper itself renders under OUT (its own previous run's)."""
+    """Cells are experiments on HEAD: refuse tracked changes, except what
+    pal-paper itself writes (its own previous run's): the tables under OUT
+    and the reports it copies to results/<dataset>/<report>/."""
     try:
         own = out.resolve().relative_to(repo.root.resolve()).as_posix() + "/"
     except ValueError:  # OUT outside the repository: nothing of it is tracked
         own = None
-    dirty = [p for p in repo.dirty() if own is None or not p.startswith(own)]
+    reports = {r.report for r in RESULTS.values() if r.report is not None}
+
+    def written(path: str) -> bool:
+        parts = path.split("/")
+        if parts[0] == "results" and len(parts) > 3 and parts[2] in reports:
+            return True
+        return own is not None and path.startswith(own)
+
+    dirty = [p for p in repo.dirty() if not written(p)]
     if dirty:
         raise ExperimentError(
             f"uncommitted changes ({', '.join(dirty[:3])}"

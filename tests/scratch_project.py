@@ -101,7 +101,7 @@ def copy_project_files(dst: Path, but: tuple[str, ...] = ()) -> None:
         src = ROOT / rel
         if (
             rel.startswith(("data/", "results/"))
-            or rel in ("dvc.lock", "ablation/dvc.lock", *but)
+            or rel in ("dvc.lock", *but)
             or not src.is_file()
         ):
             continue

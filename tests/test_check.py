@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def project(tmp_path, monkeypatch) -> Path:
     """The committed pipeline files and params in an empty folder (no data/
     yet): never the workspace's, which a user's experiment may have changed."""
-    (tmp_path / "ablation").mkdir()
-    for rel in ("dvc.yaml", "ablation/dvc.yaml", "params.yaml"):
+    for rel in ("dvc.yaml", "params.yaml"):
         (tmp_path / rel).write_text(committed(rel))
     monkeypatch.chdir(tmp_path)
     return tmp_path

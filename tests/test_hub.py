@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import committed
 
 from pipeline.fakes.trees import make_food101_tree, make_hub_vilt
 
@@ -85,13 +86,11 @@ def test_link_errors_are_one_line(tmp_path: Path) -> None:
 
 @pytest.fixture
 def food_project(tmp_path: Path) -> Path:
-    """The pipeline files, the Food101 preset on CPU, a tiny Food101 tree."""
+    """The pipeline file, the Food101 preset on CPU, a tiny Food101 tree."""
     project = tmp_path / "project"
     project.mkdir()
-    shutil.copy(ROOT / "dvc.yaml", project)
-    (project / "ablation").mkdir()
-    shutil.copy(ROOT / "ablation" / "dvc.yaml", project / "ablation")
-    params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
+    (project / "dvc.yaml").write_text(committed("dvc.yaml"))  # not the workspace's
+    params = yaml.safe_load(committed("configs/food101.yaml"))
     params["tune"]["device"] = params["extract"]["device"] = "cpu"
     params["tune"].update(epochs=1, num_workers=0)
     params["extract"]["num_workers"] = 0
@@ -127,7 +126,7 @@ def test_dvc_repro_depends_on_the_snapshot_through_the_link(tmp_path: Path) -> N
     cache = tmp_path / "hub"
     fake_cache(cache)
     project = tmp_path / "project"
-    params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
+    params = yaml.safe_load(committed("configs/food101.yaml"))
     params["tune"].update(device="cpu", epochs=1, num_workers=0)
     params["extract"].update(device="cpu", num_workers=0)
     params["prompt"].update(pool_size=10, layers=[0, 1])
@@ -162,7 +161,7 @@ def test_dvc_repro_depends_on_the_snapshot_through_the_link(tmp_path: Path) -> N
         list((project / "models/vilt").iterdir())
     )
     assert "didn't change" in dvc("repro", "tune@frozen-0")
-    # the dataset's chain alone: neither the demo stage nor the ablation file's
+    # the dataset's chain alone: not the demo stage
     status = dvc("status", "--with-deps", "evaluate")
     stages = {
         line[:-1]

@@ -306,10 +306,21 @@ def git(repo: Path, *args: str, stdin: str | None = None) -> str:
     return out.stdout.strip()
 
 
-def fake_experiment(repo: Path, base: str, name: str, m: dict) -> None:
-    """A commit holding results/demo/metrics.json, under DVC's ref for `name`."""
-    blob = git(repo, "hash-object", "-w", "--stdin", stdin=json.dumps(m))
-    tree = git(repo, "mktree", stdin=f"100644 blob {blob}\tmetrics.json\n")
+def fake_experiment(
+    repo: Path, base: str, name: str, m: dict, files: dict[str, bytes] | None = None
+) -> None:
+    """A commit holding results/demo/metrics.json (and `files` beside it),
+    under DVC's ref for `name`."""
+    blobs = {"metrics.json": json.dumps(m).encode(), **(files or {})}
+    entries = ""
+    for file, data in sorted(blobs.items()):
+        path = repo / ".git" / "blob"
+        path.write_bytes(data)  # a file, so that binary bytes go in whole
+        blob = git(repo, "hash-object", "-w", str(path))
+        entries += f"100644 blob {blob}\t{file}\n"
+    # a folder below the report (the committed ablation copy) is not the report
+    sub = git(repo, "mktree", stdin=entries.split("\n")[0] + "\n")
+    tree = git(repo, "mktree", stdin=entries + f"040000 tree {sub}\tablation\n")
     for folder in ("demo", "results"):
         tree = git(repo, "mktree", stdin=f"040000 tree {tree}\t{folder}\n")
     commit = git(repo, "commit-tree", tree, "-p", base, "-m", name)
@@ -647,6 +658,50 @@ def test_collect_names_the_rev_the_cells_ran_on(project: tuple[Path, str]) -> No
     md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
     assert "Partial: 1 cell not run yet (marked –)." in md[0]
     assert md[8] == "| 1365 (20k), η 1 | – | – |"
+
+
+def test_table_3s_cell_runs_the_whole_ablation_and_its_report_is_kept(
+    project: tuple[Path, str],
+) -> None:
+    """Table 3's one cell runs pipelines.main's variants, then
+    pipelines.ablation's, in one experiment; collect renders Table 3 from it
+    and copies what its evaluate stage wrote to results/demo/ (every file
+    there, bytes whole) into results/demo/ablation/; a later run is not
+    refused for that copy."""
+    repo, base = project
+    (col,) = RESULTS["ablation"].columns(PARAMS, None)
+    every = [*PARAMS["pipelines"]["main"], *PARAMS["pipelines"]["ablation"]]
+    assert every[:3] == ["pal", "init", "frozen"] and len(every) == 9
+    assert col.cell == Cell((("pipelines.main", every),))
+    m = metrics(50.0, [0, 1, 2]) | {"shared": {}, "vector": {}}
+    m["shared"] = m["vector"] = m["pal"]
+    png = b"\x89PNG\r\n\x1a\n\x00\xff\r\n"  # bytes a text read would mangle
+    report = {"table.md": b"| the cell's table |\n", "step_accuracy.png": png}
+    fake_experiment(repo, base, col.cell.name, m, report)
+    out = paper(repo, "collect", "ablation")
+    assert out.returncode == 0, out.stderr
+    kept = repo / "results/demo/ablation"
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == {
+        "metrics.json": json.dumps(m).encode(),
+        **report,
+    }
+    assert f"ablation: the cell's report in {kept} (3 files)" in out.stderr
+    md = (repo / "results/paper/demo/ablation.md").read_text().splitlines()
+    assert md[4] == "| PAL | 50.00 ± 1.50 | 5.00 ± 1.50 |"
+    (repo / "results/demo/table.md").write_text("make run's table\n")
+    git(repo, "add", "results")
+    git(repo, "commit", "-qm", "the reports")
+    (kept / "table.md").write_text("another run's table\n")  # what run rewrites
+    out = paper(repo, "run", "ablation", "--cells", "nosuch")  # past the check
+    assert out.stderr.strip() == (
+        "Error: --cells: no cell 'nosuch' in ablation (`pal-paper list` names them)"
+    )
+    (repo / "results/demo/table.md").write_text("not pal-paper's\n")
+    out = paper(repo, "run", "ablation")
+    assert out.stderr.strip() == (
+        "Error: uncommitted changes (results/demo/table.md): the cells are "
+        "experiments on HEAD; commit or stash them first"
+    )
 
 
 def test_rows_are_named_from_the_cells_metrics_or_else_the_params() -> None:

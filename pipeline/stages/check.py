@@ -301,9 +301,8 @@ def check_all(
     problems += check_cache(Path.cwd())
     summary: list[str] = []
     seen: set[str] = set()
-    for pipeline_file in (Path("dvc.yaml"), Path("ablation/dvc.yaml")):
-        if pipeline_file.is_file():
-            problems += check_declared_keys(path, pipeline_file, seen)
+    if Path("dvc.yaml").is_file():
+        problems += check_declared_keys(path, Path("dvc.yaml"), seen)
     if not problems:  # the sections load: paths, devices and data can be read
         problems += check_paths(path) + check_devices(path)
         problems += check_solve_memory(path, memory_gib)

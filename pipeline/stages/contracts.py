@@ -173,9 +173,6 @@ def _report(outcome: Outcome, cover: Path | None, coverage_file: str | None) -> 
         raise con.ContractError("\n".join(outcome.problems))
 
 
-PIPELINE_FILES = ("dvc.yaml", "ablation/dvc.yaml")
-
-
 def adoptable(params_file: str, lock: Path) -> list[tuple[str, Path, dict]]:
     """The contracted stages a lock file lists whose output folder is here:
     (stage name, output folder, the contract its stamp names)."""
@@ -213,25 +210,21 @@ def adopt_cmd(params_file: str) -> None:
     For a workspace whose `dvc status` was clean on the commit before output
     contracts (docs/USAGE.md, "Output contracts"): runs the `contracts`
     stage, writes each contracted output's contract.json (version 1: the
-    code those outputs were made by) and `dvc commit`s those stages in each
-    pipeline file, so their new keys (the stamps) are recorded against the
+    code those outputs were made by) and `dvc commit`s those stages of
+    dvc.yaml, so their new keys (the stamps) are recorded against the
     outputs already there. The next `dvc repro` reruns the analytic stages
     only (seconds; their input folders gained contract.json).
     """
     dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
     _run([dvc, "repro", "--single-item", "contracts"])
-    for pipeline_file in PIPELINE_FILES:
-        lock = Path(pipeline_file).with_name("dvc.lock")
-        if not lock.is_file():
-            continue
-        found = adoptable(params_file, lock)
-        for _, folder, record in found:
-            write_bytes_atomic(folder / con.STAMP_NAME, con.stamp_bytes(record))
-        prefix = "" if pipeline_file == "dvc.yaml" else f"{pipeline_file}:"
-        names = [prefix + name for name, _, _ in found]
-        if names:
-            _run([dvc, "commit", "--force", "--quiet", *names])
-        click.echo(f"{pipeline_file}: {len(names)} stages adopted")
+    lock = Path("dvc.lock")
+    found = adoptable(params_file, lock) if lock.is_file() else []
+    for _, folder, record in found:
+        write_bytes_atomic(folder / con.STAMP_NAME, con.stamp_bytes(record))
+    names = [name for name, _, _ in found]
+    if names:
+        _run([dvc, "commit", "--force", "--quiet", *names])
+    click.echo(f"dvc.yaml: {len(names)} stages adopted")
 
 
 def _run(cmd: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""`pal verify`: every output the locks name, and DVC's cache behind it,
+"""`pal verify`: every output dvc.lock names, and DVC's cache behind it,
 re-hashed by content.
 
 DVC decides from a file's mtime and size whether it changed, so a flipped bit
@@ -6,8 +6,8 @@ with the mtime kept goes unseen, and with the link cache docs/USAGE.md
 recommends (`cache.type hardlink,symlink`) an in-place write to an output is a
 write to its cache object: the damage then survives `dvc checkout`, and a
 `dvc repro -f` of its stage links the damaged object back over the fresh file
-(its md5 is already "in the cache"). `pal verify` hashes each output file the
-lock files record and the cache object of the same md5, and for each damaged
+(its md5 is already "in the cache"). `pal verify` hashes each output file
+dvc.lock records and the cache object of the same md5, and for each damaged
 one prints what repairs it: `dvc checkout --relink` where the cache holds the
 good bytes, else the cache object to remove and the stage to rerun.
 
@@ -39,7 +39,7 @@ from palcore.recorded import (
 
 @dataclass(frozen=True)
 class Damage:
-    """One output file that is not what its lock records, and its repair."""
+    """One output file that is not what dvc.lock records, and its repair."""
 
     file: str
     stage: str
@@ -51,7 +51,7 @@ class Damage:
 
 
 def verify(root: Path, stages: dict[str, set[str]], progress=None) -> list[Damage]:
-    """Hash every output file of the locks at `root` of `stages` (stage →
+    """Hash every output file of the lock at `root` of `stages` (stage →
     its outputs DVC does not cache, `cache: false`) and its cache object; the
     damaged ones with their repairs."""
     cache = cache_dir(root)
@@ -66,7 +66,7 @@ def verify(root: Path, stages: dict[str, set[str]], progress=None) -> list[Damag
 
 
 def checked(root: Path, stages: dict[str, set[str]]) -> list[Recorded]:
-    """The output files the locks record for `stages`."""
+    """The output files dvc.lock records for `stages`."""
     return [r for r in recorded_outputs(root).values() if r.stage in stages]
 
 
@@ -132,7 +132,7 @@ def clear_partials(
 
 
 def live_stages(root: Path) -> dict[str, set[str]]:
-    """The stages the pipeline files define now, as the locks name them (a
+    """The stages dvc.yaml defines now, as dvc.lock names them (a
     lock keeps entries of stages that are gone: their files are not checked),
     each with its outputs that DVC does not cache (`cache: false`: in git)."""
     from dvc.repo import Repo
@@ -150,16 +150,16 @@ def live_stages(root: Path) -> dict[str, set[str]]:
     "stages",
     multiple=True,
     metavar="NAME",
-    help="Only this stage's outputs (a lock's name, e.g. extract@pal-0 or "
-    "ablation/dvc.yaml:tune@fast-1); repeatable. Default: every stage.",
+    help="Only this stage's outputs (its name in dvc.lock, e.g. extract@pal-0); "
+    "repeatable. Default: every stage.",
 )
 @clean_errors
 def cli(stages: tuple[str, ...]) -> None:
-    """Re-hash every output the lock files name, and DVC's cache behind it.
+    """Re-hash every output dvc.lock names, and DVC's cache behind it.
 
-    By content, not mtime: each output file of dvc.lock and ablation/dvc.lock
-    against the md5 its lock records, and the cache object of that md5. Prints
-    one line per damaged file with its repair (`dvc checkout --relink`, or the
+    By content, not mtime: each output file of dvc.lock against the md5 the
+    lock records, and the cache object of that md5. Prints one line per
+    damaged file with its repair (`dvc checkout --relink`, or the
     cache object to remove and the stage to rerun) and exits 1; exits 0 when
     everything matches. Removes the `<out>.partial*` folders a stopped run
     left beside an output that is complete and matches (DVC restored it from
@@ -173,7 +173,7 @@ def cli(stages: tuple[str, ...]) -> None:
     live = live_stages(root)
     unknown = sorted(set(stages) - set(live))
     if unknown:
-        raise PalError(f"--stage {unknown[0]}: no such stage in the pipeline files")
+        raise PalError(f"--stage {unknown[0]}: no such stage in dvc.yaml")
     chosen = {k: v for k, v in live.items() if not stages or k in stages}
     total = len(checked(root, chosen))
     with tqdm(total=total, desc="verify", unit="file") as bar:
@@ -184,4 +184,4 @@ def cli(stages: tuple[str, ...]) -> None:
         click.echo(f"Error: {damage.line()}", err=True)
     if found:
         raise SystemExit(1)
-    click.echo(f"verify: {total} output files match their locks and the cache")
+    click.echo(f"verify: {total} output files match dvc.lock and the cache")
