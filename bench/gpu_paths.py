@@ -37,16 +37,9 @@ def baseline_tree(spec: str | None, work: Path) -> Path | None:
         return None
     if Path(spec).is_dir():
         return Path(spec).resolve()
-    folder = work / "baseline"
-    folder.mkdir(parents=True, exist_ok=True)
-    names = ["palcore", "pipeline", "solver", "params.yaml", "contracts.yaml"]
-    tar = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", spec, *names],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
-    return folder
+    from pipeline.stages.contract_proof import archive_tree  # ROOT on sys.path
+
+    return archive_tree(ROOT, spec, work / "baseline")
 
 
 def paths_check(

@@ -90,8 +90,9 @@ def _runs(unit: str, held: list[tuple[str, dict[str, int]]]) -> list[tuple[int, 
     return out
 
 
-def _tree(root: Path, commit: str | None, where: Path) -> Path:
-    """The project's packages and params at `commit` (None: the working tree)."""
+def archive_tree(root: Path, commit: str | None, where: Path) -> Path:
+    """The project's packages and params at `commit` (None: the working tree),
+    archived from git into `where` (bench/gpu_check.py's `--baseline COMMIT` too)."""
     if commit is None:
         return root
     where.mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,9 @@ def verify(
         for check in todo:
             for commit in (check.old, check.new):
                 if commit not in trees:
-                    trees[commit] = _tree(root, commit, Path(tmp) / "trees" / commit)
+                    trees[commit] = archive_tree(
+                        root, commit, Path(tmp) / "trees" / commit
+                    )
             if _code_of(trees[check.old], check.unit) != _code_of(
                 trees[check.new], check.unit
             ) or (everything and check.equal):
