@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from palpaper import workers
 from palpaper.cells import announce_copies, check_cells, untracked_inputs
 from palpaper.collect import collect, grid
 from palpaper.experiments import ExperimentError, Repo, wait
@@ -92,6 +93,8 @@ def run_grid(repo: Repo, run: GridRun, params: dict[str, Any]) -> None:
             log.info("workers started; `dvc queue status` shows them")
             return
         outcome = _wait(repo, pending, jobs, cards, copies)
+        if cards:
+            _stop_idle_workers(repo)
         failed = [c for c in pending if outcome[repo.exp_name(c)] == "failed"]
         if failed:
             raise ExperimentError(
@@ -173,6 +176,18 @@ def _wait(
 
     with tqdm(total=len(pending), desc="cells", unit="cell") as bar:
         return wait(repo, pending, jobs, cards, progress=bar.update, copy_paths=copies)
+
+
+def _stop_idle_workers(repo: Repo) -> None:
+    """The grid is done: its pinned workers end here once DVC's queue holds
+    nothing queued or running. A worker exits by itself when the queue is
+    empty, but beside a worker that was killed it can stay in its warm
+    shutdown for good (met after a killed worker's rerun: idle 11 minutes,
+    gone at SIGTERM)."""
+    if {"Queued", "Running"} & set(repo.queue_status().values()):
+        return
+    if n := workers.stop(repo.root):
+        log.info("%d pinned workers stopped: the queue is empty", n)
 
 
 def interrupted(repo: Repo, rerun: str) -> str:

@@ -164,8 +164,14 @@ def test_a_worker_killed_mid_cell_and_a_rerun_completes_the_grid(
     os.killpg(pid, signal.SIGKILL)  # the worker and its cell, mid-cell
     killed = [c for what, c, g, _ in records(record) if what == "start" and g == "1"]
 
+    survivor = int((repo / ".dvc/tmp/exps/celery/pal-gpu-0.pid").read_text().split()[0])
+
     out = pal_paper(repo, env, "run", "upsampling", "--gpus", "0,1")
     assert out.returncode == 0, out.stderr
+    # the grid done, no worker is left: the one beside the killed one too (it
+    # can hang in its warm shutdown; else it exited by itself); pid files gone
+    assert not list((repo / ".dvc/tmp/exps/celery").glob("pal-gpu-*.pid"))
+    assert not group_alive(survivor) and not group_alive(pid)
     assert "was interrupted (its process is gone): queued again" in out.stderr or (
         "lost its process: queued again" in out.stderr
     ), out.stderr
