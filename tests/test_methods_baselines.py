@@ -4,8 +4,10 @@ target and loss scale, MAP's (and MSP's) pooler + MLP head (DESIGN §6)."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pipeline.methods import build, build_model
+from pipeline.methods.map import PoolerHead
 from pipeline.model.method import layer_prompts
 from pipeline.params import PromptParams
 
@@ -128,4 +130,88 @@ def test_rebq_loss_is_the_per_element_mean_against_its_memory_pass(tiny):
     )
     assert torch.allclose(
         rebq.recon_error(a, b, zero, zero), (a.pow(2).mean(-1) + b.pow(2).mean(-1)) / 2
+    )
+
+
+# ---------------------------------------------------------------- MAP and MSP heads
+
+
+@pytest.mark.parametrize("method", ["map", "msp"])
+def test_map_and_msp_classify_with_maps_pooler_and_mlp(tiny, method):
+    backbone, _, tasks = tiny
+    D = backbone.hidden_size
+    prompt = PromptParams(method=method, length=4, layers=(0, 1), position="input")
+    model = build_model(backbone, prompt, tasks.classes_per_task)
+    head = model.head
+    assert isinstance(head, PoolerHead)
+    assert not any(n.startswith("head") for n, _ in model.prompts.named_parameters())
+    pooler = backbone.vilt.pooler.dense
+    assert torch.equal(head.pooler.weight, pooler.weight)
+    assert torch.equal(head.pooler.bias, pooler.bias)
+    g = torch.Generator().manual_seed(3)
+    model.add_task(g)
+    model.add_task(g)
+    n1, n2 = tasks.classes_per_task[:2]
+    shapes = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    assert shapes == {
+        "pooler.weight": (D, D),
+        "pooler.bias": (D,),
+        "hidden.weight": (2 * D, D),
+        "hidden.bias": (2 * D,),
+        "norm.weight": (2 * D,),
+        "norm.bias": (2 * D,),
+        "W.0": (n1, 2 * D),
+        "b.0": (n1,),
+        "W.1": (n2, 2 * D),
+        "b.1": (n2,),
+    }
+    # MAP's init_weights: normal(0, 0.02), zero biases, LayerNorm (1, 0)
+    assert 0.015 < head.hidden.weight.std().item() < 0.025
+    assert not head.hidden.bias.any() and not head.b[0].any()
+    assert torch.equal(head.norm.weight, torch.ones(2 * D))
+    # every part trains in every task (no continual-learning mechanism)
+    assert all(p.requires_grad for p in head.parameters())
+    assert not model.masked and model.train_range(2) == (0, n1 + n2)
+
+    # the forward, by hand on fixed weights
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    x = torch.randn(5, D, generator=g)
+    W = torch.cat([head.W[0], head.W[1]])
+    b = torch.cat([head.b[0], head.b[1]])
+    z = torch.tanh(x @ head.pooler.weight.T + head.pooler.bias)
+    u = z @ head.hidden.weight.T + head.hidden.bias
+    mu = u.mean(-1, keepdim=True)
+    var = u.var(-1, unbiased=False, keepdim=True)
+    u = (u - mu) / torch.sqrt(var + 1e-5) * head.norm.weight + head.norm.bias
+    u = 0.5 * u * (1 + torch.erf(u / 2**0.5))  # exact GELU
+    expect = u @ W.T + b
+    with torch.no_grad():
+        got = head(x)
+    assert got.shape == (5, n1 + n2)
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["map", "msp"])
+def test_map_and_msp_train_their_head_by_unmasked_ce(tiny, method):
+    """The loss is the CE over every class seen, through the pooler and MLP;
+    the analytic classifier gets the head's input (the prompted text CLS)."""
+    from pipeline.model.losses import loss
+
+    model, cache, batch = _batch_with_copies(tiny, method, length=4, position="input")
+    model.add_task(torch.Generator().manual_seed(1))  # task 2: classes 0..3
+    torch.manual_seed(0)
+    value, parts = loss(model, batch, cache, 2, 0.0)
+    torch.manual_seed(0)
+    x, logits = model.features(batch)
+    lo, hi = model.train_range(2)
+    assert (lo, hi) == (0, 4) and logits.shape == (batch.n, 4)
+    torch.testing.assert_close(logits, model.head(x))
+    expect = F.cross_entropy(logits[:, lo:hi], batch.labels - lo)
+    assert parts["ce"].item() == pytest.approx(expect.item(), rel=1e-5)
+    value.backward()
+    head = dict(model.head.named_parameters())
+    assert {n for n, p in head.items() if p.grad is not None and p.grad.any()} == set(
+        head
     )
