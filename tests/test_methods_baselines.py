@@ -215,3 +215,35 @@ def test_map_and_msp_train_their_head_by_unmasked_ce(tiny, method):
     assert {n for n, p in head.items() if p.grad is not None and p.grad.any()} == set(
         head
     )
+
+
+# ---------------------------------------------------------------- MAP's own budget
+
+
+@pytest.mark.parametrize(
+    "name", ["params.yaml", "configs/food101.yaml", "configs/n24news.yaml"]
+)
+def test_maps_own_budget_is_an_opt_in_row(tmp_path, name):
+    """`map_own`: MAP's row with its authors' budget (config.py
+    task_finetune_food101), in no pipeline; `map` keeps the shared one."""
+    import yaml
+    from helpers import committed
+
+    from palcore.params import Source
+    from pipeline import params as pparams
+
+    path = tmp_path / "params.yaml"
+    path.write_text(committed(name))
+    raw = yaml.safe_load(path.read_text())
+    assert all("map_own" not in names for names in raw["pipelines"].values())
+    own = pparams.load(Source(path, variant="map_own"), "tune")
+    shared = pparams.load(Source(path, variant="map"), "tune")
+    assert (own.lr, own.head_lr, own.weight_decay) == (1e-2, 1e-2, 2e-2)
+    assert (own.batch_size, own.epochs) == (256, 20)
+    assert (own.warmup, own.seed) == (shared.warmup, shared.seed)
+    assert shared == pparams.load(path, "tune")  # map: the shared protocol
+    prompt = [
+        pparams.load(Source(path, variant=v), "prompt") for v in ("map_own", "map")
+    ]
+    assert prompt[0] == prompt[1] and prompt[0].method == "map"
+    assert raw["ablation"]["map_own"]["head"] == "bp"
