@@ -217,6 +217,31 @@ def test_map_and_msp_train_their_head_by_unmasked_ce(tiny, method):
     )
 
 
+def test_a_map_checkpoint_rebuilds_its_head(tiny):
+    from pipeline.methods import model_from_checkpoint
+
+    backbone, _, tasks = tiny
+    row = dict(method="map", length=4, layers=[0, 1], position="input")
+    model = build_model(backbone, PromptParams(**row), tasks.classes_per_task)
+    g = torch.Generator().manual_seed(5)
+    model.add_task(g)
+    model.add_task(g)
+    with torch.no_grad():  # a trained pooler is no longer the backbone's
+        model.head.pooler.weight.mul_(-2.0)
+    ckpt = {
+        "params": {"prompt": row},
+        "tasks": {"classes_per_task": tasks.classes_per_task},
+        "step": 2,
+        "state": model.tuned_state(),
+    }
+    assert "head.pooler.weight" in ckpt["state"] and "head.W.1" in ckpt["state"]
+    again = model_from_checkpoint(ckpt, backbone)
+    assert isinstance(again.head, PoolerHead) and len(again.head.W) == 2
+    state = again.tuned_state()
+    assert state.keys() == ckpt["state"].keys()
+    assert all(torch.equal(state[k], v) for k, v in ckpt["state"].items())
+
+
 # ---------------------------------------------------------------- MAP's own budget
 
 
