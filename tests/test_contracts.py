@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -146,6 +147,33 @@ def test_the_fixture_reaches_every_unit() -> None:
     assert {f"tune/{v}" for v in runs.VARIANTS} <= names
     assert [j.name for j in runs.selected(["tune.l2p"])] == ["tune/l2p"]
     assert set(STAGES) == {j.name.split("/")[0] for j in jobs}
+
+
+def test_a_raised_method_leaves_its_jobs_out_of_its_stages_equality(
+    tmp_path: Path,
+) -> None:
+    """A job of a method whose version was raised proves that raise (its
+    outputs must differ), not that its stage kept its outputs: the stage's
+    equality is judged by every other job of the stage."""
+    text = committed("contracts.yaml")
+    trees = {}
+    for name, version in (("old", 1), ("new", 2)):
+        trees[name] = tmp_path / name
+        trees[name].mkdir()
+        raised = re.sub(r"(?m)^  tune\.l2p: \d+$", f"  tune.l2p: {version}", text)
+        (trees[name] / "contracts.yaml").write_text(raised)
+    moved = proof.raised_between(trees["old"], trees["new"])
+    assert moved == {"tune.l2p"}
+    jobs = runs.jobs()
+    tunes = [j.name for j in jobs if j.name.startswith("tune/")]
+    stage = proof.compared_jobs(proof.Check("tune", "c", None, True), jobs, moved)
+    assert [j.name for j in stage] == [n for n in tunes if n != "tune/l2p"]
+    raise_ = proof.Check("tune.l2p", "c", None, False)
+    assert [j.name for j in proof.compared_jobs(raise_, jobs, moved)] == ["tune/l2p"]
+    # nothing raised: every tune job judges the stage
+    stage = proof.compared_jobs(proof.Check("tune", "c", None, True), jobs, set())
+    assert [j.name for j in stage] == tunes
+    assert proof.raised_between(trees["new"], trees["new"]) == set()
 
 
 @pytest.mark.slow

@@ -183,8 +183,9 @@ def _compare(
     runs.run_version(newer, inputs_too, inputs, newer, cover)
     runs.run_version(older, jobs, inputs, newer, None)
     versions = con.read_versions()
+    moved = raised_between(older.code, newer.code)
     for check in group:
-        mine = [j for j in jobs if check.unit in j.units]
+        mine = compared_jobs(check, jobs, moved)
         outcome.ran[check.unit] = [j.name for j in mine]
         diff = {
             j.name: runs.differences(older.work / j.name, newer.work / j.name)
@@ -195,6 +196,26 @@ def _compare(
             outcome.problems.append(_differs(check, diff))
         if not check.equal and not diff and not _reason(check, versions):
             outcome.problems.append(_raised_but_equal(check, versions))
+
+
+def raised_between(older: Path, newer: Path) -> set[str]:
+    """The units whose version in tree `newer` differs from tree `older`'s."""
+    was = con.read_versions(older).versions
+    return {u for u, v in con.read_versions(newer).versions.items() if was.get(u) != v}
+
+
+def compared_jobs(check: Check, jobs: list[Any], moved: set[str]) -> list[Any]:
+    """The jobs of `jobs` that judge `check`: those depending on its unit,
+    less, for a unit that kept its version, those that also depend on a unit
+    raised between the two versions (`moved`): their outputs changed by that
+    raise, which its own check proves (`tune/l2p` proves `tune.l2p`'s raise,
+    not that `tune` kept its outputs)."""
+    return [
+        j
+        for j in jobs
+        if check.unit in j.units
+        and (check.unit in moved or not (j.units - {check.unit}) & moved)
+    ]
 
 
 def _reason(check: Check, versions: con.Versions) -> str | None:
