@@ -145,7 +145,13 @@ def test_the_fixture_reaches_every_unit() -> None:
     assert {"pixels/food101", "pixels/n24news", "pixels/demo-off"} <= names
     assert {"tune/pal-resume", "tune/pal-decode", "extract/pal-2rank"} <= names
     assert {f"tune/{v}" for v in runs.VARIANTS} <= names
-    assert [j.name for j in runs.selected(["tune.l2p"])] == ["tune/l2p"]
+    assert [j.name for j in runs.selected(["tune.l2p"])] == ["tune/l2p", "tune/l2p_pp"]
+    # a variant a tree's params lack (a row added since) is not run there
+    assert runs.variants_of(ROOT) >= set(runs.VARIANTS)
+    kept = runs.runnable(runs.selected(["extract.l2p"]), {"pal", "l2p"})
+    assert [j.name for j in kept] == ["extract/l2p"]
+    frozen = runs.selected(["frozen"])
+    assert runs.runnable(frozen, set()) == frozen  # no variant: always run
     assert set(STAGES) == {j.name.split("/")[0] for j in jobs}
 
 
@@ -167,9 +173,10 @@ def test_a_raised_method_leaves_its_jobs_out_of_its_stages_equality(
     jobs = runs.jobs()
     tunes = [j.name for j in jobs if j.name.startswith("tune/")]
     stage = proof.compared_jobs(proof.Check("tune", "c", None, True), jobs, moved)
-    assert [j.name for j in stage] == [n for n in tunes if n != "tune/l2p"]
+    l2p = ["tune/l2p", "tune/l2p_pp"]  # L2P and L2P++, both of the l2p method
+    assert [j.name for j in stage] == [n for n in tunes if n not in l2p]
     raise_ = proof.Check("tune.l2p", "c", None, False)
-    assert [j.name for j in proof.compared_jobs(raise_, jobs, moved)] == ["tune/l2p"]
+    assert [j.name for j in proof.compared_jobs(raise_, jobs, moved)] == l2p
     # nothing raised: every tune job judges the stage
     stage = proof.compared_jobs(proof.Check("tune", "c", None, True), jobs, set())
     assert [j.name for j in stage] == tunes
