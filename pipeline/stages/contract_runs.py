@@ -40,6 +40,7 @@ VARIANTS = {  # variant (a row of params' `ablation`) → its prompt method
     "msp": "msp",
     "rebq": "rebq",
     "l2p": "l2p",
+    "l2p_pp": "l2p",  # L2P++: the prefix form of the l2p method
     "dualprompt": "dualprompt",
 }
 FIXTURE: dict[str, dict[str, Any]] = {  # laid over each version's params.yaml
@@ -170,6 +171,24 @@ def selected(units: Iterable[str]) -> list[Job]:
     """The jobs whose output depends on one of `units`."""
     wanted = set(units)
     return [job for job in jobs() if job.units & wanted]
+
+
+def variants_of(code: Path) -> set[str]:
+    """The variants (rows of `ablation`) of `code`'s params.yaml."""
+    raw = yaml.safe_load((code / "params.yaml").read_text(encoding="utf-8"))
+    return set(raw.get("ablation") or {})
+
+
+def runnable(todo: Iterable[Job], variants: set[str]) -> list[Job]:
+    """The jobs of `todo` whose variant (`--variant`) is one of `variants`, and
+    those of no variant: a row added after a tree's commit cannot run there."""
+    out = []
+    for job in todo:
+        args = list(job.args)
+        variant = args[args.index("--variant") + 1] if "--variant" in args else None
+        if variant is None or variant in variants:
+            out.append(job)
+    return out
 
 
 def build_inputs(code: Path, where: Path) -> None:
