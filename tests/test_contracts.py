@@ -144,8 +144,55 @@ def test_the_fixture_reaches_every_unit() -> None:
     assert {"pixels/food101", "pixels/n24news", "pixels/demo-off"} <= names
     assert {"tune/pal-resume", "tune/pal-decode", "extract/pal-2rank"} <= names
     assert {f"tune/{v}" for v in runs.VARIANTS} <= names
-    assert [j.name for j in runs.selected(["tune.l2p"])] == ["tune/l2p"]
+    assert [j.name for j in runs.selected(["tune.l2p"])] == ["tune/l2p", "tune/l2p_pp"]
+    # a variant a tree's params lack (a row added since) is not run there
+    assert runs.variants_of(ROOT) >= set(runs.VARIANTS)
+    kept = runs.runnable(runs.selected(["extract.l2p"]), {"pal", "l2p"})
+    assert [j.name for j in kept] == ["extract/l2p"]
+    frozen = runs.selected(["frozen"])
+    assert runs.runnable(frozen, set()) == frozen  # no variant: always run
     assert set(STAGES) == {j.name.split("/")[0] for j in jobs}
+
+
+def test_a_raised_method_excuses_its_jobs_from_its_stages_equality() -> None:
+    """`tune` stays judged equal on PAL's jobs while `tune.map`'s raise lets
+    tune/map's outputs move; the raised unit's own check keeps its job."""
+    old = {"tune": 1, "tune.map": 1, "tune.pal": 1}
+    raised = proof.raised_units(old, {"tune": 1, "tune.map": 2, "tune.pal": 1})
+    assert raised == {"tune.map"}
+    jobs = runs.jobs()
+    stage = proof.Check("tune", "a" * 40, None, equal=True)
+    names = {j.name for j in proof.judged_by(stage, jobs, raised)}
+    assert "tune/map" not in names and "extract/map" not in names
+    assert {"tune/pal", "tune/pal-resume", "tune/frozen", "tune/msp"} <= names
+    assert names == {j.name for j in jobs if "tune" in j.units} - {"tune/map"}
+    own = proof.Check("tune.map", "a" * 40, None, equal=False)
+    assert [j.name for j in proof.judged_by(own, jobs, raised)] == ["tune/map"]
+    assert proof.judged_by(stage, jobs, set()) == [j for j in jobs if "tune" in j.units]
+    # L2P and L2P++ are both the l2p method's: its raise excuses both
+    l2p = proof.Check("tune.l2p", "a" * 40, None, equal=False)
+    got = [j.name for j in proof.judged_by(l2p, jobs, {"tune.l2p"})]
+    assert got == ["tune/l2p", "tune/l2p_pp"]
+    kept = {j.name for j in proof.judged_by(stage, jobs, {"tune.l2p"})}
+    assert not {"tune/l2p", "tune/l2p_pp"} & kept and "tune/map" in kept
+
+
+def test_the_older_codes_failed_job_is_an_output_that_differs(tmp_path) -> None:
+    """The older code may not read what the newer wrote (a checkpoint of a
+    raised format): its failed job leaves FAILED, the fixture goes on."""
+    bad = runs.Job("tune/x", ("tune", "--variant", "nosuch"), frozenset({"tune"}))
+    fine = runs.Job("frozen/x", ("frozen", "--help"), frozenset({"frozen"}))
+    version = runs.Version(ROOT, tmp_path / "old")
+    runs.run_version(version, [bad, fine], tmp_path, version, None, keep_going=True)
+    why = (tmp_path / "old" / "tune/x" / runs.FAILED).read_text()
+    assert "unknown variant 'ablation.nosuch'" in why
+    assert runs.differences(tmp_path / "old" / "tune/x", tmp_path / "y") == [
+        runs.FAILED
+    ]
+    with pytest.raises(RuntimeError, match=r"the fixture failed: tune/x: .*nosuch"):
+        runs.run_version(
+            runs.Version(ROOT, tmp_path / "new"), [bad], tmp_path, version, None
+        )
 
 
 @pytest.mark.slow

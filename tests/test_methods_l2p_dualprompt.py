@@ -155,6 +155,7 @@ def test_dualprompt_adding_a_task_freezes_the_earlier_e_prompts_and_keys():
 # ---------------------------------------------------------------- on the tiny ViLT
 
 L2P_ROW = dict(method="l2p", pool_size=4, length=4, top_n=2, layers=(0,))
+L2P_INPUT_ROW = {**L2P_ROW, "position": "input"}  # the original; L2P_ROW: L2P++
 DUAL_ROW = dict(method="dualprompt", g_layers=(0,), g_length=4, layers=(1,), length=4)
 
 
@@ -194,8 +195,9 @@ def _changed(model, before) -> set[str]:
     return {k for k, v in before.items() if not torch.equal(after[k], v)}
 
 
-def test_l2p_trains_its_pool_keys_and_task_head_only(backbone, tiny_prepare):
-    model, before, history = _train(backbone, tiny_prepare, L2P_ROW)
+@pytest.mark.parametrize("row", [L2P_INPUT_ROW, L2P_ROW], ids=["l2p", "l2p_pp"])
+def test_l2p_trains_its_pool_keys_and_task_head_only(backbone, tiny_prepare, row):
+    model, before, history = _train(backbone, tiny_prepare, row)
     ce, pull = zip(*history, strict=True)
     assert ce[-1] < ce[0] - 0.05 and sorted(pull, reverse=True) == list(pull), history
     assert _changed(model, before) == {"prompts.P", "prompts.K", "head.W.1", "head.b.1"}
@@ -214,7 +216,9 @@ def test_dualprompt_trains_g_and_its_task_e_prompt_only(backbone, tiny_prepare):
     }
 
 
-@pytest.mark.parametrize("row", [L2P_ROW, DUAL_ROW], ids=["l2p", "dualprompt"])
+@pytest.mark.parametrize(
+    "row", [L2P_INPUT_ROW, L2P_ROW, DUAL_ROW], ids=["l2p", "l2p_pp", "dualprompt"]
+)
 def test_a_checkpoint_rebuilds_the_same_model(backbone, tiny_prepare, row):
     samples, tasks = read_prepare(tiny_prepare)
     model = build_model(backbone, PromptParams(**row), tasks.classes_per_task)
@@ -236,7 +240,9 @@ def test_a_checkpoint_rebuilds_the_same_model(backbone, tiny_prepare, row):
     assert all(torch.equal(state[k], v) for k, v in model.tuned_state().items())
 
 
-@pytest.mark.parametrize("row", [L2P_ROW, DUAL_ROW], ids=["l2p", "dualprompt"])
+@pytest.mark.parametrize(
+    "row", [L2P_INPUT_ROW, L2P_ROW, DUAL_ROW], ids=["l2p", "l2p_pp", "dualprompt"]
+)
 def test_tune_extract_solve_evaluate_on_the_tiny_model(
     tmp_path, tiny_vilt, tiny_prepare, row
 ):

@@ -1,7 +1,8 @@
 """Prompt methods: one module each, behind one interface (DESIGN §5).
 
 The model (`pipeline.model.network.PalModel`) is a frozen backbone, a method and a
-per-task linear head; it calls the method through the interface of
+per-task head (linear, or the method's own: `Method.make_head`, MAP's and MSP's
+pooler and MLP); it calls the method through the interface of
 `pipeline.model.method` (`Method`, `View`, `Out`, `Copies`), which each method
 module here implements. A method owns its prompts and decides, for a batch:
 

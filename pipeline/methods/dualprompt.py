@@ -9,7 +9,11 @@
   pull loss draws its key toward the task's queries; at test the E-prompt
   whose key has the highest cosine with the frozen query is used (top-1),
   over the tasks seen so far. Adding a task freezes the earlier tasks'
-  E-prompts and keys.
+  E-prompts and keys. A new task's E-prompt starts as a copy of the previous
+  task's trained one, its key drawn fresh, as the authors' code does
+  (`shared_prompt_pool=True`, `shared_prompt_key=False`: the JAX
+  `train_continual.py` and the PyTorch port's `engine.py`); the first task's
+  is drawn.
 
 Both go in as prefix keys/values (the paper's prefix-tuning): the first half
 of a prompt's tokens are keys, the second half values. The query is the
@@ -73,18 +77,22 @@ class DualPrompt(Method):
         return len(self.E)
 
     def add_task(self, generator: torch.Generator) -> None:
-        """Draw the next task's E-prompt and key and freeze the earlier ones;
-        the first task also draws the G-prompt."""
+        """Start the next task's E-prompt (the first task: drawn, with the
+        G-prompt; later: a copy of the previous task's) and draw its key;
+        freeze the earlier E-prompts and keys."""
         if self.n_tasks >= self.max_tasks:
             raise ValueError("all tasks have been added")
         device = self.G.device
+        shape = (len(self.e_layers), self.e_length, self.dim)
         if self.n_tasks == 0:
             with torch.no_grad():
                 self.G.copy_(uniform(self.G.shape, generator))
+            E = uniform(shape, generator).to(device)
+        else:
+            E = self.E[-1].detach().clone()
         for p in [*self.E, *self.K]:
             p.requires_grad_(False)
-        shape = (len(self.e_layers), self.e_length, self.dim)
-        self.E.append(nn.Parameter(uniform(shape, generator).to(device)))
+        self.E.append(nn.Parameter(E))
         self.K.append(nn.Parameter(uniform((self.dim,), generator).to(device)))
 
     def select(self, q: torch.Tensor, task: int | None) -> torch.Tensor:

@@ -7,10 +7,25 @@ batch-wise vote: a vote assumes a batch holds one task, which a test set
 does not), and their tokens go to the prompt layers side by side:
 
     idx = top-N_m cos(q, K_m)                              (B, N)
-    prefix (`position: prefix`, CODA-Prompt's L2P++): per layer, the first
-        L_p/2 tokens of each chosen prompt are keys, the rest values
-    input (`position: input`, the original's layer-0 insertion): all L_p
-        tokens of each chosen prompt are prepended to the sequence
+
+`prompt.position` picks one of two forms (DESIGN §5):
+
+* `input`, L2P as its authors wrote it (google-research/l2p, dd8836e:
+  `e_prompt_layer_idx=[0]`, `use_prefix_tune_for_e_prompt=False`,
+  `vit_classifier='prompt'`): the N·L_p tokens of the chosen prompts are
+  prepended to the embedded sequence at layer 0 and pass through every layer
+  (with several prompt layers, each layer's tokens go in front of the
+  earlier ones, as the JAX code concatenates them); the joint embedding is
+  the mean of the prompt positions' outputs after the final LayerNorm:
+
+      x = mean_{i < J·N·L_p} LN(h_12)_i                    (B, D)
+
+* `prefix`, CODA-Prompt's L2P++ (row `l2p_pp`): per layer, the first L_p/2
+  tokens of each chosen prompt are keys, the rest values; a prefix has no
+  outputs, so the joint embedding is the text CLS, as the other methods'.
+
+The joint embedding is what the head reads and what extract hands to the
+analytic classifier, in both forms.
 
 The query is the frozen, prompt-free text CLS q_t: ViLT is single-stream, so
 its text CLS after the final LayerNorm (the token its pooler reads) is the
@@ -130,8 +145,14 @@ class L2P(Method):
 
     def features(self, backbone: Backbone, view: View) -> Out:
         idx, cos = self.select(view.q_t)
-        prompts = layer_prompts(self.prompts(idx), self.layers, self.position)
-        x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+        P = self.prompts(idx)  # (J, B, N·L_p, D)
+        if self.position == "prefix":  # L2P++: the text CLS
+            prompts = layer_prompts(P, self.layers, self.position)
+            x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+        else:  # L2P: the mean of the J·N·L_p prompt positions' outputs
+            prompts = layer_prompts(P, self.layers, self.position, keep=True)
+            out = backbone.encode(view.h, view.mask, prompts, prompt_outputs=True)
+            x = out[:, : P.shape[0] * P.shape[2]].float().mean(1)
         return Out(x, self.pull(cos), torch.full((), len(x), device=x.device))
 
 

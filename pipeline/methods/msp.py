@@ -14,10 +14,13 @@ row cosines), weighted by `tune.recon_weight`. Like MAP it has no continual-lear
 mechanism: the sets and every head row train task after task, the CE over
 every class seen so far.
 
-MSP's code is not public; its paper gives none of length, layers, insertion or
-loss weight. What is inferred here (DESIGN §6): MAP's prompt placement
-(input tokens accumulating over the prompt layers, or prefix), an init of
-random orthonormal rows (so the sets start orthogonal) and this form of the
+MSP's code is not public; its paper gives none of length, layers, insertion,
+head or loss weight. What is inferred here (DESIGN §6): MAP's prompt
+placement (input tokens accumulating over the prompt layers, or prefix) and
+MAP's classifier (`pipeline.methods.map.PoolerHead`: pretrained pooler, then
+Linear D→2D, LayerNorm, GELU, Linear 2D→C; the analytic classifier gets its
+input, the prompted text CLS), as MSP builds on MAP; an init of random
+orthonormal rows (so the sets start orthogonal) and this form of the
 orthogonality term.
 """
 
@@ -28,6 +31,7 @@ from torch import nn
 
 from palcore.codes import Missing
 from palcore.errors import ParamsError
+from pipeline.methods.map import PoolerHead, pooler_head
 from pipeline.model.encoder import Backbone
 from pipeline.model.method import Method, Out, View, layer_prompts
 from pipeline.model.prompts import orthogonal_rows
@@ -67,6 +71,10 @@ class Msp(Method):
             with torch.no_grad():
                 self.P.copy_(torch.stack(rows).view(J, 2, L, D).transpose(0, 1))
         self.n_tasks += 1
+
+    def make_head(self, backbone: Backbone) -> PoolerHead:
+        """MAP's pooler and MLP head (`pipeline.methods.map.PoolerHead`)."""
+        return pooler_head(backbone)
 
     def prompts(self, missing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts (J, B, 2 L_p, D) float32 — text set, then image set — and

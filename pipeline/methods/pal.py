@@ -13,7 +13,8 @@ Three kinds of pass share one embedding of a batch (DESIGN §5):
    text CLS after the final LN is the joint embedding.
 
 The auxiliary loss is the reconstruction loss: the mean over complete samples
-of ‖q̂_t − q_t‖² + ‖q̂_v − q_v‖² (stop-gradient targets).
+of ‖q̂_t − q_t‖² + ‖q̂_v − q_v‖² (stop-gradient targets; `recon_targets` and
+`recon_error` are where RebQ's differ).
 """
 
 from __future__ import annotations
@@ -115,6 +116,35 @@ class Pal(Prompts, Method):
                     q_v = q_v.index_put((dst,), q_hat[src])
         return q_t, q_v, (q_hat[n_rows:] if n_extra else None)
 
+    def recon_targets(
+        self,
+        backbone: Backbone,
+        h: torch.Tensor,
+        mask: torch.Tensor,
+        text_len: int,
+        q_t: torch.Tensor,
+        q_v: torch.Tensor,
+        rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reconstruction targets (t_t, t_v) of complete samples: PAL's
+        are their frozen queries (Eq. 1). h (B, N, D), mask (B, N), q_t, q_v
+        (B, D) of a batch; rows: the complete rows' indices (None: all B).
+        Returns two (c, D) tensors, no gradient."""
+        if rows is None:
+            return q_t, q_v
+        return q_t[rows], q_v[rows]
+
+    def recon_error(
+        self,
+        qt_hat: torch.Tensor,
+        qv_hat: torch.Tensor,
+        target_t: torch.Tensor,
+        target_v: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per complete sample (c,): PAL's ‖q̂_t − t_t‖² + ‖q̂_v − t_v‖², summed
+        over D (the loss is its mean over the complete samples)."""
+        return (qt_hat - target_t).pow(2).sum(-1) + (qv_hat - target_v).pow(2).sum(-1)
+
     def features(self, backbone: Backbone, view: View) -> Out:
         """Reconstruct, then query; with copies, the reconstruction loss."""
         q_t, q_v, q_hat = self.fill_missing(backbone, view)
@@ -123,11 +153,10 @@ class Pal(Prompts, Method):
         if view.copies is not None:
             comp = view.copies.complete
             c = len(comp)
-            target_t, target_v = view.q_t[comp], view.q_v[comp]
-            recon = (
-                (q_hat[:c] - target_t).pow(2).sum(-1)
-                + (q_hat[c:] - target_v).pow(2).sum(-1)
-            ).mean()
+            target_t, target_v = self.recon_targets(
+                backbone, view.h, view.mask, view.text_len, view.q_t, view.q_v, comp
+            )
+            recon = self.recon_error(q_hat[:c], q_hat[c:], target_t, target_v).mean()
         x = self.joint(backbone, view.h, view.mask, q_t, q_v)
         return Out(x, recon, torch.full((), c, device=x.device))
 
@@ -161,7 +190,8 @@ class Pal(Prompts, Method):
         )
         B = len(h)
         qt_hat, qv_hat = q_hat[:B], q_hat[B:]
-        err = (qt_hat - q_t).pow(2).sum(-1) + (qv_hat - q_v).pow(2).sum(-1)
+        target_t, target_v = self.recon_targets(backbone, h, mask, T, q_t, q_v)
+        err = self.recon_error(qt_hat, qv_hat, target_t, target_v)
         n_complete = complete.sum()
         recon = (err * complete).sum() / n_complete.clamp_min(1)
         q_t = torch.where((missing == Missing.TEXT)[:, None], qt_hat, q_t)

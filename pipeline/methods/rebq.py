@@ -14,6 +14,16 @@ only. What differs, and is built here:
   others, of `prompt.pool_size` components, and its prompts enter as the
   pools' do (`prompt.position`); RebQ inserts them as input tokens after the
   text CLS.
+* the reconstruction target: the output of the memory pass on the complete
+  sample itself (its memory prompt the sum of the pool's prompts for q_t and
+  for q_v), at the text CLS for the text-dropped copy and at the image CLS
+  for the image-dropped one, without gradient (RebQ's
+  `original_outputs[rec_gts].detach()`); PAL's target is the frozen,
+  prompt-free query (Eq. 1). One more pass, over the complete rows, in
+  training.
+* the loss's scale: RebQ's per-element mean, ((q̂ − t)²).mean() over the D
+  dimensions, averaged over the copies (2 per complete sample), where PAL sums
+  over D: at the same α it weighs 1/(2D) of PAL's term.
 * the reported classifier: RebQ's table row is its BP head; PAL's is the
   analytic classifier on the same kind of features.
 
@@ -65,6 +75,44 @@ class RebQ(Pal):
         prompts = layer_prompts(self.memory(present), self.layers, self.params.position)
         out = backbone.encode(h, mask, prompts)
         return torch.where(text_missing[:, None], out[:, 0], out[:, text_len]).float()
+
+    @torch.no_grad()
+    def recon_targets(
+        self,
+        backbone: Backbone,
+        h: torch.Tensor,
+        mask: torch.Tensor,
+        text_len: int,
+        q_t: torch.Tensor,
+        q_v: torch.Tensor,
+        rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The memory pass over the complete rows (all B when `rows` is None),
+        memory prompt = memory(q_t) + memory(q_v): its text CLS and image CLS
+        outputs (c, D) float32, detached."""
+        if rows is not None:
+            h, mask, q_t, q_v = h[rows], mask[rows], q_t[rows], q_v[rows]
+        c = len(q_t)
+        both = self.memory(torch.cat([q_t, q_v]))  # (J, 2c, L, D)
+        P = both[:, :c] + both[:, c:]
+        out = backbone.encode(
+            h, mask, layer_prompts(P, self.layers, self.params.position)
+        )
+        return out[:, 0].float(), out[:, text_len].float()
+
+    def recon_error(
+        self,
+        qt_hat: torch.Tensor,
+        qv_hat: torch.Tensor,
+        target_t: torch.Tensor,
+        target_v: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per complete sample (c,): the mean over its two copies of the
+        per-element squared error, ((q̂ − t)²).mean() over D (RebQ's
+        `rebq.py`), so that the loss is the mean over all copies."""
+        err_t = (qt_hat - target_t).pow(2).mean(-1)
+        err_v = (qv_hat - target_v).pow(2).mean(-1)
+        return (err_t + err_v) / 2
 
 
 METHOD = RebQ

@@ -203,20 +203,27 @@ class Backbone(nn.Module):
         h: torch.Tensor,
         mask: torch.Tensor,
         prompts: dict[int, LayerPrompt] | None = None,
+        prompt_outputs: bool = False,
     ) -> torch.Tensor:
         """Run the encoder layers and the final LayerNorm.
 
         h: (B, N, D) from `embed`; mask: (B, N) bool; prompts: layer index →
         `LayerPrompt` (None or {}: prompt-free). Returns (B, N, D): the output
-        at the input's token positions (input-style prompt tokens are dropped).
+        at the input's token positions (input-style prompt tokens are dropped);
+        with `prompt_outputs`, (B, L_i + N, D): the L_i input-style prompt
+        tokens present after the last layer (L2P's head reads them) in front.
         """
         if self.fused_attention and self.attention_backends:
             with sdpa_kernel(self.attention_backends):
-                return self._encode(h, mask, prompts or {})
-        return self._encode(h, mask, prompts or {})
+                return self._encode(h, mask, prompts or {}, prompt_outputs)
+        return self._encode(h, mask, prompts or {}, prompt_outputs)
 
     def _encode(
-        self, h: torch.Tensor, mask: torch.Tensor, prompts: dict[int, LayerPrompt]
+        self,
+        h: torch.Tensor,
+        mask: torch.Tensor,
+        prompts: dict[int, LayerPrompt],
+        prompt_outputs: bool = False,
     ) -> torch.Tensor:
         n_input = 0  # input-style prompt tokens currently at the front of h
         mask_in = None
@@ -245,7 +252,7 @@ class Backbone(nn.Module):
                 biases[key] = self._bias(torch.cat(parts, 1), h.dtype)
             h = self._layer(i, layer, h, biases[key], prefix)
         h = self.vilt.layernorm(h)
-        return h[:, n_input:]
+        return h if prompt_outputs else h[:, n_input:]
 
     def _bias(self, key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Additive attention mask (B, 1, 1, K): 0 to attend, dtype's min not to."""

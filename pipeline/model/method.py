@@ -100,6 +100,14 @@ class Method(nn.Module):
         see `pipeline.model.losses.static_loss`)."""
         raise NotImplementedError
 
+    def make_head(self, backbone: Backbone) -> nn.Module | None:
+        """The classifier on this method's joint embeddings: None for the
+        project's linear head (`pipeline.model.network.TaskHead`); a method
+        with its own returns a new module (not one of its own submodules) with
+        TaskHead's interface: `add_task(n_classes, generator, freeze)` and
+        x (B, D) → logits (B, C_k) over the classes of the tasks added."""
+        return None
+
 
 def no_aux(x: torch.Tensor) -> Out:
     """`Out` of joint embeddings x (B, D) with no auxiliary loss."""

@@ -1,9 +1,10 @@
-"""PAL's BP model: frozen ViLT + prompt method + linear head (DESIGN §5).
+"""PAL's BP model: frozen ViLT + prompt method + head (DESIGN §5).
 
 The prompt method (`prompt.method`, `pipeline.methods`: PAL's pools with
 reconstruction, or a baseline's prompts; called through the interface of
 `pipeline.model.method`) turns a batch's embedded tokens and
-frozen queries into joint embeddings; the head classifies them. The frozen,
+frozen queries into joint embeddings; the head (the linear `TaskHead`, or the
+method's own, `Method.make_head`) classifies them. The frozen,
 prompt-free query pass (q_t at the text CLS, q_v at the image CLS) is the
 model's, cacheable per sample (`QueryCache`), and stored once per dataset by
 `pal frozen` (`pipeline.model.queries`). The training loss lives in
@@ -45,9 +46,14 @@ class TaskHead(nn.Module):
         self.W = nn.ParameterList()
         self.b = nn.ParameterList()
 
-    def add_task(self, n_classes: int, freeze: bool = True) -> None:
-        """Append zero rows for `n_classes` classes; `freeze`: the earlier
-        tasks' rows stop training."""
+    def add_task(
+        self,
+        n_classes: int,
+        generator: torch.Generator | None = None,
+        freeze: bool = True,
+    ) -> None:
+        """Append zero rows for `n_classes` classes (`generator` unused: no
+        draw); `freeze`: the earlier tasks' rows stop training."""
         if freeze:
             for p in self.parameters():
                 p.requires_grad_(False)
@@ -63,7 +69,8 @@ class TaskHead(nn.Module):
 
 
 class PalModel(nn.Module):
-    """Frozen backbone + prompt method (None when disabled) + per-task head.
+    """Frozen backbone + prompt method (None when disabled) + per-task head
+    (`TaskHead`, or the method's own: `Method.make_head`).
 
     method: built for this backbone and these tasks (`pipeline.methods.
     build_model` builds it from `prompt.method`); classes_per_task: number of
@@ -82,7 +89,8 @@ class PalModel(nn.Module):
         # `prompts`: the attribute name keeps the state-dict keys of PAL's
         # checkpoints (`prompts.text.P.0`, ...)
         self.prompts = method
-        self.head = TaskHead(backbone.hidden_size)
+        own = None if method is None else method.make_head(backbone)
+        self.head = TaskHead(backbone.hidden_size) if own is None else own
         self.step = 0
 
     # ------------------------------------------------------------ structure
@@ -104,7 +112,9 @@ class PalModel(nn.Module):
             raise ValueError("all tasks have been added")
         if self.prompts is not None:
             self.prompts.add_task(generator)
-        self.head.add_task(self.classes_per_task[self.step], freeze=self.masked)
+        self.head.add_task(
+            self.classes_per_task[self.step], generator, freeze=self.masked
+        )
         self.step += 1
 
     @property

@@ -40,6 +40,7 @@ VARIANTS = {  # variant (a row of params' `ablation`) → its prompt method
     "msp": "msp",
     "rebq": "rebq",
     "l2p": "l2p",
+    "l2p_pp": "l2p",  # L2P++: the prefix form of the l2p method
     "dualprompt": "dualprompt",
 }
 FIXTURE: dict[str, dict[str, Any]] = {  # laid over each version's params.yaml
@@ -172,6 +173,24 @@ def selected(units: Iterable[str]) -> list[Job]:
     return [job for job in jobs() if job.units & wanted]
 
 
+def variants_of(code: Path) -> set[str]:
+    """The variants (rows of `ablation`) of `code`'s params.yaml."""
+    raw = yaml.safe_load((code / "params.yaml").read_text(encoding="utf-8"))
+    return set(raw.get("ablation") or {})
+
+
+def runnable(todo: Iterable[Job], variants: set[str]) -> list[Job]:
+    """The jobs of `todo` whose variant (`--variant`) is one of `variants`, and
+    those of no variant: a row added after a tree's commit cannot run there."""
+    out = []
+    for job in todo:
+        args = list(job.args)
+        variant = args[args.index("--variant") + 1] if "--variant" in args else None
+        if variant is None or variant in variants:
+            out.append(job)
+    return out
+
+
 def build_inputs(code: Path, where: Path) -> None:
     """The demo (through the newer code's `pal demo`), the two real layouts'
     trees and every dataset's prepare folder, in `where`."""
@@ -272,6 +291,14 @@ import json, os, signal, subprocess, sys, time
 from pathlib import Path
 from pipeline.cli import main
 
+def failed(job, why):
+    if not job["keep_going"]:
+        sys.exit(f"{job['name']}: {why}")
+    out = Path(job["args"][job["args"].index("--out") + 1])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FAILED).write_text(f"{why}\n")
+
+
 for job in json.loads(Path(sys.argv[1]).read_text()):
     args, kill = job["args"], job["kill_after"]
     if kill:  # a run killed after its first step, then resumed in-process
@@ -286,17 +313,26 @@ for job in json.loads(Path(sys.argv[1]).read_text()):
         main(args, standalone_mode=False)
     except SystemExit as exc:
         if exc.code:
-            sys.exit(f"{job['name']}: exit {exc.code}")
+            failed(job, f"exit {exc.code}")
     except Exception as exc:
-        sys.exit(f"{job['name']}: {exc}")
+        failed(job, str(exc))
 """
+FAILED = "FAILED"  # in a job's output folder: why the older code's run of it failed
 
 
 def run_version(
-    version: Version, todo: list[Job], inputs: Path, newer: Version, cover: Path | None
+    version: Version,
+    todo: list[Job],
+    inputs: Path,
+    newer: Version,
+    cover: Path | None,
+    keep_going: bool = False,
 ) -> None:
     """Run `todo` with `version`'s code in one driver process (under
-    coverage.py, subprocesses too, when `cover` is a data file)."""
+    coverage.py, subprocesses too, when `cover` is a data file). A job that
+    fails stops the fixture, or with `keep_going` (the older code, which may
+    not read what the newer wrote: a raised checkpoint format) leaves its
+    reason in `FAILED` in its output folder, an output that differs."""
     version.work.mkdir(parents=True, exist_ok=True)
     version.params = write_params(
         version.code, inputs, version.work / "params", version.device
@@ -306,11 +342,12 @@ def run_version(
             "name": j.name,
             "args": version.resolve(j, inputs, newer),
             "kill_after": j.kill_after,
+            "keep_going": keep_going,
         }
         for j in todo
     ]
     (version.work / "jobs.json").write_text(json.dumps(listing))
-    (version.work / "driver.py").write_text(DRIVER)
+    (version.work / "driver.py").write_text(f"FAILED = {FAILED!r}\n{DRIVER}")
     cmd = [
         sys.executable,
         str(version.work / "driver.py"),
