@@ -4,6 +4,8 @@
     pal-paper run missing --runs 0      queue the grid's cells as DVC experiments,
                                         run DVC's queue, then render the table
     pal-paper collect missing --runs 0  render it again from finished experiments
+    pal-paper run missing --baselines cited   Tables 1-2 without running the
+                                        five compared methods: the paper's numbers
     pal-paper plan all -p configs/food101.yaml   projected GPU time of a preset
 
 A cell is an experiment on the current commit, named after the params it
@@ -32,25 +34,22 @@ from palpaper import cluster, running, slurm, workers
 from palpaper.cells import check_cells, untracked_inputs
 from palpaper.collect import collect, command
 from palpaper.experiments import ExperimentError, Repo
-from palpaper.grids import RESULTS, GridError, get, result
+from palpaper.grids import RESULTS, GridError, check_cite, get, result
+from palpaper.options import (
+    GPUS_HELP,
+    JOBS_HELP,
+    baselines_option,
+    cells_option,
+    out_option,
+    params_path_option,
+    runs_option,
+    shard_option,
+)
 from palpaper.plan import plan_lines, tunings
 
 __all__ = ["main", "tunings"]
 
 log = logging.getLogger(__name__)
-
-JOBS_HELP = (
-    "Queue workers (`dvc queue start -j N`): N cells at once. Every worker sees "
-    "the same devices, so on a GPU box they share the first GPU: use --gpus "
-    "there. 1 on a CPU."
-)
-GPUS_HELP = (
-    "One queue worker per CUDA device id listed (e.g. 0,1,2,3), each pinned to "
-    "its card with CUDA_VISIBLE_DEVICES: every cell runs on one card, the "
-    "workers share the DVC cache. List a card twice for two cells on it at "
-    f"once. Replaces -j. Default: ${workers.ENV} when set."
-)
-
 
 # the keys the grids read beyond the ones they change
 REQUIRED = (
@@ -108,45 +107,6 @@ def _shard(text: str) -> slice:
     return slice(k - 1, None, n)
 
 
-runs_option = click.option(
-    "--runs",
-    default=None,
-    metavar="R[,R…]",
-    help="Run ids of each cell (sets protocol.runs). Default: the committed "
-    "protocol.runs. Use --runs 0 where three runs per cell do not fit.",
-)
-params_path_option = click.option(
-    "--params",
-    "-p",
-    "params_file",
-    default=str(DEFAULT_PARAMS),
-    show_default=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The params file the cells change (the committed one for run/collect).",
-)
-cells_option = click.option(
-    "--cells",
-    default=None,
-    metavar="NAME[,NAME…]",
-    help="Run only these cells: a cell's name or its column's key, as `pal-paper "
-    "list` prints them (missing's `text-0.1` is the cell of 10 % text missing).",
-)
-shard_option = click.option(
-    "--shard",
-    default=None,
-    metavar="K/N",
-    help="Run every N-th cell from the K-th (1-based): one share of the grid, "
-    "for one of N machines or clones (docs/USAGE.md).",
-)
-out_option = click.option(
-    "--out",
-    default="results/paper",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder of the rendered results; each dataset gets its own subfolder.",
-)
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
@@ -162,12 +122,14 @@ def main(verbose: bool) -> None:
 @main.command("list")
 @params_path_option
 @runs_option
+@baselines_option
 @clean_errors
-def list_cmd(params_file: Path, runs: str | None) -> None:
+def list_cmd(params_file: Path, runs: str | None, baselines: str) -> None:
     """Each result: where it is in the paper, its cells and their params."""
     params = _params(params_file)
+    cite = _cite(baselines, list(RESULTS), params)
     for name, r in RESULTS.items():
-        cols = r.columns(params, _runs(runs))
+        cols = r.columns(params, _runs(runs), cite)
         plural = "" if len(cols) == 1 else "s"
         click.echo(f"{name}: {r.paper}; {len(cols)} column{plural}, cells:")
         for c in cols:
@@ -184,6 +146,7 @@ def list_cmd(params_file: Path, runs: str | None) -> None:
 @shard_option
 @click.option("--gpus", default=None, metavar="ID[,ID…]", help=GPUS_HELP)
 @click.option("--no-wait", is_flag=True, help="Queue and start workers, then return.")
+@baselines_option
 @out_option
 @clean_errors
 def run_cmd(
@@ -194,6 +157,7 @@ def run_cmd(
     shard: str | None,
     gpus: str | None,
     no_wait: bool,
+    baselines: str,
     out: Path,
 ) -> None:
     """Queue the cells of RESULT… not yet finished on this commit, run them
@@ -216,11 +180,14 @@ def run_cmd(
         gpus if gpus is not None else os.environ.get(workers.ENV)
     )
     wanted = _cells(cells)
-    rerun = command(ids, run_ids, wanted, shard, jobs)
+    cite = baselines == "cited"
+    if cite:  # checked before the workspace, as the other options are
+        check_cite(ids, _params(DEFAULT_PARAMS))
+    rerun = command(ids, run_ids, wanted, shard, jobs, cite=cite)
     repo = Repo(Path.cwd())
     running.refuse_uncommitted(repo, out)
     part = None if shard is None else _shard(shard)
-    args = (ids, run_ids, wanted, part, jobs, cards, no_wait, out, rerun)
+    args = (ids, run_ids, wanted, part, jobs, cards, no_wait, out, rerun, cite)
     # SIGTERM (what a batch scheduler or `kill` sends) stops the grid as Ctrl-C
     previous = signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
@@ -229,6 +196,14 @@ def run_cmd(
         raise ExperimentError(running.interrupted(repo, rerun)) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _cite(baselines: str, ids: Sequence[str], params: dict[str, Any]) -> bool:
+    """--baselines: True for `cited`, once `check_cite` passed."""
+    if baselines != "cited":
+        return False
+    check_cite(ids, params)
+    return True
 
 
 def _cells(text: str | None) -> list[str] | None:
@@ -249,10 +224,11 @@ def _as_ctrl_c(signum: int, frame: object) -> None:
     metavar="COMMIT",
     help="The commit the cells ran on. Default: HEAD.",
 )
+@baselines_option
 @out_option
 @clean_errors
 def collect_cmd(
-    names: tuple[str, ...], runs: str | None, rev: str | None, out: Path
+    names: tuple[str, ...], runs: str | None, rev: str | None, baselines: str, out: Path
 ) -> None:
     """Render RESULT… from the cells' finished experiments into OUT/<dataset>/.
 
@@ -266,7 +242,9 @@ def collect_cmd(
     if params_text is None:
         raise ParamsError(f"params.yaml: not in commit {repo.short}")
     params = _params(Path(f"params.yaml at {repo.short}"), params_text)
-    collect(repo, _results(names), params, _runs(runs), out)
+    ids = _results(names)
+    cite = _cite(baselines, ids, params)
+    collect(repo, ids, params, _runs(runs), out, cite)
 
 
 @main.command("plan")
@@ -302,12 +280,14 @@ def plan_cmd(
 @click.argument("names", nargs=-1, metavar="RESULT…")
 @runs_option
 @cells_option
+@baselines_option
 @slurm.options
 @clean_errors
 def submit_cmd(
     names: tuple[str, ...],
     runs: str | None,
     cells: str | None,
+    baselines: str,
     dry_run: bool,
     time_min: int | None,
     **opts: Any,
@@ -323,7 +303,8 @@ def submit_cmd(
     repo = Repo(Path.cwd())
     running.refuse_uncommitted(repo, Path("results/paper"))
     params = _params(DEFAULT_PARAMS)
-    todo = running.select_cells(ids, params, run_ids, _cells(cells), None)
+    cite = _cite(baselines, ids, params)
+    todo = running.select_cells(ids, params, run_ids, _cells(cells), None, cite)
     pending, held = slurm.to_submit(repo, todo)
     if held:
         click.echo(f"{held} cells still in SLURM's queue (running or waiting): kept")
@@ -335,29 +316,35 @@ def submit_cmd(
         return
     check_cells(repo.root, params, pending)
     options = slurm.Options(**opts)
-    limit = time_min or slurm.time_limit(ids, pending, params, options.gpus)
+    limit = time_min or slurm.time_limit(
+        ids, pending, params, options.gpus, run_ids, cite
+    )
     collect_args = [*ids, *(["--runs", runs] if runs else [])]
+    collect_args += ["--baselines", "cited"] * cite
     copies = untracked_inputs(repo.root, params)
     jobs = slurm.submit(repo, pending, copies, collect_args, options, limit, dry_run)
     if jobs is not None:
         click.echo(
             f"submitted {len(pending)} cells of {repo.short} as array job {jobs[0]} "
             f"({limit} min a task), the tables as job {jobs[1]} after it; "
-            f"`{command(ids, run_ids, verb='status')}` shows them"
+            f"`{command(ids, run_ids, verb='status', cite=cite)}` shows them"
         )
 
 
 @main.command("status")
 @click.argument("names", nargs=-1, metavar="RESULT…")
 @runs_option
+@baselines_option
 @clean_errors
-def status_cmd(names: tuple[str, ...], runs: str | None) -> None:
+def status_cmd(names: tuple[str, ...], runs: str | None, baselines: str) -> None:
     """Each cell of RESULT… on this commit: finished, running, waiting,
     stopped or failed (from the experiments, squeue and each task's last
     word), with its SLURM job and log."""
     ids = _results(names)
     repo = Repo(Path.cwd())
-    todo = running.select_cells(ids, _params(DEFAULT_PARAMS), _runs(runs), None, None)
+    params = _params(DEFAULT_PARAMS)
+    cite = _cite(baselines, ids, params)
+    todo = running.select_cells(ids, params, _runs(runs), None, None, cite)
     for line in slurm.status_lines(repo, todo):
         click.echo(line)
 

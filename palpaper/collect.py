@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from palcore.outputs import write_bytes_atomic
 from palcore.variants import variant_row
-from palpaper import render
+from palpaper import figures, render
 from palpaper.departures import departures, prepared_classes
 from palpaper.experiments import ExperimentError, Repo
-from palpaper.grids import RESULTS, Cell, Column, get
+from palpaper.grids import RESULTS, Cell, Column, cited_variants, get
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,12 @@ def command(
     shard: str | None = None,
     jobs: int = 1,
     verb: str = "run",
+    cite: bool = False,
 ) -> str:
     """The `pal-paper` command line with these options (what to type again)."""
     cmd = f"pal-paper {verb} " + " ".join(names)
+    if cite:
+        cmd += " --baselines cited"
     if runs is not None:
         cmd += f" --runs {','.join(map(str, runs))}"
     if cells:
@@ -49,10 +53,14 @@ def command(
 
 
 def grid(
-    names: Sequence[str], params: dict[str, Any], runs: Sequence[int] | None
+    names: Sequence[str],
+    params: dict[str, Any],
+    runs: Sequence[int] | None,
+    cite: bool = False,
 ) -> tuple[dict[str, list[Column]], list[Cell]]:
-    """Each result's columns, and the distinct cells of them all in order."""
-    columns = {n: RESULTS[n].columns(params, runs) for n in names}
+    """Each result's columns, and the distinct cells of them all in order;
+    `cite`: the route `--baselines cited` (`grids.Result.columns`)."""
+    columns = {n: RESULTS[n].columns(params, runs, cite) for n in names}
     cells: dict[str, Cell] = {}
     for cols in columns.values():
         for c in cols:
@@ -69,7 +77,7 @@ def _why(repo: Repo, cell: Cell, status: dict[str, str]) -> str:
     }.get(status.get(name, ""), f"no finished experiment on {repo.short}")
 
 
-def _moved_hint(repo: Repo, ids: Sequence[str], lacking: list[Cell]) -> str:
+def _moved_hint(repo: Repo, ids: Sequence[str], lacking: list[Cell], cite: bool) -> str:
     """'; they finished on X: `pal-paper collect … --rev X`' when the lacking
     cells finished on another commit (HEAD moved since the grid ran)."""
     elsewhere = repo.other_baselines([c.name for c in lacking])
@@ -78,7 +86,8 @@ def _moved_hint(repo: Repo, ids: Sequence[str], lacking: list[Cell]) -> str:
     rev, n = max(elsewhere.items(), key=lambda kv: (kv[1], kv[0]))
     return (
         f" ({n} of them finished on {rev[:7]}, not {repo.short}: "
-        f"`{command(ids, None, verb='collect')} --rev {rev[:7]}` renders those)"
+        f"`{command(ids, None, verb='collect', cite=cite)} --rev {rev[:7]}` "
+        "renders those)"
     )
 
 
@@ -88,9 +97,12 @@ def collect(
     params: dict[str, Any],
     runs: list[int] | None,
     out: Path,
+    cite: bool = False,
 ) -> None:
-    """Render each result of `ids` into OUT/<dataset>/, missing cells marked."""
-    columns, cells = grid(ids, params, runs)
+    """Render each result of `ids` into OUT/<dataset>/, missing cells marked;
+    `cite`: the cells of `--baselines cited`, Tables 1-2's five compared
+    methods from the paper (never from a cell's metrics)."""
+    columns, cells = grid(ids, params, runs, cite)
     dataset = str(get(params, "data.dataset"))
     finished = repo.finished()
     metrics: dict[str, dict[str, Any]] = {}
@@ -105,14 +117,14 @@ def collect(
                 classes = prepared_classes(repo.root, repo.show(commit, "dvc.lock"))
     lacking = [c for c in cells if c.name not in metrics]
     if lacking:
-        _warn_lacking(repo, ids, columns, lacking, runs)
+        _warn_lacking(repo, ids, columns, lacking, runs, cite)
     empty = []
     for rid in ids:
         data = {col.key: metrics.get(col.cell.name, {}) for col in columns[rid]}
         if not any(data.values()):
             empty.append(rid)
             continue
-        _write(repo, rid, columns[rid], data, params, runs, classes, out / dataset)
+        _write(rid, columns[rid], data, params, runs, classes, out / dataset, cite)
         if RESULTS[rid].report is not None:
             (column,) = columns[rid]
             _keep_report(repo, rid, commits[column.cell.name], dataset)
@@ -120,7 +132,8 @@ def collect(
         raise ExperimentError(
             "\nError: ".join(
                 f"{rid}: none of its {len(columns[rid])} cells finished on "
-                f"{repo.short}; nothing written (run: {command([rid], runs)})"
+                f"{repo.short}; nothing written (run: "
+                f"{command([rid], runs, cite=cite and RESULTS[rid].runs_baselines)})"
                 for rid in empty
             )
         )
@@ -132,11 +145,12 @@ def _warn_lacking(
     columns: dict[str, list[Column]],
     lacking: list[Cell],
     runs: list[int] | None,
+    cite: bool,
 ) -> None:
     """One line per result that lacks cells: which, why, the command that
     runs them (and the --rev where they finished on another commit)."""
     status = repo.queue_status()
-    moved = _moved_hint(repo, ids, lacking)
+    moved = _moved_hint(repo, ids, lacking, cite)
     for rid in ids:
         mine = [c for c in lacking if any(x.cell == c for x in columns[rid])]
         if not mine:
@@ -150,7 +164,12 @@ def _warn_lacking(
             len(mine),
             len(columns[rid]),
             "; ".join(f"{w}: {', '.join(n)}" for w, n in why.items()),
-            command([rid], runs, [c.name for c in mine]),
+            command(
+                [rid],
+                runs,
+                [c.name for c in mine],
+                cite=cite and RESULTS[rid].runs_baselines,
+            ),
             moved,
         )
 
@@ -183,7 +202,6 @@ def labelled(metrics: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write(
-    repo: Repo,
     rid: str,
     columns: list[Column],
     data: dict[str, Any],
@@ -191,20 +209,26 @@ def _write(
     runs: list[int] | None,
     classes: int | None,
     folder: Path,
+    cite: bool,
 ) -> None:
     r = RESULTS[rid]
+    cite = cite and r.runs_baselines
     data = {key: labelled(metrics, params) for key, metrics in data.items()}
     dataset = str(get(params, "data.dataset"))
     run_ids = next(d["runs"] for d in data.values() if d)
     departs = departures(params, columns, run_ids, classes)
-    table = render.build(r, columns, data, dataset, command([rid], runs), departs)
+    rerun = command([rid], runs, cite=cite)
+    cited = cited_variants(params, rid) if cite else None
+    if cited and not r.cites:  # no numbers of theirs to cite: left out
+        r = replace(r, rows=tuple(row for row in r.rows if row not in cited))
+    table = render.build(r, columns, data, dataset, rerun, departs, cited)
     files = {
         f"{rid}.md": table.markdown().encode(),
         f"{rid}.csv": table.csv().encode(),
     }
     partial = not all(data.values())
     if not partial:
-        png = render.figure(r, columns, data, table.caption.split(";")[0])
+        png = figures.figure(r, columns, data, table.caption.split(";")[0])
         if png is not None:
             files[f"{rid}.png"] = png
     for name, blob in files.items():

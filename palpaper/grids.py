@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from palcore.errors import PalError
+from palpaper.packaged import published
 
 
 class GridError(PalError):
@@ -129,11 +130,22 @@ class Result:
     keeps_features: bool = False  # varies solve.* only: the analytic stages rerun
     figure: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # with `--baselines cited` its rows of CITED are the paper's numbers
+    # (a result that runs the baselines and does not cite leaves them out)
+    cites: bool = False
+
+    @property
+    def runs_baselines(self) -> bool:
+        """Whether its cells run the paper's prompt baselines (Tables 1-2 and
+        the per-step figures): `--baselines cited` runs none of CITED's."""
+        return self.baselines is not None
 
     def columns(
-        self, params: Mapping[str, Any], runs: Sequence[int] | None
+        self, params: Mapping[str, Any], runs: Sequence[int] | None, cite: bool = False
     ) -> list[Column]:
-        """The result's columns in the paper's order, each with its cell."""
+        """The result's columns in the paper's order, each with its cell;
+        `cite`: the route `--baselines cited` (a result that runs the
+        baselines runs none of the variants of CITED's rows)."""
         base: dict[str, Any] = {}
         if self.variants is not None:
             base["pipelines.main"] = list(self.variants)
@@ -145,6 +157,8 @@ class Result:
             extra = (params.get("pipelines") or {}).get("baselines") or []
             for v in (*self.baselines, *extra):
                 main += [v] if v not in main else []
+            if cite:  # the route `--baselines cited`
+                main = [v for v in main if v not in cited_variants(params, self.id)]
             base["pipelines.main"] = main
         if runs is not None:
             base["protocol.runs"] = list(runs)
@@ -152,6 +166,51 @@ class Result:
             Column(key, label, make_cell(params, {**base, **changes}))
             for key, label, changes in _GRIDS[self.id](params)
         ]
+
+
+# the methods Tables 1-2 compare PAL with, by the paper's names: `pal-paper
+# run missing --baselines cited` takes their rows from the paper
+# (published.yaml) and runs none of their variants
+CITED = ("MAP", "MSP", "L2P", "DualPrompt", "RebQ")
+
+
+def paper_of(params: Mapping[str, Any], variant: str, rid: str) -> str | None:
+    """The paper's name of a variant's row in result `rid` (params
+    `ablation.<variant>.paper`: one text, or result id -> text), or None."""
+    row = (params.get("ablation") or {}).get(variant)
+    paper = row.get("paper") if isinstance(row, Mapping) else None
+    return paper.get(rid) if isinstance(paper, Mapping) else paper
+
+
+def cited_variants(params: Mapping[str, Any], rid: str) -> dict[str, str]:
+    """Variant -> the paper's name, for the params' rows that result `rid`
+    names as one of CITED (the five compared methods of Tables 1-2)."""
+    out = {}
+    for variant in params.get("ablation") or {}:
+        name = paper_of(params, variant, rid)
+        if name in CITED:
+            out[variant] = name
+    return out
+
+
+def check_cite(ids: Sequence[str], params: Mapping[str, Any]) -> None:
+    """`--baselines cited` for results `ids` on these params: one of them
+    runs the baselines, and Tables 1-2 have the paper's numbers for
+    data.dataset; else one line."""
+    if not any(RESULTS[rid].runs_baselines for rid in ids):
+        raise GridError(
+            f"--baselines cited: {', '.join(ids)} "
+            f"{'runs' if len(ids) == 1 else 'run'} no baseline (missing, Tables "
+            "1-2, and steps do)"
+        )
+    dataset = str(get(params, "data.dataset"))
+    has = published()["missing"]
+    if dataset not in has:
+        raise GridError(
+            f"--baselines cited: the paper has no numbers for data.dataset "
+            f"'{dataset}' (Tables 1-2 give {' and '.join(has)}); nothing to "
+            "cite: run the baselines (--baselines measured)"
+        )
 
 
 def _is_demo(params: Mapping[str, Any]) -> bool:
@@ -260,6 +319,7 @@ RESULTS = {
             rows=PAPER_ROWS,
             variants=None,
             baselines=("pal", "frozen"),
+            cites=True,
         ),
         Result(
             "steps",

@@ -14,10 +14,12 @@ tunings and extractions `dvc repro` has not made (`tunings`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from palpaper.grids import RESULTS, Cell, GridError, Result, get
-from palpaper.packaged import package_yaml
+from palpaper.grids import RESULTS, Cell, GridError, Result, cited_variants, get
+from palpaper.notes import listed
+from palpaper.packaged import package_yaml, published
 from palpaper.workers import wall_hours
 
 FREE_KEYS = {"pipelines.main", "protocol.runs"}
@@ -123,7 +125,10 @@ def plan_lines(
     cards: int = 1,
 ) -> list[str]:
     """The lines `pal-paper plan` prints; `where` names the params file, and
-    the last line the wall time on `cards` cards."""
+    the wall time is on `cards` cards. Where a result runs the baselines
+    (Tables 1-2, steps) and Tables 1-2 have the paper's numbers for the
+    dataset, both routes: the baselines measured (the default) and cited
+    (`--baselines cited`), each with its tunings, hours and wall time."""
     dataset = str(get(params, "data.dataset"))
     table = costs()
     if dataset not in table["datasets"]:
@@ -141,9 +146,62 @@ def plan_lines(
         f"the committed params ({rates['source']}); the frozen queries "
         f"{f0:.1f} min once (shared by every cell)"
     ]
-    total, seen, every, cell_hours = f0 / 60, set(), [], []
+    cost = Cost(params, runs, rates, size, cards, f0)
+    if not _cites(ids, dataset):
+        route, every = _route(ids, cost, cite=False)
+        lines += [*route[:-1], largest_solve(every, params), *route[-1:] * (cards > 1)]
+        return lines
+    names = listed(cited_names(params, ids))
+    for cite, words in (
+        (
+            False,
+            "--baselines measured (the default): the five compared methods run too",
+        ),
+        (True, f"--baselines cited: {names} not run (Tables 1-2 cite the paper)"),
+    ):
+        route, every = _route(ids, cost, cite)
+        lines += [f"  {words}", *("  " + line for line in route)]
+    return [*lines, largest_solve(every, params)]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a route's price reads: the params, --runs, the device's rates,
+    the dataset's size, the cards, the frozen queries' minutes."""
+
+    params: Mapping[str, Any]
+    runs: Sequence[int] | None
+    rates: Mapping[str, float]
+    size: Mapping[str, int]
+    cards: int
+    frozen_min: float
+
+
+def _cites(ids: Sequence[str], dataset: str) -> bool:
+    """Whether `--baselines cited` applies: a result of `ids` runs the
+    baselines, and Tables 1-2 have the paper's numbers for `dataset`."""
+    tables = published()["missing"]
+    return dataset in tables and any(RESULTS[rid].runs_baselines for rid in ids)
+
+
+def cited_names(params: Mapping[str, Any], ids: Sequence[str]) -> list[str]:
+    """The paper's names of the rows `--baselines cited` takes from the paper."""
+    names: list[str] = []
+    for rid in (r for r in ids if RESULTS[r].runs_baselines):
+        for variant in RESULTS[rid].rows:
+            name = cited_variants(params, rid).get(variant)
+            names += [name] if name is not None and name not in names else []
+    return names
+
+
+def _route(ids: Sequence[str], cost: Cost, cite: bool) -> tuple[list[str], list[Cell]]:
+    """A line per result, the total and the wall time on the cards (the last
+    line), and every cell (for the largest solve)."""
+    params = cost.params
+    total, seen, every, cell_hours = cost.frozen_min / 60, set(), [], []
+    lines = []
     for rid in ids:
-        cols = RESULTS[rid].columns(params, runs)
+        cols = RESULTS[rid].columns(params, cost.runs, cite)
         hours, t_all, e_all = 0.0, 0, 0
         for c in cols:
             every.append(c.cell)
@@ -151,7 +209,7 @@ def plan_lines(
                 continue
             seen.add(c.cell.name)
             t, e = tunings(RESULTS[rid], c.cell, params)
-            tm, em = minutes(c.cell, params, rates, size)
+            tm, em = minutes(c.cell, params, cost.rates, cost.size)
             cell_hours.append((t * tm + e * em) / 60)
             hours += cell_hours[-1]
             t_all, e_all = t_all + t, e_all + e
@@ -164,11 +222,9 @@ def plan_lines(
         f"  all of them: {total:.1f} h (cells shared between results and the "
         "frozen queries counted once)"
     )
-    lines.append(largest_solve(every, params))
-    if cards > 1:  # on one card the wall time is the total
-        lines.append(
-            f"  on {cards} cards: {f0 / 60 + wall_hours(cell_hours, cards):.1f} h wall "
-            f"({len(cell_hours)} cells, the longest "
-            f"{max(cell_hours, default=0.0):.1f} h)"
-        )
-    return lines
+    wall = cost.frozen_min / 60 + wall_hours(cell_hours, cost.cards)
+    lines.append(
+        f"  on {cost.cards} card{'s' * (cost.cards != 1)}: {wall:.1f} h wall "
+        f"({len(cell_hours)} cells, the longest {max(cell_hours, default=0.0):.1f} h)"
+    )
+    return lines, every

@@ -1,21 +1,28 @@
-"""The paper's results in the paper's layout: Markdown, CSV and PNG.
+"""The paper's results in the paper's layout: Markdown and CSV (their
+figures: palpaper/figures.py).
 
 Each result becomes one table: label columns, then value columns in the
 paper's order. A measured value is "mean ± std" over the cell's runs (the
 sample std; one run has none), followed by the paper's value in parentheses
-where the paper reports one for this dataset (`published.yaml`). The CSV
-holds the same lines with each value as its mean, std and paper number.
+where the paper reports one for this dataset (`published.yaml`). With
+`--baselines cited`, Tables 1-2's five compared methods are the paper's
+numbers alone, each marked "(cited)". A superscript on a paper's number (or
+after an FG line's method) refers to a note under the table
+(palpaper/notes.py). The CSV holds the same lines with each value as its
+mean, std and paper number; a `source` column (measured, or cited from the
+paper) where some lines are cited, and a `paper notes` column with each
+line's notes ("[n] <columns>: text") where the table has notes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from palpaper.grids import Column, Result
+from palpaper.grids import CITED, Column, Result
+from palpaper.notes import Footnotes, footnotes, listed
 from palpaper.packaged import published
-from solver.api import mean_std_line, new_figure, png_bytes
 
 DATASETS = {"food101": "UPMC-Food101", "n24news": "N24News"}
 Stat = Mapping[str, Any]  # {"mean": float, "std": float | None, ...}
@@ -53,6 +60,8 @@ class Table:
     values: list[str]  # the value columns' headers
     lines: list[tuple[list[str], list[Value]]]
     protocol: str = ""  # how the run departs from the paper's, for the CSV
+    cited: set[int] = field(default_factory=set)  # lines of the paper's numbers
+    notes: Footnotes | None = None  # the notes on the paper's numbers shown
 
     def markdown(self) -> str:
         header = [*self.labels, *self.values]
@@ -62,30 +71,45 @@ class Table:
             "| " + " | ".join(header) + " |",
             "|" + "---|" * len(header),
         ]
-        for labels, values in self.lines:
-            cells = [*labels, *(cell(s, p) for s, p in values)]
+        for i, (labels, values) in enumerate(self.lines):
+            mark = self.notes.line_mark(i) if self.notes else ""
+            cells = [*labels[:-1], labels[-1] + mark]
+            cells += [self._text(i, j, s, p) for j, (s, p) in enumerate(values)]
             out.append("| " + " | ".join(cells) + " |")
+        out += self.notes.markdown() if self.notes else []
         return "\n".join(out) + "\n"
+
+    def _text(self, i: int, j: int, stat: Stat | None, paper: float | None) -> str:
+        mark = self.notes.value_mark(i, j) if self.notes else ""
+        if i in self.cited:
+            return "–" if paper is None else f"{paper:.2f}{mark} (cited)"
+        return cell(stat, paper, mark)
 
     def csv(self) -> str:
         def name(h: str) -> str:
             return h.replace(",", ";")
 
         cols = [name(h) for h in self.labels]
+        cols += ["source"] * bool(self.cited)
         cols += [
             f"{name(h)} {part}"
             for h in self.values
             for part in ("mean", "std", "paper")
         ]
+        cols += ["paper notes"] * (self.notes is not None)
         if self.protocol:
             cols.append("departs from the paper's protocol")
         out = [",".join(_quote(c) for c in cols)]
-        for labels, values in self.lines:
+        for i, (labels, values) in enumerate(self.lines):
             row = [_quote(x) for x in labels]
+            if self.cited:
+                row.append("cited from the paper" if i in self.cited else "measured")
             for stat, paper in values:
                 mean = None if stat is None else stat["mean"]
                 std = None if stat is None else stat["std"]
                 row += [_num(mean), _num(std), _num(paper)]
+            if self.notes is not None:
+                row.append(_quote(self.notes.csv_text(i, self.values)))
             if self.protocol:
                 row.append(_quote(self.protocol))
             out.append(",".join(row))
@@ -93,22 +117,26 @@ class Table:
 
 
 def _quote(text: str) -> str:
-    return f'"{text}"' if "," in text or '"' in text else text
+    """A CSV field: quoted where it holds a comma or a quote (doubled)."""
+    if "," not in text and '"' not in text:
+        return text
+    return '"' + text.replace('"', '""') + '"'
 
 
 def _num(x: float | None) -> str:
     return "" if x is None else f"{x:.4f}"
 
 
-def cell(stat: Stat | None, paper: float | None) -> str:
-    """'mean ± std (paper)'; one run: 'mean'; no measurement: '–'."""
+def cell(stat: Stat | None, paper: float | None, mark: str = "") -> str:
+    """'mean ± std (paper)'; one run: 'mean'; no measurement: '–'; `mark`:
+    the superscript of the notes on the paper's number, after it."""
     if stat is None or stat.get("mean") is None:
         text = "–"
     elif stat.get("std") is None:
         text = f"{stat['mean']:.2f}"
     else:
         text = f"{stat['mean']:.2f} ± {stat['std']:.2f}"
-    return text if paper is None else f"{text} ({paper:.2f})"
+    return text if paper is None else f"{text} ({paper:.2f}{mark})"
 
 
 def _runs_words(runs: Sequence[int]) -> str:
@@ -126,10 +154,12 @@ def caption(
     rerun: str,
     departs: str = "",
     missing: int = 0,
+    cited: str = "",
 ) -> str:
     """What the table is, where its numbers come from, what it cannot show;
     `departs`: the sentence on how the run departs from the paper's
-    protocol; `missing`: cells without a finished experiment (marked –)."""
+    protocol; `missing`: cells without a finished experiment (marked –);
+    `cited`: the sentence on the baselines `--baselines cited` did not run."""
     where = DATASETS.get(dataset, f"the {dataset} dataset")
     text = f"{result.paper} of the paper: {result.title}; {where}, {_runs_words(runs)}."
     if missing:
@@ -137,7 +167,9 @@ def caption(
             f" Partial: {missing} cell{'s' * (missing != 1)} not run yet (marked –)."
         )
     if compared:
-        text += f" In parentheses: the paper's {DATASETS[dataset]} numbers.{departs}"
+        text += f" In parentheses: the paper's {DATASETS[dataset]} numbers."
+        text += cited + departs
+        cited = ""
     elif dataset not in DATASETS:
         text += (
             f" The paper reports no numbers for {dataset}: there is nothing to "
@@ -145,10 +177,10 @@ def caption(
         )
     else:
         text += f" The paper gives no {DATASETS[dataset]} numbers for this result."
-    return f"{text} Made by `{rerun}`."
+    return f"{text}{cited} Made by `{rerun}`."
 
 
-def _stat(metrics: Mapping[str, Any], row: str, key: str) -> Stat | None:
+def stat_of(metrics: Mapping[str, Any], row: str, key: str) -> Stat | None:
     entry = metrics.get(row)
     if entry is None:
         return None
@@ -164,40 +196,92 @@ def build(
     dataset: str,
     rerun: str,
     departs: Sequence[str] = (),
+    cited: Mapping[str, str] | None = None,
 ) -> Table:
     """The result's table from each column's metrics (`data[column.key]`; {}
     for a cell not run yet, marked –); `departs`: how the run departs from
     the paper's protocol (`departures.departures`), said where the paper's
-    numbers stand beside it."""
+    numbers stand beside it; `cited`: row -> the paper's name of the rows
+    `--baselines cited` did not run: the paper's numbers alone where the
+    result cites (Tables 1-2), else left out of `result.rows` already."""
     from palpaper.departures import sentence
 
     pub = published().get(result.id, {}).get(dataset)
     runs = next((d["runs"] for d in data.values() if d), [])
-    table = _BUILDERS[result.id](result, columns, data, pub)
+    if cited and result.cites:
+        table = _metric_block(result, columns, data, pub, cited)
+    else:
+        table = _BUILDERS[result.id](result, columns, data, pub)
+    if pub is not None:
+        table.notes = footnotes(
+            result.id,
+            dataset,
+            [c.key for c in columns],
+            [(la[0], la[-1], [p is not None for _, p in v]) for la, v in table.lines],
+        )
     missing = sum(1 for c in columns if not data[c.key])
+    said = sentence(departs)
+    if table.notes is not None:
+        said += " A superscript refers to a note on the paper's numbers below."
     table.caption = caption(
-        result, dataset, runs, pub is not None, rerun, sentence(departs), missing
+        result,
+        dataset,
+        runs,
+        pub is not None,
+        rerun,
+        said,
+        missing,
+        _cited_sentence(cited or {}, result.cites),
     )
     if pub is not None and departs:
         table.protocol = "; ".join(departs)
     return table
 
 
+def _cited_sentence(cited: Mapping[str, str], cites: bool) -> str:
+    """What the caption says of the methods `--baselines cited` did not run."""
+    names = listed([n for n in CITED if n in cited.values()])
+    if not names:
+        return ""
+    if cites:
+        return (
+            f" {names} are not run here (`--baselines cited`): their rows are "
+            "the paper's numbers, each marked (cited)."
+        )
+    return (
+        f" {names} are not run here (`--baselines cited`), and the paper gives "
+        "no numbers of theirs for this result: they are left out."
+    )
+
+
 def _metric_block(
-    result: Result, columns: Sequence[Column], data: Mapping[str, Any], pub: Any
+    result: Result,
+    columns: Sequence[Column],
+    data: Mapping[str, Any],
+    pub: Any,
+    cited: Mapping[str, str] | None = None,
 ) -> Table:
-    """Tables 1-2: a block of rows per metric, a column per scenario."""
-    lines = []
+    """Tables 1-2: a block of rows per metric, a column per scenario; the
+    rows of `cited` (row -> the paper's name) give the paper's numbers alone,
+    whatever a cell's metrics hold for them."""
+    cited = cited or {}
+    table = Table("", ["Metric", "Method"], [c.label for c in columns], [])
     for metric, word in (("acc", "Acc"), ("fg", "FG")):
         for row in result.rows:
-            name = paper_name(data, row, result.id) or ""
+            name = cited.get(row) or paper_name(data, row, result.id) or ""
             paper = (pub or {}).get(metric, {}).get(name)
             values = [
-                (_stat(data[c.key], row, metric), None if paper is None else paper[i])
+                (
+                    None if row in cited else stat_of(data[c.key], row, metric),
+                    None if paper is None else paper[i],
+                )
                 for i, c in enumerate(columns)
             ]
-            lines.append(([word, row_name(data, row, result.id)], values))
-    return Table("", ["Metric", "Method"], [c.label for c in columns], lines)
+            if row in cited:
+                table.cited.add(len(table.lines))
+            shown = name if row in cited else row_name(data, row, result.id)
+            table.lines.append(([word, shown], values))
+    return table
 
 
 def _steps(
@@ -230,7 +314,7 @@ def _rows_of_one_cell(
     lines = []
     for row in result.rows:
         paper = (pub or {}).get(paper_name(data, row, result.id) or "", {})
-        values = [(_stat(data[col.key], row, k), paper.get(k)) for k in keys]
+        values = [(stat_of(data[col.key], row, k), paper.get(k)) for k in keys]
         lines.append(([row_name(data, row, result.id)], values))
     return Table("", ["Method"], heads, lines)
 
@@ -243,7 +327,7 @@ def _swept(
     lines = []
     for c in columns:
         paper = _published_line(result, c, pub)
-        values = [(_stat(data[c.key], "pal", k), paper.get(k)) for k in ("acc", "fg")]
+        values = [(stat_of(data[c.key], "pal", k), paper.get(k)) for k in ("acc", "fg")]
         lines.append(([c.label], values))
     label = {"upsampling": "Width and η", "tasks": "Steps", "prompt": "Prompt"}[
         result.id
@@ -274,98 +358,3 @@ _BUILDERS = {
     "upsampling": _swept,
     "tasks": _swept,
 }
-
-
-def figure(
-    result: Result, columns: Sequence[Column], data: Mapping[str, Any], title: str
-) -> bytes | None:
-    """The result's figure as PNG bytes (None for a table result)."""
-    if not result.figure:
-        return None
-    draw = {"steps": _steps_figure, "prompt": _prompt_figure}.get(
-        result.id, _stability_figure
-    )
-    fig = draw(result, columns, data)
-    fig.suptitle(title, fontsize=7, wrap=True)
-    fig.tight_layout()
-    return png_bytes(fig)
-
-
-def _steps_figure(
-    result: Result, columns: Sequence[Column], data: Mapping[str, Any]
-) -> Any:
-    """A panel per cell: accuracy over seen tasks per step, each row's
-    mean ± std."""
-    fig = new_figure(4 * len(columns), 3.8)
-    axes = fig.subplots(1, len(columns), squeeze=False)[0]
-    for ax, c in zip(axes, columns, strict=True):
-        for row in result.rows:
-            stats = (data[c.key].get(row) or {}).get("step_accuracy")
-            if stats:
-                mean_std_line(ax, stats, row_name(data, row, result.id))
-        ax.set_title(c.label, fontsize=9)
-        ax.set_xlabel("step")
-        ax.set_ylim(0, 102)
-        ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("accuracy over seen tasks (%)")
-    axes[0].legend(fontsize=7)
-    return fig
-
-
-def _prompt_figure(
-    result: Result, columns: Sequence[Column], data: Mapping[str, Any]
-) -> Any:
-    """A panel per prompt setting (layers, length, pool size): PAL's Acc and
-    FG with error bars over its values."""
-    groups: dict[str, list[Column]] = {}
-    for c in columns:
-        groups.setdefault(c.key.split("-", 1)[0], []).append(c)
-    fig = new_figure(4 * len(groups), 3.8)
-    axes = fig.subplots(1, len(groups), squeeze=False)[0]
-    for ax, (name, cols) in zip(axes, groups.items(), strict=True):
-        x = list(range(len(cols)))
-        for key, word in (("acc", "Acc"), ("fg", "FG")):
-            stats = [_stat(data[c.key], "pal", key) for c in cols]
-            ax.errorbar(
-                x,
-                [s["mean"] for s in stats],
-                yerr=[s["std"] or 0.0 for s in stats],
-                marker="o",
-                capsize=3,
-                label=word,
-            )
-        ax.set_xticks(x, [c.label.split(" ")[-1] for c in cols])
-        ax.set_xlabel({"pool": "pool size"}.get(name, name))
-        ax.set_ylim(0, 102)
-        ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("PAL (%)")
-    axes[0].legend(fontsize=7)
-    return fig
-
-
-def _stability_figure(
-    result: Result, columns: Sequence[Column], data: Mapping[str, Any]
-) -> Any:
-    """Bars per method: accuracy on the first task and on the later tasks."""
-    (c,) = columns
-    fig = new_figure(5, 3.8)
-    ax = fig.add_subplot()
-    width = 0.8 / len(result.rows)
-    for i, row in enumerate(result.rows):
-        stats = [_stat(data[c.key], row, k) for k in ("first", "later")]
-        ax.bar(
-            [j + i * width for j in range(2)],
-            [s["mean"] if s else 0.0 for s in stats],
-            width,
-            yerr=[(s["std"] or 0.0) if s else 0.0 for s in stats],
-            capsize=3,
-            label=row_name(data, row, result.id),
-        )
-    ax.set_xticks(
-        [j + width * (len(result.rows) - 1) / 2 for j in range(2)],
-        ["first task (stability)", "later tasks (plasticity)"],
-    )
-    ax.set_ylabel("accuracy after the last step (%)")
-    ax.set_ylim(0, 102)
-    ax.legend(fontsize=7)
-    return fig

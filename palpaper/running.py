@@ -61,12 +61,13 @@ class GridRun:
     no_wait: bool  # return once the workers are started
     out: Path  # where the results are rendered
     rerun: str  # the command line that resumes this run
+    cite: bool = False  # --baselines cited: Tables 1-2's baselines from the paper
 
 
 def run_grid(repo: Repo, run: GridRun, params: dict[str, Any]) -> None:
     """`pal-paper run`'s work: check, queue, start workers, wait, render."""
     ids, jobs, cards = run.ids, run.jobs, run.cards
-    todo = select_cells(ids, params, run.runs, run.cells, run.shard)
+    todo = select_cells(ids, params, run.runs, run.cells, run.shard, run.cite)
     finished = repo.finished()
     check_cells(
         repo.root, params, [c for c in todo if repo.exp_name(c) not in finished]
@@ -104,7 +105,7 @@ def run_grid(repo: Repo, run: GridRun, params: dict[str, Any]) -> None:
                     for c in failed
                 )
             )
-    collect(repo, ids, params, run.runs, run.out)
+    collect(repo, ids, params, run.runs, run.out, run.cite)
 
 
 def select_cells(
@@ -113,10 +114,12 @@ def select_cells(
     runs: list[int] | None,
     wanted: list[str] | None,
     shard: slice | None,
+    cite: bool = False,
 ) -> list[Cell]:
     """The cells of the results, narrowed to `--cells` (each a cell's name or
-    a column's key, such as missing's `text-0.1`) and `--shard`."""
-    columns, todo = grid(ids, params, runs)
+    a column's key, such as missing's `text-0.1`) and `--shard`; `cite`: the
+    route `--baselines cited`."""
+    columns, todo = grid(ids, params, runs, cite)
     if wanted is not None:
         keys: dict[str, set[str]] = {}  # a key can name a cell in each result
         for c in (c for cols in columns.values() for c in cols):

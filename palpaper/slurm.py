@@ -103,7 +103,12 @@ class Options:
 
 
 def time_limit(
-    ids: Sequence[str], cells: Sequence[Cell], params: dict, gpus: int
+    ids: Sequence[str],
+    cells: Sequence[Cell],
+    params: dict,
+    gpus: int,
+    runs: Sequence[int] | None = None,
+    cite: bool = False,
 ) -> int:
     """Minutes per task: 1.25 × the longest cell's projected tuning and
     extraction (`pal-paper plan`'s rates, on a GPU when the task has one)
@@ -114,7 +119,7 @@ def time_limit(
     rates = table["devices"]["GPU" if gpus else "CPU"]
     longest, wanted = 0.0, {c.name for c in cells}
     for rid in ids:
-        for c in RESULTS[rid].columns(params, None):
+        for c in RESULTS[rid].columns(params, runs, cite):
             if size is None or c.cell.name not in wanted:
                 continue
             t, e = tunings(RESULTS[rid], c.cell, params)
