@@ -25,7 +25,7 @@ import yaml
 from helpers import committed, committed_params
 
 from pipeline import contract_code as code
-from pipeline.contracts import STAGES, read_versions
+from pipeline.contracts import STAGES, ContractError, read_versions
 from pipeline.stages import contract_proof as proof
 from pipeline.stages import contract_runs as runs
 from pipeline.stages import contracts as guard
@@ -189,7 +189,7 @@ def test_the_older_codes_failed_job_is_an_output_that_differs(tmp_path) -> None:
     assert runs.differences(tmp_path / "old" / "tune/x", tmp_path / "y") == [
         runs.FAILED
     ]
-    with pytest.raises(RuntimeError, match=r"the fixture failed: tune/x: .*nosuch"):
+    with pytest.raises(ContractError, match=r"the fixture failed: tune/x: .*nosuch"):
         runs.run_version(
             runs.Version(ROOT, tmp_path / "new"), [bad], tmp_path, version, None
         )
@@ -327,3 +327,34 @@ def test_a_pure_refactor_passes_and_an_empty_bump_fails(tmp_path: Path) -> None:
     _commit(repo, env, "state why")
     done = _verify(repo, env)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_fixture_params_do_not_follow_a_new_tune_default(tmp_path) -> None:
+    """A tree whose params.yaml sets other tune knobs (a new demo default) gets
+    the same fixture params as the committed one: the fixture compares code,
+    and a params change must not read as a change of the code."""
+    base = committed_params()
+    changed = json.loads(json.dumps(base))
+    changed["tune"].update(lr=3.0e-3, head_lr=5.0e-2, warmup=0.2, recon_weight=0.5)
+    texts = {}
+    for name, raw in (("committed", base), ("changed", changed)):
+        code_dir = tmp_path / name / "code"
+        code_dir.mkdir(parents=True)
+        (code_dir / "params.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+        paths = runs.write_params(code_dir, tmp_path / "inputs", tmp_path / name)
+        texts[name] = {k: yaml.safe_load(p.read_text()) for k, p in paths.items()}
+    assert texts["changed"] == texts["committed"]
+    assert sorted(texts["changed"]) == [
+        "demo",
+        "demo-2rank",
+        "demo-off",
+        "food101",
+        "n24news",
+    ]
+    tune = texts["changed"]["demo"]["tune"]
+    assert (tune["lr"], tune["head_lr"], tune["warmup"], tune["recon_weight"]) == (
+        1.0e-4,
+        1.0e-2,
+        0.1,
+        0.01,
+    )

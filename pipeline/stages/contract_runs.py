@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.contracts import STAMP_NAME
+from pipeline.contracts import STAMP_NAME, ContractError
 
 DATASETS = ("demo", "food101", "n24news")
 VARIANTS = {  # variant (a row of params' `ablation`) → its prompt method
@@ -54,7 +54,19 @@ FIXTURE: dict[str, dict[str, Any]] = {  # laid over each version's params.yaml
     "data": {"tasks": 2, "missing_type": "both", "missing_rate": 0.5, "seed": 0},
     "pixels": {"enabled": True, "workers": 1},
     "prompt": {"pool_size": 4, "length": 4, "layers": [0, 1]},
-    "tune": {"epochs": 1, "batch_size": 4, "device": "cpu"},
+    "tune": {  # every knob that moves a tuning's bytes, so that a new default
+        # in params.yaml is not read as a change of the code
+        "epochs": 1,
+        "batch_size": 4,
+        "lr": 1.0e-4,
+        "head_lr": 1.0e-2,
+        "weight_decay": 0.0,
+        "warmup": 0.1,
+        "recon_weight": 0.01,
+        "prompt_tasks": 0,
+        "seed": 0,
+        "device": "cpu",
+    },
     "extract": {"batch_size": 16, "device": "cpu", "processes": 1},
 }
 DATA = {  # per dataset: its `data` keys (root relative to the inputs)
@@ -256,7 +268,7 @@ def _pal(code: Path, cwd: Path, args: list[str]) -> None:
     done = subprocess.run(cmd, cwd=cwd, env=_env(code), capture_output=True, text=True)
     if done.returncode:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-        raise RuntimeError(f"pal {' '.join(args[:1])} failed: {' '.join(tail)}")
+        raise ContractError(f"pal {' '.join(args[:1])} failed: {' '.join(tail)}")
 
 
 @dataclass
@@ -371,7 +383,7 @@ def run_version(
         )
     if done.returncode:
         last = log.read_text(errors="replace").strip().splitlines()[-1:]
-        raise RuntimeError(
+        raise ContractError(
             f"{version.code}: the fixture failed: {' '.join(last)} ({log})"
         )
 
