@@ -12,8 +12,8 @@ For a finished tune + extract (default: the demo's data/), per task i:
   (the init rebuilt exactly as `pal tune` draws it);
 - recon: the reconstruction loss of task i's first and last epoch (log.jsonl).
 
-    .venv/bin/python bench/diagnose.py --prepare data/prepare --tune data/tune \\
-        --features data/extract
+    .venv/bin/python bench/diagnose.py --prepare data/prepare/0 \\
+        --root data/demo/dataset --tune data/tune/pal/0 --features data/extract/pal/0
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def _model(ckpt: dict, backbone) -> PalModel:
     return build_model(backbone, prompt, ckpt["tasks"]["classes_per_task"])
 
 
-def new_share(prepare: Path, tune: Path, backbone, K: int) -> list[float]:
+def new_share(prepare: Path, root: Path, tune: Path, backbone, K: int) -> list[float]:
     """Share of the last step's prompt from later tasks' components, per task."""
-    samples, tasks = read_prepare(prepare)
+    samples, tasks = read_prepare(prepare, root)
     ckpt = load_checkpoint(checkpoint_path(tune, K))
     model = _model(ckpt, backbone)
     restore(model, ckpt["state"], K)
@@ -69,8 +69,13 @@ def new_share(prepare: Path, tune: Path, backbone, K: int) -> list[float]:
     out = []
     for i in range(1, K):
         test = select(samples, "test", [i])
-        ds = SampleDataset(test, tasks.root, backbone.processor, backbone.max_text_len,
-                           backbone.image_side)  # fmt: skip
+        ds = SampleDataset(
+            test,
+            tasks.root,
+            backbone.processor,
+            backbone.max_text_len,
+            backbone.image_side,
+        )
         num = den = 0.0
         with torch.no_grad(), autocast(backbone.device):
             for batch in make_loader(ds, 64):
@@ -116,7 +121,8 @@ def recon(tune: Path) -> dict[int, tuple[float, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prepare", type=Path, default=Path("data/prepare"))
+    ap.add_argument("--prepare", type=Path, default=Path("data/prepare/0"))
+    ap.add_argument("--root", type=Path, default=Path("data/demo/dataset"))
     ap.add_argument("--tune", type=Path, default=Path("data/tune"))
     ap.add_argument("--features", type=Path, default=Path("data/extract"))
     a = ap.parse_args()
@@ -125,21 +131,26 @@ def main() -> None:
     backbone = load_backbone(m["backbone"], m["max_text_len"])
     K = len(first["tasks"]["classes_per_task"])
     d = drift(a.features)
-    share = new_share(a.prepare, a.tune, backbone, K)
+    share = new_share(a.prepare, a.root, a.tune, backbone, K)
     mv = moved(a.tune, backbone, K, t["seed"])
     rc = recon(a.tune)
     print(
         f"# tune.lr {t['lr']}, epochs {t['epochs']}, recon_weight {t['recon_weight']}"
     )
-    print("| task | drift to step K | later tasks' share of its prompt | slice moved | "
-          "recon first → last epoch |")  # fmt: skip
+    print(
+        "| task | drift to step K | later tasks' share of its prompt "
+        "| slice moved | recon first → last epoch |"
+    )
     print("|---|---|---|---|---|")
     for i in range(1, K + 1):
         dr = f"{100 * d[i - 1]:.1f} %" if i < K else ""
         sh = f"{100 * share[i - 1]:.1f} %" if i < K else ""
         r0, r1 = rc[i]
-        print(f"| {i} | {dr} | {sh} | {100 * mv[i - 1]:.2f} % | "
-              f"{r0:.3f} → {r1:.3f} ({100 * (r1 - r0) / r0:+.1f} %) |")  # fmt: skip
+        change = 100 * (r1 - r0) / r0
+        print(
+            f"| {i} | {dr} | {sh} | {100 * mv[i - 1]:.2f} % | "
+            f"{r0:.3f} → {r1:.3f} ({change:+.1f} %) |"
+        )
 
 
 if __name__ == "__main__":
