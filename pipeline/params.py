@@ -32,6 +32,11 @@ class DemoParams:
     num_layers: int = 4  # tiny ViLT depth
     num_heads: int = 4  # tiny ViLT attention heads
     intermediate_size: int = 128  # tiny ViLT MLP width
+    # Designs of a gap between pre-training and the demo's classes (bench/README,
+    # "Demos with a gap"); the defaults are the committed demo.
+    variants: int = 1  # classes per visible class, told apart by texture and cooking
+    colour_free: bool = False  # colour drawn per sample; looks are shape + texture
+    side_dish: bool = False  # a smaller second object of a random look in a corner
     pretrain_steps: int = 300  # optimiser steps of the backbone pre-training (0: none)
     pretrain_batch: int = 32  # samples per pre-training step
     pretrain_lr: float = 2.0e-3  # AdamW learning rate of the pre-training
@@ -68,6 +73,22 @@ class DemoParams:
             self.hidden_size % self.num_heads == 0,
             "demo.hidden_size",
             f"must be divisible by demo.num_heads ({self.num_heads})",
+        )
+        check(
+            1 <= self.variants <= 3,
+            "demo.variants",
+            f"must lie in [1, 3], got {self.variants}",
+        )
+        check(
+            self.n_classes % self.variants == 0 and self.n_classes >= 4 * self.variants,
+            "demo.n_classes",
+            f"must be a multiple of demo.variants ({self.variants}) and at least "
+            f"{4 * self.variants}, got {self.n_classes}",
+        )
+        check(
+            not (self.colour_free and self.variants > 1),
+            "demo.colour_free",
+            "cannot be combined with demo.variants > 1 (both take over texture)",
         )
         for key in ("image_noise", "text_noise"):
             value = getattr(self, key)

@@ -216,3 +216,101 @@ def test_bad_demo_params(tmp_path):
     r = run_demo(tmp_path, out, image_size=30)
     assert "demo.image_size must be a multiple of demo.patch_size (16)" in r.output
     assert not out.exists()
+
+
+# The designs of a gap (demo.variants, demo.colour_free, demo.side_dish)
+
+
+def test_variants_differ_only_in_texture_and_cooking_word():
+    classes = demo_data.demo_classes(20, variants=2)
+    assert len({c.name for c in classes}) == 20
+    visible = demo_data.demo_classes(10)
+    for c in classes:
+        base = visible[c.index // 2]
+        k = c.index % 2
+        assert (c.look.shape, c.look.colour, c.flavour) == (
+            base.look.shape,
+            base.look.colour,
+            base.flavour,
+        )
+        assert (c.look.texture, c.cooking) == (k, k)
+    assert classes[3].name == "sweet_grilled_striped_red_circle"
+    three = demo_data.demo_classes(12, variants=3)
+    assert [c.cooking for c in three[:3]] == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"n_classes must lie in \[12, 32\], got 8"):
+        demo_data.demo_classes(8, variants=3)
+
+
+def test_colour_free_looks_are_shape_and_texture():
+    classes = demo_data.demo_classes(20, colour_free=True)
+    looks = {(c.look.shape, c.look.texture) for c in classes}
+    assert len(looks) == 10 and {c.look.colour for c in classes} == {0}
+    pairs = set(demo_data.pretrain_pairs(20, colour_free=True))
+    for c in classes:  # no pre-training pair is a demo class in any colour
+        for colour in range(len(demo_data.COLOURS)):
+            look = demo_data.Look(c.look.shape, colour, c.look.texture)
+            assert (look, c.flavour) not in pairs
+    assert len(pairs) == 90 * 16 - 20 * 6
+
+
+def test_caption_with_a_cooking_word():
+    rng = np.random.default_rng(0)
+    vocab = set(demo_data.vocabulary(cooking=True))
+    assert set(demo_data.COOKING) <= vocab
+    assert not set(demo_data.COOKING) & set(demo_data.vocabulary())
+    for _ in range(30):
+        words = demo_data.make_caption(2, rng, 0.0, cooking=1).split()
+        assert words.count("grilled") == 1 and set(words) <= vocab
+        assert not {"steamed", "fried"} & set(words)
+
+
+def test_side_dish_adds_a_second_object_behind_the_first():
+    look = demo_data.look_of(0)  # a solid red circle
+    side = demo_data.Look(0, list(demo_data.COLOURS).index("purple"), 0)
+    alone = demo_data.render_image(look, 64, np.random.default_rng(3), 0.0)
+    both = demo_data.render_image(look, 64, np.random.default_rng(3), 0.0, side)
+    purple = np.array(demo_data.COLOURS["purple"], dtype=float)
+
+    def near(img, rgb):  # pixels within the shade jitter of an unshaded colour
+        return int((np.abs(img.astype(float) - rgb).max(-1) <= 30).sum())
+
+    assert near(alone, purple) == 0 and near(both, purple) > 40
+    assert not np.array_equal(alone, both)
+
+
+@pytest.mark.parametrize(
+    ("design", "n_classes", "keys"),
+    [
+        ({"variants": 2}, 8, {"cooking"}),
+        ({"colour_free": True}, 4, set()),
+        ({"side_dish": True}, 4, set()),
+    ],
+)
+def test_each_design_writes_a_seeded_demo(tmp_path, design, n_classes, keys):
+    a = run_demo(tmp_path, tmp_path / "a", n_classes=n_classes, **design)
+    b = run_demo(tmp_path, tmp_path / "b", n_classes=n_classes, **design)
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    manifest = json.loads((tmp_path / "a" / "dataset" / "captions.json").read_text())
+    entry = manifest["classes"][0]
+    assert set(entry) == {"name", "shape", "colour", "texture", "flavour"} | keys
+    if design.get("colour_free"):
+        assert {c["colour"] for c in manifest["classes"]} == {"any"}
+    vocab = (tmp_path / "a" / "vilt" / "vocab.txt").read_text().split()
+    assert ("grilled" in vocab) == ("cooking" in keys)
+
+
+def test_a_design_combination_that_cannot_work_is_refused(tmp_path):
+    r = run_demo(tmp_path, tmp_path / "c", n_classes=8, variants=2, colour_free=True)
+    assert r.exit_code != 0
+    assert r.output.strip().splitlines() == [
+        f"Error: {tmp_path / 'params-c.yaml'}: demo.colour_free cannot be combined "
+        "with demo.variants > 1 (both take over texture)"
+    ]
+    r = run_demo(tmp_path, tmp_path / "d", n_classes=10, variants=3)
+    assert r.exit_code != 0
+    assert r.output.strip().splitlines() == [
+        f"Error: {tmp_path / 'params-d.yaml'}: demo.n_classes must be a multiple "
+        "of demo.variants (3) and at least 12, got 10"
+    ]
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()

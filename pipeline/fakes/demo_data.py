@@ -15,6 +15,20 @@ does not.
 Backbone pre-training draws (look, flavour) pairs from the whole attribute space
 except the demo's own pairs, so its classes are disjoint from the demo's.
 
+Three designs of a gap between that pre-training and the demo's classes are
+options (`demo:` params, all off in the committed demo; bench/README.md, "Demos
+with a gap"):
+
+- `variants` = k > 1: the chain runs over n_classes / k visible classes, and
+  each has k classes that differ only in texture (TEXTURES[j]) and in a cooking
+  word of the caption (COOKING[j]); pre-training trains no texture head and
+  writes a random cooking word, so neither cue was ever supervised;
+- `colour_free`: a look is (shape, texture), its colour drawn per sample, so the
+  colour the backbone learnt best says nothing about the class; pre-training
+  trains no texture head;
+- `side_dish`: every image also shows a smaller object of a random look in a
+  corner, behind the class's object; pre-training only ever saw one object.
+
 Everything is drawn from `numpy.random.Generator`s passed in by the caller; the
 functions here hold no global state.
 """
@@ -36,6 +50,7 @@ COLOURS = {  # name -> RGB
     "orange": (240, 125, 20),
 }
 TEXTURES = ("solid", "striped", "dotted")
+COOKING = ("steamed", "grilled", "fried")  # caption words of `variants`
 
 # Text attributes: each flavour is written with one of two synonyms.
 FLAVOURS = (
@@ -110,33 +125,59 @@ def look_of(j: int) -> Look:
 
 @dataclasses.dataclass(frozen=True)
 class DemoClass:
-    """One demo class: its look, its flavour and its name."""
+    """One demo class: its look, its flavour, its cooking word and its name."""
 
     index: int  # natural index 0..n_classes-1 (not the incremental label)
-    look: Look
+    look: Look  # with `colour_free`, its colour is drawn per sample
     flavour: int  # index into FLAVOURS
+    cooking: int | None = None  # index into COOKING (`variants` > 1 only)
 
     @property
     def name(self) -> str:
-        return f"{FLAVOURS[self.flavour][0]}_{self.look.name}"
+        cooked = "" if self.cooking is None else f"{COOKING[self.cooking]}_"
+        return f"{FLAVOURS[self.flavour][0]}_{cooked}{self.look.name}"
 
 
-def demo_classes(n_classes: int) -> list[DemoClass]:
+def demo_classes(
+    n_classes: int, variants: int = 1, colour_free: bool = False
+) -> list[DemoClass]:
     """The chained (look, flavour) classes described in the module docstring."""
-    if not MIN_CLASSES <= n_classes <= MAX_CLASSES:
+    if not MIN_CLASSES * variants <= n_classes <= MAX_CLASSES:
         raise ValueError(
-            f"n_classes must lie in [{MIN_CLASSES}, {MAX_CLASSES}], got {n_classes}"
+            f"n_classes must lie in [{MIN_CLASSES * variants}, {MAX_CLASSES}], "
+            f"got {n_classes}"
         )
-    n_groups = math.ceil(n_classes / 2)
-    return [
-        DemoClass(c, look_of(c // 2), ((c + 1) // 2) % n_groups)
-        for c in range(n_classes)
-    ]
+    n_visible = n_classes // variants
+    n_groups = math.ceil(n_visible / 2)
+    out = []
+    for c in range(n_visible):
+        look = look_of(c // 2)
+        if colour_free:  # shape and texture tell the looks apart
+            look = Look((c // 2) % len(SHAPES), 0, (c // 2) % len(TEXTURES))
+        flavour = ((c + 1) // 2) % n_groups
+        if variants == 1:
+            out.append(DemoClass(c, look, flavour))
+            continue
+        for k in range(variants):
+            retextured = Look(look.shape, look.colour, k)
+            out.append(DemoClass(c * variants + k, retextured, flavour, k))
+    return out
 
 
-def pretrain_pairs(n_classes: int) -> list[tuple[Look, int]]:
-    """All (look, flavour) pairs of the attribute space that are not demo classes."""
-    taken = {(c.look, c.flavour) for c in demo_classes(n_classes)}
+def pretrain_pairs(
+    n_classes: int, variants: int = 1, colour_free: bool = False
+) -> list[tuple[Look, int]]:
+    """All (look, flavour) pairs of the attribute space that are not demo
+    classes (with `colour_free`, a demo look in any colour)."""
+    taken = {
+        (c.look, c.flavour) for c in demo_classes(n_classes, variants, colour_free)
+    }
+    if colour_free:
+        taken = {
+            (Look(lk.shape, k, lk.texture), f)
+            for lk, f in taken
+            for k in range(len(COLOURS))
+        }
     return [
         (look, f)
         for look in all_looks()
@@ -150,12 +191,17 @@ def pretrain_pairs(n_classes: int) -> list[tuple[Look, int]]:
 
 
 def render_image(
-    look: Look, size: int, rng: np.random.Generator, noise: float
+    look: Look,
+    size: int,
+    rng: np.random.Generator,
+    noise: float,
+    side: Look | None = None,
 ) -> np.ndarray:
     """Draw one image of `look` with per-sample jitter.
 
     Position, scale, rotation, colour shade, stripe/dot phase and spacing,
     background tint and pixel noise (std `noise` × 255) are drawn from `rng`.
+    `side`: a smaller object drawn first in a random corner (`side_dish`).
 
     Returns:
         (size, size, 3) uint8 RGB array.
@@ -167,8 +213,28 @@ def render_image(
     grad = rng.uniform(-20, 20) * (xx / s - 0.5) + rng.uniform(-20, 20) * (yy / s - 0.5)
     img = base[None, None, :] + grad[..., None]
 
+    if side is not None:
+        corner = rng.integers(2, size=2)
+        sx, sy = (0.2 + 0.6 * corner + rng.uniform(-0.05, 0.05, size=2)) * s
+        img = _draw(img, side, (sx, sy, rng.uniform(0.14, 0.2) * s), xx, yy, rng)
     cx, cy = s / 2 + rng.uniform(-0.14, 0.14, size=2) * s
     radius = rng.uniform(0.24, 0.34) * s
+    img = _draw(img, look, (cx, cy, radius), xx, yy, rng)
+    img = img + rng.normal(0.0, noise * 255.0, size=img.shape)
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+
+
+def _draw(
+    img: np.ndarray,
+    look: Look,
+    where: tuple[float, float, float],
+    xx: np.ndarray,
+    yy: np.ndarray,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """`img` with `look` drawn at centre (cx, cy) and circumradius r (`where`),
+    its rotation, shade and texture drawn from `rng`."""
+    cx, cy, radius = where
     theta = rng.uniform(0, 2 * np.pi)
     # coordinates in the shape's rotated frame, unit = radius
     dx, dy = (xx - cx) / radius, (yy - cy) / radius
@@ -180,10 +246,7 @@ def render_image(
     colour = colour + rng.uniform(-22, 22, size=3)
     shade = _texture(TEXTURES[look.texture], xx, yy, rng)  # (size, size) in [0, 1]
     fill = colour[None, None, :] * (1.0 - 0.55 * shade[..., None])
-    img = np.where(mask[..., None], fill, img)
-
-    img = img + rng.normal(0.0, noise * 255.0, size=img.shape)
-    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+    return np.where(mask[..., None], fill, img)
 
 
 def _shape_mask(shape: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -229,11 +292,14 @@ def _texture(
 # Captions
 
 
-def make_caption(flavour: int, rng: np.random.Generator, noise: float) -> str:
+def make_caption(
+    flavour: int, rng: np.random.Generator, noise: float, cooking: int | None = None
+) -> str:
     """A caption carrying `flavour` as one of its synonyms among filler words.
 
     With probability `noise` the flavour word is replaced by a synonym of a
-    random other flavour (a misleading caption); 4–9 filler words surround it.
+    random other flavour (a misleading caption); 4–9 filler words surround it;
+    `cooking`: COOKING[cooking] is inserted at a random place too.
     """
     if rng.random() < noise:
         others = [f for f in range(len(FLAVOURS)) if f != flavour]
@@ -242,13 +308,18 @@ def make_caption(flavour: int, rng: np.random.Generator, noise: float) -> str:
     n_fill = int(rng.integers(4, 10))
     words = [FILLERS[int(i)] for i in rng.integers(len(FILLERS), size=n_fill)]
     words.insert(int(rng.integers(n_fill + 1)), word)
+    if cooking is not None:
+        words.insert(int(rng.integers(n_fill + 2)), COOKING[cooking])
     if rng.random() < 0.5:
         words.append(PUNCTUATION[int(rng.integers(len(PUNCTUATION)))])
     return " ".join(words)
 
 
-def vocabulary() -> list[str]:
-    """Every word a demo caption can contain, sorted, without duplicates."""
+def vocabulary(cooking: bool = False) -> list[str]:
+    """Every word a demo caption can contain, sorted, without duplicates
+    (`cooking`: the COOKING words too, for `variants` > 1)."""
     words = set(FILLERS) | set(PUNCTUATION)
     words |= {w for pair in FLAVOURS for w in pair}
+    if cooking:
+        words |= set(COOKING)
     return sorted(words)

@@ -6,6 +6,9 @@ demo classes (`data.pretrain_pairs`), with one linear head per attribute
 LayerNorm, the token PAL classifies from. Some pre-training samples lack their
 caption (empty text) or their image (all white), so the backbone has seen
 missing inputs. Only the `ViltModel` weights are saved; the heads are dropped.
+With `demo.variants` > 1 or `demo.colour_free` there is no texture head, and
+with `variants` > 1 every pre-training caption carries a random cooking word:
+cues the demo's classes depend on that pre-training never supervised.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ PRETRAIN_TEXT_LEN = 16  # demo captions are at most 13 tokens with [CLS], [SEP]
 PRETRAIN_SEED_TAG = 1  # second entropy word of the pre-training generators
 
 
-def write_vocab(path: Path) -> int:
-    """Write `vocab.txt`: special tokens, then the demo words. Returns its size."""
-    tokens = list(SPECIAL_TOKENS) + dd.vocabulary()
+def write_vocab(path: Path, cooking: bool = False) -> int:
+    """Write `vocab.txt`: special tokens, then the demo words (`cooking`: with
+    the cooking words). Returns its size."""
+    tokens = list(SPECIAL_TOKENS) + dd.vocabulary(cooking)
     assert len(set(tokens)) == len(tokens), "duplicate vocabulary entries"
     path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
     return len(tokens)
@@ -114,7 +118,10 @@ def _pretrain_batch(
     for i, k in enumerate(chosen):
         look, flavour = pairs[int(k)]
         images[i] = dd.render_image(look, params.image_size, rng, params.image_noise)
-        texts.append(dd.make_caption(flavour, rng, params.text_noise))
+        cooking = None
+        if params.variants > 1:  # a cue no head reads
+            cooking = int(rng.integers(len(dd.COOKING)))
+        texts.append(dd.make_caption(flavour, rng, params.text_noise, cooking))
     images[~has_image] = 255
     texts = [t if keep else "" for t, keep in zip(texts, has_text, strict=True)]
     enc = tokenizer(
@@ -141,6 +148,24 @@ def _pretrain_batch(
     }
 
 
+def _pretrain_loss(
+    heads: _AttributeHeads,
+    hidden: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    texture_head: bool,
+) -> torch.Tensor:
+    """Cross-entropy of each attribute head on the samples that show it
+    (`texture_head` False: no texture term)."""
+    ce = nn.CrossEntropyLoss(reduction="none")
+    img = batch["has_image"].float()
+    txt = batch["has_text"].float()
+    loss = (ce(heads.shape(hidden), batch["shape"]) * img).mean()
+    loss = loss + (ce(heads.colour(hidden), batch["colour"]) * img).mean()
+    if texture_head:  # the terms in this order: the committed demo's bytes
+        loss = loss + (ce(heads.texture(hidden), batch["texture"]) * img).mean()
+    return loss + (ce(heads.flavour(hidden), batch["flavour"]) * txt).mean()
+
+
 def _lr_factor(step: int, total: int) -> float:
     """Linear warm-up over the first 10 % of the steps, then cosine decay to 0."""
     warmup = max(1, total // 10)
@@ -159,7 +184,8 @@ def build_backbone(params: DemoParams, tokenizer: BertTokenizer) -> ViltModel:
         return model.eval()
     heads = _AttributeHeads(params.hidden_size)
     rng = np.random.default_rng([params.seed, PRETRAIN_SEED_TAG])
-    pairs = dd.pretrain_pairs(params.n_classes)
+    pairs = dd.pretrain_pairs(params.n_classes, params.variants, params.colour_free)
+    texture_head = params.variants == 1 and not params.colour_free
     optim = torch.optim.AdamW(
         list(model.parameters()) + list(heads.parameters()),
         lr=params.pretrain_lr,
@@ -168,7 +194,6 @@ def build_backbone(params: DemoParams, tokenizer: BertTokenizer) -> ViltModel:
     sched = torch.optim.lr_scheduler.LambdaLR(
         optim, lambda step: _lr_factor(step, params.pretrain_steps)
     )
-    ce = nn.CrossEntropyLoss(reduction="none")
     model.train()
     bar = tqdm(range(params.pretrain_steps), desc="pre-train", disable=None)
     for step in bar:
@@ -179,14 +204,7 @@ def build_backbone(params: DemoParams, tokenizer: BertTokenizer) -> ViltModel:
             pixel_values=batch["pixel_values"],
             pixel_mask=batch["pixel_mask"],
         ).last_hidden_state[:, 0]  # (B, D) text CLS after the final LN
-        img = batch["has_image"].float()
-        txt = batch["has_text"].float()
-        loss = (
-            (ce(heads.shape(hidden), batch["shape"]) * img).mean()
-            + (ce(heads.colour(hidden), batch["colour"]) * img).mean()
-            + (ce(heads.texture(hidden), batch["texture"]) * img).mean()
-            + (ce(heads.flavour(hidden), batch["flavour"]) * txt).mean()
-        )
+        loss = _pretrain_loss(heads, hidden, batch, texture_head)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()

@@ -45,7 +45,7 @@ DATA_SEED_TAG = 0  # second entropy word of the per-(class, split) generators
 
 def write_dataset(params: DemoParams, folder: Path) -> dict:
     """Render the demo dataset into `folder` (created); return the captions manifest."""
-    classes = dd.demo_classes(params.n_classes)
+    classes = dd.demo_classes(params.n_classes, params.variants, params.colour_free)
     counts = {
         "train": params.train_per_class,
         "val": params.val_per_class,
@@ -66,10 +66,8 @@ def write_dataset(params: DemoParams, folder: Path) -> dict:
             (folder / sub).mkdir(parents=True, exist_ok=True)
             for i in range(counts[split]):
                 sample_id = f"{split}-{cls.index:02d}-{i:04d}"
-                pixels = dd.render_image(
-                    cls.look, params.image_size, rng, params.image_noise
-                )
-                text = dd.make_caption(cls.flavour, rng, params.text_noise)
+                pixels = _render(cls, params, rng)
+                text = dd.make_caption(cls.flavour, rng, params.text_noise, cls.cooking)
                 image = (sub / f"{sample_id}.png").as_posix()
                 Image.fromarray(pixels).save(
                     folder / image, format="PNG", compress_level=6
@@ -88,21 +86,37 @@ def write_dataset(params: DemoParams, folder: Path) -> dict:
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
-        "classes": [
-            {
-                "name": c.name,
-                "shape": dd.SHAPES[c.look.shape],
-                "colour": list(dd.COLOURS)[c.look.colour],
-                "texture": dd.TEXTURES[c.look.texture],
-                "flavour": dd.FLAVOURS[c.flavour][0],
-            }
-            for c in classes
-        ],
+        "classes": [_class_entry(c, params) for c in classes],
         "samples": samples,
     }
     text = json.dumps(manifest, indent=1, ensure_ascii=False) + "\n"
     (folder / "captions.json").write_text(text, encoding="utf-8")
     return manifest
+
+
+def _render(cls: dd.DemoClass, params: DemoParams, rng: np.random.Generator):
+    """One image of `cls`: its colour drawn first with `colour_free`, then a
+    side dish's look with `side_dish`, then the picture."""
+    look = cls.look
+    if params.colour_free:
+        look = dd.Look(look.shape, int(rng.integers(len(dd.COLOURS))), look.texture)
+    side = dd.look_of(int(rng.integers(90))) if params.side_dish else None
+    return dd.render_image(look, params.image_size, rng, params.image_noise, side)
+
+
+def _class_entry(c: dd.DemoClass, params: DemoParams) -> dict:
+    """A class of captions.json: its name and attributes (colour "any" with
+    `colour_free`; a cooking word with `variants` > 1)."""
+    entry = {
+        "name": c.name,
+        "shape": dd.SHAPES[c.look.shape],
+        "colour": "any" if params.colour_free else list(dd.COLOURS)[c.look.colour],
+        "texture": dd.TEXTURES[c.look.texture],
+        "flavour": dd.FLAVOURS[c.flavour][0],
+    }
+    if c.cooking is not None:
+        entry["cooking"] = dd.COOKING[c.cooking]
+    return entry
 
 
 @contextlib.contextmanager
@@ -128,7 +142,7 @@ def write_backbone(params: DemoParams, folder: Path) -> None:
     from pipeline.fakes import demo_model
 
     folder.mkdir(parents=True, exist_ok=True)
-    demo_model.write_vocab(folder / "vocab.txt")
+    demo_model.write_vocab(folder / "vocab.txt", cooking=params.variants > 1)
     processor = demo_model.make_processor(folder, params)
     with _deterministic_torch(params.seed):
         model = demo_model.build_backbone(params, processor.tokenizer)
