@@ -6,10 +6,9 @@ ViLT, a UPMC-Food101 tree and an N24News tree (both readers of the paper's
 data), and each dataset's prepare folder. Then the newer code runs every
 selected job, its pixels, frozen and tune outputs becoming the inputs of the
 later jobs, and the older code runs the same jobs on those same inputs. Each
-version reads its own `params.yaml` with the fixture's sizes laid over it, and
-runs in a process of its own (`PYTHONPATH` at its tree, through the `pal`
-command group only, so the driver does not depend on either version's
-internals).
+version reads its own `params.yaml` with the fixture's sizes and tune knobs
+laid over it, in a process of its own (`PYTHONPATH` at its tree, through the
+`pal` command group only, not either version's internals).
 
 The jobs reach every method, the frozen variant, the pixel cache on and off
 (images decoded by the loader), a tune killed after its first step and
@@ -54,19 +53,11 @@ FIXTURE: dict[str, dict[str, Any]] = {  # laid over each version's params.yaml
     "data": {"tasks": 2, "missing_type": "both", "missing_rate": 0.5, "seed": 0},
     "pixels": {"enabled": True, "workers": 1},
     "prompt": {"pool_size": 4, "length": 4, "layers": [0, 1]},
-    "tune": {  # every knob that moves a tuning's bytes, so that a new default
-        # in params.yaml is not read as a change of the code
-        "epochs": 1,
-        "batch_size": 4,
-        "lr": 1.0e-4,
-        "head_lr": 1.0e-2,
-        "weight_decay": 0.0,
-        "warmup": 0.1,
-        "recon_weight": 0.01,
-        "prompt_tasks": 0,
-        "seed": 0,
-        "device": "cpu",
-    },
+    # tune: every knob that moves a tuning's bytes (a new default in params.yaml
+    # must not read as a change of the code)
+    "tune": {"epochs": 1, "batch_size": 4, "lr": 1.0e-4, "head_lr": 1.0e-2}
+    | {"weight_decay": 0.0, "warmup": 0.1, "recon_weight": 0.01, "prompt_tasks": 0}
+    | {"seed": 0, "device": "cpu"},
     "extract": {"batch_size": 16, "device": "cpu", "processes": 1},
 }
 DATA = {  # per dataset: its `data` keys (root relative to the inputs)
