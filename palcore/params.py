@@ -148,6 +148,10 @@ def section_from_mapping(cls: type[T], section: str, raw: Any) -> T:
 
 
 RUN_ONLY = {"run_only": True}  # field metadata: changes speed, never a result
+# field metadata of a key added after outputs were recorded: the records that
+# outputs hold (`outcome_record`) name it only when it differs from its
+# default, so the outputs of params that leave it alone keep their bytes
+RECORDED_IF_SET = {"recorded_if_set": True}
 
 
 def outcome_keys(cls: type) -> tuple[str, ...]:
@@ -160,9 +164,15 @@ def outcome_keys(cls: type) -> tuple[str, ...]:
 
 
 def outcome_record(params: Any) -> dict[str, Any]:
-    """`params` as plain JSON-able data, restricted to its `outcome_keys`."""
+    """`params` as plain JSON-able data, restricted to its `outcome_keys`; a
+    `RECORDED_IF_SET` key only when it differs from its default."""
     values = dataclasses.asdict(params)
-    return {key: values[key] for key in outcome_keys(type(params))}
+    unset = {
+        f.name
+        for f in dataclasses.fields(params)
+        if f.metadata.get("recorded_if_set") and values[f.name] == f.default
+    }
+    return {k: values[k] for k in outcome_keys(type(params)) if k not in unset}
 
 
 def check(ok: bool, key: str, message: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from palcore.errors import ParamsError
-from palcore.params import RUN_ONLY, Device, check, load_section
+from palcore.params import RECORDED_IF_SET, RUN_ONLY, Device, check, load_section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +259,14 @@ class TuneParams:
     head_lr: float | None = None  # the head's learning rate (None: same as lr)
     weight_decay: float = 0.0  # AdamW weight decay (active slice and head only)
     warmup: float = 0.1  # fraction of a task's steps spent in linear warm-up
+    # the lr after warm-up: cosine to 0, or kept ("none"); AdamW's beta2 (beta1
+    # 0.9); the max global gradient norm (None: no clipping). Added after tune's
+    # outputs were first recorded: named in them only when set (RECORDED_IF_SET)
+    decay: Literal["cosine", "none"] = dataclasses.field(
+        default="cosine", metadata=RECORDED_IF_SET
+    )
+    beta2: float = dataclasses.field(default=0.98, metadata=RECORDED_IF_SET)
+    clip_norm: float | None = dataclasses.field(default=None, metadata=RECORDED_IF_SET)
     recon_weight: float = 0.01  # λ, weight of the reconstruction loss
     # beyond the paper, 0 (the paper): the prompts train in every task; n > 0:
     # only in the first n tasks, later tasks add their slices at init and train
@@ -287,6 +295,12 @@ class TuneParams:
         check(self.weight_decay >= 0, "tune.weight_decay", "must be >= 0")
         check(0.0 <= self.warmup < 1.0, "tune.warmup", "must lie in [0, 1)")
         check(self.recon_weight >= 0, "tune.recon_weight", "must be >= 0")
+        check(0.0 < self.beta2 < 1.0, "tune.beta2", "must lie in (0, 1)")
+        check(
+            self.clip_norm is None or self.clip_norm > 0,
+            "tune.clip_norm",
+            f"must be > 0 or null, got {self.clip_norm}",
+        )
         check(self.prompt_tasks >= 0, "tune.prompt_tasks", "must be >= 0")
         check(self.num_workers >= 0, "tune.num_workers", "must be >= 0")
 

@@ -272,3 +272,34 @@ def test_maps_own_budget_is_an_opt_in_row(tmp_path, name):
     ]
     assert prompt[0] == prompt[1] and prompt[0].method == "map"
     assert raw["ablation"]["map_own"]["head"] == "bp"
+
+
+@pytest.mark.parametrize(
+    "name", ["params.yaml", "configs/food101.yaml", "configs/n24news.yaml"]
+)
+def test_l2ps_own_budget_is_an_opt_in_row(tmp_path, name):
+    """`l2p_own`: L2P's row with its authors' budget (Adam, lr 0.03 × 128/256,
+    batch 128, constant, clip 1.0, 5 epochs), in no pipeline; `l2p` keeps
+    the shared one and the same prompts."""
+    import yaml
+    from helpers import committed
+
+    from palcore.params import Source
+    from pipeline import params as pparams
+
+    path = tmp_path / "params.yaml"
+    path.write_text(committed(name))
+    raw = yaml.safe_load(path.read_text())
+    assert all("l2p_own" not in names for names in raw["pipelines"].values())
+    own = pparams.load(Source(path, variant="l2p_own"), "tune")
+    shared = pparams.load(Source(path, variant="l2p"), "tune")
+    assert (own.lr, own.head_lr, own.weight_decay) == (0.015, 0.015, 0.0)
+    assert (own.batch_size, own.epochs, own.warmup) == (128, 5, 0.0)
+    assert (own.decay, own.beta2, own.clip_norm) == ("none", 0.999, 1.0)
+    assert (shared.decay, shared.beta2, shared.clip_norm) == ("cosine", 0.98, None)
+    assert own.recon_weight == shared.recon_weight == 1.0
+    prompt = [
+        pparams.load(Source(path, variant=v), "prompt") for v in ("l2p_own", "l2p")
+    ]
+    assert prompt[0] == prompt[1] and prompt[0].position == "input"
+    assert raw["ablation"]["l2p_own"]["head"] == "bp"

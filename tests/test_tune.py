@@ -320,6 +320,53 @@ def test_lr_schedule_warms_up_then_decays_to_zero():
     assert lr_factor(100, 100, 10) == pytest.approx(0.0)
 
 
+def test_lr_schedule_without_decay_keeps_the_full_rate():
+    """`tune.decay: none` (L2P's constant schedule): the warm-up, then 1."""
+    assert [lr_factor(s, 100, 0, "none") for s in (0, 50, 99)] == [1.0, 1.0, 1.0]
+    f = [lr_factor(s, 100, 10, "none") for s in range(100)]
+    assert f[:10] == [lr_factor(s, 100, 10) for s in range(10)]
+    assert f[10:] == [1.0] * 90
+
+
+def test_clip_norm_clips_every_step_and_beta2_reaches_adamw(
+    tmp_path, tiny_vilt, tiny_prepare, monkeypatch
+):
+    """`tune.clip_norm`: each step's gradient over the trained tensors is
+    clipped to that global norm before AdamW steps; `tune.beta2` is AdamW's."""
+    import pipeline.model.train as train_mod
+
+    seen, real = [], torch.nn.utils.clip_grad_norm_
+
+    def spy(params, max_norm):
+        params = list(params)
+        before = real(params, max_norm)
+        after = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
+        )
+        seen.append((max_norm, float(before), float(after)))
+        return before
+
+    monkeypatch.setattr(train_mod.torch.nn.utils, "clip_grad_norm_", spy)
+    betas = []
+    real_adamw = torch.optim.AdamW
+
+    def adamw(groups, **kw):
+        betas.append(kw["betas"])
+        return real_adamw(groups, **kw)
+
+    monkeypatch.setattr("pipeline.model.optim.torch.optim.AdamW", adamw)
+    params = write_params(
+        tmp_path / "p.yaml",
+        tiny_vilt,
+        tune={"epochs": 1, "clip_norm": 1e-3, "beta2": 0.999, "device": "cpu"},
+    )
+    _run(params, tiny_prepare, tmp_path / "tune")
+    assert len(seen) > 0 and {m for m, _, _ in seen} == {1e-3}
+    assert all(b > 1e-3 for _, b, _ in seen)  # every step's gradient was larger
+    assert all(a == pytest.approx(1e-3, rel=1e-4) for _, _, a in seen)
+    assert betas and set(betas) == {(0.9, 0.999)}
+
+
 @pytest.mark.gpu
 def test_cuda_graph_tuning_matches_eager_tuning(tmp_path, tiny_vilt, tiny_prepare):
     """`tune.cuda_graphs` changes speed, not results (up to bf16 noise); with
@@ -410,3 +457,31 @@ def test_prompt_tasks_train_the_prompts_of_the_first_tasks_only(
     never = load_checkpoint(checkpoint_path(tmp_path / "i", 3))["state"]
     head = [k for k in never if k.startswith("head.") and k.endswith(".2")]
     assert head and all(not torch.equal(last[k], never[k]) for k in head)
+
+
+def test_keys_added_after_the_contract_are_recorded_only_when_set():
+    """tune.decay, tune.beta2 and tune.clip_norm came after tune's outputs were
+    first recorded: a checkpoint of params that leave them at their defaults
+    holds the record it held before they existed (same bytes)."""
+    from palcore.params import outcome_record
+
+    record = outcome_record(pparams.TuneParams())
+    assert not {"decay", "beta2", "clip_norm"} & set(record)
+    assert list(record) == [
+        "epochs",
+        "batch_size",
+        "lr",
+        "head_lr",
+        "weight_decay",
+        "warmup",
+        "recon_weight",
+        "prompt_tasks",
+        "seed",
+        "device",
+        "cuda_graphs",
+    ]
+    own = outcome_record(pparams.TuneParams(decay="none", beta2=0.999, clip_norm=1.0))
+    assert (own["decay"], own["beta2"], own["clip_norm"]) == ("none", 0.999, 1.0)
+    assert outcome_record(pparams.TuneParams(beta2=0.999)).keys() - record.keys() == {
+        "beta2"
+    }

@@ -3,8 +3,9 @@
 `train_task` adds task k's prompt slices (Gram–Schmidt init, earlier slices
 frozen) and head rows, caches the frozen queries of the task's training
 samples and of their reconstruction copies (gathered from `pal frozen`'s
-file, or computed here), then trains with AdamW (betas 0.9/0.98, linear
-warm-up then cosine decay over the task's steps) on CE(task k's classes) +
+file, or computed here), then trains with AdamW (betas 0.9/`tune.beta2`,
+linear warm-up then cosine decay over the task's steps, or a constant lr with
+`tune.decay: none`; `tune.clip_norm` clips the gradient) on CE(task k's classes) +
 λ·L_r. Every task reseeds its own RNG streams (`task_seed`), so a resumed
 run gives the bytes of an uninterrupted one.
 
@@ -31,7 +32,7 @@ from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample, Tasks
 from pipeline.model.checkpoint import CheckpointError
 from pipeline.model.device import autocast
-from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
+from pipeline.model.graphs import GraphedSteps, set_lr
 from pipeline.model.losses import (
     DummySegments,
     Parts,
@@ -41,25 +42,17 @@ from pipeline.model.losses import (
     static_loss,
 )
 from pipeline.model.network import PalModel, QueryCache, build_cache
+from pipeline.model.optim import lr_factor, optimiser_for
 from pipeline.model.queries import FrozenQueries
 
 log = logging.getLogger(__name__)
 
-BETAS = (0.9, 0.98)
 CACHE_BATCH = 64  # samples per batch of the frozen query pass
 
 
 def task_seed(seed: int, task: int) -> int:
     """The seed of task `task`'s RNG streams (init, batch order, patch order)."""
     return seed * 1_000_003 + task
-
-
-def lr_factor(step: int, total: int, warmup: int) -> float:
-    """Linear warm-up over `warmup` steps, then cosine decay to 0 at `total`."""
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 @dataclass
@@ -86,10 +79,12 @@ class Session:
     labels: torch.Tensor  # (n,) int64: the training labels (head-only batches)
     seed: int
 
-    def schedule(self, epochs: int, warmup: float) -> Callable[[int], float]:
+    def schedule(
+        self, epochs: int, warmup: float, decay: str = "cosine"
+    ) -> Callable[[int], float]:
         """The lr factor of the i-th step of the task (`lr_factor`)."""
         total = self.per_epoch * epochs
-        return lambda i: lr_factor(i, total, int(warmup * total))
+        return lambda i: lr_factor(i, total, int(warmup * total), decay)
 
 
 def train_task(
@@ -172,8 +167,9 @@ def _session(
         and method is not None
         and method.graphable
         and tune_p.cuda_graphs
+        and tune_p.clip_norm is None  # clipping: the eager step only
     )
-    optimiser, base_lrs = _optimiser(model, tune_p, capturable=graphed)
+    optimiser, base_lrs = optimiser_for(model, tune_p, capturable=graphed)
     dummy = None
     if graphed and copies:
         dummy = dummy_segments(
@@ -182,6 +178,8 @@ def _session(
     step = make_step(
         model, optimiser, cache, task, tune_p.recon_weight, graphed, dummy, graphed
     )
+    if tune_p.clip_norm is not None and not graphed:
+        step = clipped(model, optimiser, cache, task, tune_p)
     loader = make_loader(
         dataset,
         tune_p.batch_size,
@@ -213,7 +211,7 @@ def _epoch(
         disable=None,
         leave=False,
     )
-    factor = s.schedule(tune_p.epochs, tune_p.warmup)
+    factor = s.schedule(tune_p.epochs, tune_p.warmup, tune_p.decay)
     sums = torch.zeros(4, dtype=torch.float64, device=model.backbone.device)
     n_seen = 0
     for i, batch in enumerate(bar):
@@ -307,24 +305,28 @@ def _query_cache(
     return cache
 
 
-def _optimiser(
-    model: PalModel, tune_p: pparams.TuneParams, capturable: bool
-) -> tuple[torch.optim.Optimizer, list[float]]:
-    """AdamW over the head rows (`tune.head_lr`) and prompt slices (`tune.lr`)
-    being trained; returns it and the groups' base learning rates."""
+def clipped(
+    model: PalModel,
+    optimiser: torch.optim.Optimizer,
+    cache: QueryCache,
+    task: int,
+    tune_p: pparams.TuneParams,
+) -> Stepper:
+    """The eager step with the gradient of every trained tensor clipped to a
+    global norm of `tune.clip_norm` before the optimiser steps."""
     device = model.backbone.device
-    head = [p for p in model.head.parameters() if p.requires_grad]
-    prompts = [p for p in model.trainable_parameters() if all(p is not h for h in head)]
-    groups = [{"params": head, "lr": tune_p.head_lr or tune_p.lr}]
-    if prompts:
-        groups.append({"params": prompts, "lr": tune_p.lr})
-    base_lrs = [g["lr"] for g in groups]
-    opt_args = {"betas": BETAS, "weight_decay": tune_p.weight_decay}
-    if capturable:
-        return capturable_adamw(groups, device, **opt_args), base_lrs
-    # fused: one kernel for all parameters
-    fused = device.type == "cuda"
-    return torch.optim.AdamW(groups, fused=fused, **opt_args), base_lrs
+    params = [p for g in optimiser.param_groups for p in g["params"]]
+
+    def eager(batch: Batch) -> Parts:
+        with autocast(device):
+            value, parts = loss(model, batch, cache, task, tune_p.recon_weight)
+        optimiser.zero_grad(set_to_none=True)
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(params, tune_p.clip_norm)
+        optimiser.step()
+        return parts
+
+    return Stepper(eager)
 
 
 def make_step(
