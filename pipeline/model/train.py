@@ -152,13 +152,7 @@ def _session(
         uint8=True,  # normalised on the device, same bits
         pixels=pixels,
     )
-    if method is not None and 0 < tune_p.prompt_tasks < task:
-        log.info(
-            "task %d: tune.prompt_tasks %d, prompts stay at their init",
-            task,
-            tune_p.prompt_tasks,
-        )
-        method.requires_grad_(False)
+    _hold_prompts(method, task, tune_p.prompt_tasks)
     prompted = method is not None and any(p.requires_grad for p in method.parameters())
     copies = prompted and method.copies and tune_p.recon_weight > 0
     cache = _query_cache(model, dataset, task, copies, tune_p.num_workers, frozen)
@@ -178,7 +172,7 @@ def _session(
     step = make_step(
         model, optimiser, cache, task, tune_p.recon_weight, graphed, dummy, graphed
     )
-    if tune_p.clip_norm is not None and not graphed:
+    if tune_p.clip_norm is not None:  # never graphed (above)
         step = clipped(model, optimiser, cache, task, tune_p)
     loader = make_loader(
         dataset,
@@ -192,6 +186,18 @@ def _session(
     per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
     labels = torch.tensor([s.label for s in train])
     return Session(loader, optimiser, base_lrs, step, per_epoch, labels, seed)
+
+
+def _hold_prompts(method: torch.nn.Module | None, task: int, prompt_tasks: int) -> None:
+    """`tune.prompt_tasks` n > 0: from task n + 1 on, the prompts stay at their
+    init (only the head rows train)."""
+    if method is not None and 0 < prompt_tasks < task:
+        log.info(
+            "task %d: tune.prompt_tasks %d, prompts stay at their init",
+            task,
+            prompt_tasks,
+        )
+        method.requires_grad_(False)
 
 
 def _epoch(
