@@ -179,6 +179,23 @@ def test_an_edit_of_pal_stops_repro_before_any_gpu_stage(
     assert "Error: contracts: the code of extract.pal" in check.stderr
 
 
+# keys added since BEFORE_CONTRACTS, all at their defaults in the committed
+# params: that commit's code refuses a key it does not know
+NEWER_KEYS = {
+    "demo": ("variants", "colour_free", "side_dish"),
+    "tune": ("decay", "beta2", "clip_norm"),
+}
+
+
+def _write_older_params(src: Path, dst: Path) -> None:
+    """`src`'s params without NEWER_KEYS, as the older code reads them."""
+    params = yaml.safe_load(src.read_text(encoding="utf-8"))
+    for section, keys in NEWER_KEYS.items():
+        for key in keys:
+            params[section].pop(key)
+    dst.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+
+
 def test_a_workspace_made_before_contracts_moves_over_by_adopt(
     repo: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
@@ -201,7 +218,7 @@ def test_a_workspace_made_before_contracts_moves_over_by_adopt(
     for rel in ("dvc.lock", "ablation/dvc.lock"):  # that commit had two pipelines
         (old / rel).unlink()
     shutil.rmtree(old / "results")
-    shutil.copy(fresh / "params.yaml", old / "params.yaml")
+    _write_older_params(fresh / "params.yaml", old / "params.yaml")
     env = dict(env, PYTHONPATH=str(old))
     dvc = str(BIN / "dvc")
     for args in (
@@ -216,6 +233,7 @@ def test_a_workspace_made_before_contracts_moves_over_by_adopt(
     _run(["git", "commit", "-qm", "reproduced"], old, env)
     copy_project_files(old, but=("params.yaml",))  # the pull, which also
     shutil.rmtree(old / "ablation")  # deletes the ablation's pipeline file
+    shutil.copy(fresh / "params.yaml", old / "params.yaml")  # and adds new keys
     _run(["git", "add", "-A"], old, env)
     _run(["git", "commit", "-qm", "contracts"], old, env)
     out = _run([str(BIN / "pal"), "contracts", "adopt"], old, env)
