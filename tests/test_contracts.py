@@ -13,6 +13,7 @@ a raised version whose outputs are identical fails.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -132,6 +133,36 @@ def test_stamps_name_each_variants_contract(tmp_path: Path) -> None:
         assert l2p["method"] == "l2p"
     pixels = json.loads((tmp_path / "out" / "pixels.json").read_text())
     assert pixels == {"stage": "pixels", "version": v["pixels"]}
+
+
+def test_tune_stamps_carry_the_later_tune_keys_only_when_set(tmp_path) -> None:
+    """tune.decay, beta2 and clip_norm key a tuning through its stamp: absent
+    at their defaults (a workspace made before them keeps its stamps' bytes,
+    so DVC reruns no tuning), present where a variant or the base sets them."""
+    params = tmp_path / "params.yaml"
+    params.write_text(committed("params.yaml"))
+    guard.write_stamps(str(params), tmp_path / "a")
+    pal = json.loads((tmp_path / "a" / "tune" / "pal.json").read_text())
+    assert sorted(pal) == ["method", "method_version", "stage", "version"]
+    own = json.loads((tmp_path / "a" / "tune" / "l2p_own.json").read_text())
+    assert own["tune"] == {"decay": "none", "beta2": 0.999, "clip_norm": 1.0}
+    extract = json.loads((tmp_path / "a" / "extract" / "l2p_own.json").read_text())
+    assert "tune" not in extract
+    data = yaml.safe_load(params.read_text())
+    data["tune"]["beta2"] = 0.95
+    params.write_text(yaml.safe_dump(data))
+    guard.write_stamps(str(params), tmp_path / "b")
+    pal = json.loads((tmp_path / "b" / "tune" / "pal.json").read_text())
+    assert pal["tune"] == {"beta2": 0.95}
+    # the keys the stamp reads are exactly tune's RECORDED_IF_SET keys
+    from pipeline.params import TuneParams
+
+    later = {
+        f.name
+        for f in dataclasses.fields(TuneParams)
+        if f.metadata.get("recorded_if_set")
+    }
+    assert later == {"decay", "beta2", "clip_norm"}
 
 
 def test_the_fixture_reaches_every_unit() -> None:

@@ -29,6 +29,7 @@ ablation's variants being more variants of it (`pal-paper run ablation`).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import shlex
 import shutil
@@ -133,6 +134,19 @@ def expected_params(sections: set[str]) -> set[str]:
     return keys
 
 
+def recorded_if_set() -> set[str]:
+    """The keys added after outputs were first recorded
+    (`palcore.params.RECORDED_IF_SET`): a contracted stage is keyed on them
+    through its stamp, which the `contracts` stage writes (and so declares
+    them), not through its own params."""
+    return {
+        f"{section}.{f.name}"
+        for section, cls in SECTION_CLASSES.items()
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("recorded_if_set")
+    }
+
+
 def run_params(cmd: str) -> set[str]:
     """The params a stage's --run and --variant options make it read."""
     words = shlex.split(cmd)
@@ -168,15 +182,18 @@ def mismatches(spec: dict[str, Any], root: Path = ROOT) -> list[str]:
     code = {p.relative_to(root).as_posix() for p in files}
     stamp = contract_stamp(spec["cmd"])
     deps = spec.get("deps", [])
+    stamped: set[str] = set()
     if stamp is not None:  # keyed on its contract: no code declared
         problems = [f"declared code dep {d}" for d in deps if d.startswith(CODE)]
         problems += [] if stamp in deps else [f"no contract stamp {stamp}"]
+        stamped = recorded_if_set()  # in the stamp when set (contracts stage)
     else:
         if module == "pipeline.stages.contracts":  # the guard of the four
             code |= set(watched_files(root))
         problems = code_problems(code, deps, root)
     params = expected_params(loaded_sections(files)) | run_params(spec["cmd"])
     params |= single_keys(files)
+    params -= stamped
     declared = set(spec.get("params", []))
     problems += [f"undeclared params {p}" for p in sorted(params - declared)]
     problems += [f"declared params not read {p}" for p in sorted(declared - params)]

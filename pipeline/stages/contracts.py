@@ -15,12 +15,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -29,6 +31,7 @@ from palcore.outputs import write_bytes_atomic
 from palcore.params import Source, section_value
 from pipeline import contract_code as code
 from pipeline import contracts as con
+from pipeline.params import TuneParams
 from pipeline.stages.contract_proof import Outcome, coverage_report, verify
 
 log = logging.getLogger(__name__)
@@ -56,9 +59,27 @@ def write_stamps(params_file: str, out: Path) -> list[Path]:
             record = con.stamp(
                 stage, method if enabled is not False else None, versions
             )
+            if stage == "tune" and (keys := tune_keys_set(source)):
+                record["tune"] = keys
             written.append(out / stage / f"{variant}.json")
             write_bytes_atomic(written[-1], con.stamp_bytes(record))
     return written
+
+
+def tune_keys_set(source: Source) -> dict[str, Any]:
+    """The tune keys added after tunings were first recorded
+    (`palcore.params.RECORDED_IF_SET`) that the variant of `source` sets to
+    other than their default. The tune stage is keyed on them through its
+    stamp, not its params: declared by tune, they would be new params to the
+    dvc.lock of every workspace made before them, and DVC would rerun every
+    tuning there with the same bytes. Unset, the stamp keeps its bytes."""
+    values = {
+        "decay": section_value(source, "tune", "decay"),
+        "beta2": section_value(source, "tune", "beta2"),
+        "clip_norm": section_value(source, "tune", "clip_norm"),
+    }
+    defaults = {f.name: f.default for f in dataclasses.fields(TuneParams)}
+    return {k: v for k, v in values.items() if v != defaults[k]}
 
 
 # --- the commands -------------------------------------------------------------
