@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import gpu_pace  # noqa: E402
 import gpu_paths  # noqa: E402
 from gpu_parts import (  # noqa: E402
     cells_check,
@@ -155,7 +156,7 @@ def versions() -> dict[str, Any]:
     return info
 
 
-PARTS = ("tests", "solver", "paths", "rehearsal", "cells", "contracts")
+PARTS = ("tests", "solver", "paths", "rehearsal", "cells", "contracts", "pace")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -174,7 +175,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated subset of tests, solver, paths, rehearsal, cells "
         "(N tunes side by side on one card, after this tree's rehearsal), "
         "contracts (the output contracts' fixture on the card, twice, and "
-        "against --baseline)",
+        "against --baseline), pace (each method's steady step before and "
+        "after, J tunings side by side; writes card.yaml for pal-paper plan)",
     )
     ap.add_argument(
         "--baseline",
@@ -190,7 +192,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--jobs",
         default="1,2,4",
-        help="cells: the numbers of tunes run side by side, in order",
+        help="cells and pace: the numbers of tunes run side by side, in order",
     )
     ap.add_argument(
         "--runner",
@@ -210,6 +212,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         dest="cuda_graphs",
         action="store_false",
         help="the rehearsal tunes without CUDA graphs (tune.cuda_graphs: false)",
+    )
+    ap.add_argument(
+        "--like",
+        default="h200",
+        help="pace: the palpaper/costs.yaml card whose unmeasured figures "
+        "(first-batch wait, extract start-up) card.yaml takes",
+    )
+    ap.add_argument(
+        "--commit",
+        help="pace: the commit of this tree, for card.yaml (default: git's HEAD)",
     )
     ap.add_argument("--workdir", type=Path, help="scratch folder (default: a temp one)")
     return ap.parse_args(argv)
@@ -267,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("tests", "solver", "paths", "rehearsal", "rehearsal_before", "cells")
     failed = [
         p
-        for p in (*keys, "contracts")
+        for p in (*keys, "contracts", "pace")
         if p in report and report[p]["exit"] not in (0, 5)
     ]
     return 1 if failed else 0
@@ -344,6 +356,28 @@ def run_parts(
         r = report["contracts"]
         print(f"gpu_check: contracts: exit {r['exit']}, {r['wall_s']} s", flush=True)
         write_report(a.out, report)
+    if "pace" in parts:
+        report["pace"] = pace_part(a, work, baseline)
+        print(f"gpu_check: pace: exit {report['pace']['exit']}", flush=True)
+        write_report(a.out, report)
+
+
+def pace_part(a: argparse.Namespace, work: Path, baseline: Path | None) -> dict:
+    """bench/gpu_pace.py's part, its card.yaml copied to --out."""
+    import shutil
+
+    import yaml
+
+    costs = yaml.safe_load((ROOT / "palpaper" / "costs.yaml").read_text())
+    cards = costs.get("cards") or {}
+    commit = a.commit or gpu_pace.head_commit()
+    jobs = tuple(int(j) for j in a.jobs.split(","))
+    r = gpu_pace.pace_check(
+        work / "pace", a.device, a.scale, baseline, cards.get(a.like, {}), commit, jobs
+    )
+    if "card_file" in r:
+        shutil.copy(r["card_file"], a.out / "card.yaml")
+    return r
 
 
 def info_has_gpu() -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import gpu_pace  # noqa: E402
 import gpu_paths  # noqa: E402
 
 
@@ -44,6 +45,13 @@ def render(report: dict[str, Any]) -> str:
             f"{s['features_made_s']:.0f} s).",
         ]
     lines += gpu_paths.markdown(report)
+    if "pace" in report:
+        lines += [
+            "",
+            "## Pace: each method's steady step, and tunings side by side",
+            "",
+        ]
+        lines += gpu_pace.markdown(report["pace"])
     for key, title, log in (
         ("rehearsal_before", " (before: the --baseline tree)", "rehearsal-before.log"),
         ("rehearsal", "", "rehearsal.log"),

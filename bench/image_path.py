@@ -127,7 +127,10 @@ def photo_samples(folder: Path, n: int) -> list[Sample]:
         name = f"p{i}.jpg"
         if not (folder / name).exists():
             shape = FOOD101_SHAPES[i % len(FOOD101_SHAPES)]
-            fakes.photo(shape, rng).save(folder / name, quality=90)
+            # its own generator: the draws below are the same whether or not
+            # the photos were made by an earlier call
+            photo_rng = np.random.default_rng([0, i])
+            fakes.photo(shape, photo_rng).save(folder / name, quality=90)
         r = rng.random()
         code = Missing.TEXT if r < 0.35 else Missing.IMAGE if r < 0.7 else 0
         text = " ".join(rng.choice(fakes.TITLE_WORDS, 12))
