@@ -5,8 +5,10 @@ side, and the card's entry of palpaper/costs.yaml written from it.
 1. bench/pace.py on each tree (one process each, the same photos and random
    ViLT): per method samples/s at batch 4 and at the fill batch, host syncs,
    kernels and the GPU's busy share per step, peak memory, FLOPs per sample,
-   and one extract batch's features; after's against before's: the least
-   per-row cosine and the argmax agreement of each method's features;
+   and one extract batch's features (the baseline tree: features, rate and
+   syncs only); after's against before's: the least per-row cosine and the
+   argmax agreement of each method's features, the part failing where a
+   cosine is below COSINE_MIN;
 2. packing: J = 1, 2, 4 processes of this tree, each PAL's step at batch 4,
    warmed up, then stepping together for `seconds` (files in a barrier
    folder start them); the card's samples/s at J over that at 1;
@@ -33,7 +35,8 @@ SCALES = {  # pace.py's arguments per gpu_check scale
     "full": dict(config="vilt-b32", steps=1000, fill=32, photos=512, seconds=3.0),
     "smallest": dict(config="tiny", steps=3, fill=8, photos=24, seconds=0.3),
 }
-PACK_SECONDS = {"full": 20.0, "smallest": 1.0}
+PACK_SECONDS = {"full": 12.0, "smallest": 1.0}
+COSINE_MIN = 0.9999  # per row, after's features against before's (bf16 on a card)
 INHERITED = ("first_batch_s", "extract_startup_s")
 
 
@@ -172,7 +175,8 @@ def pace_check(
     for name, tree in trees:
         out = work / f"pace-{name}"
         out.mkdir(parents=True, exist_ok=True)
-        error = _pace(tree, out, work, args, ["--static"] * (device == "cpu"))
+        extra = ["--static"] * (device == "cpu") + ["--lite"] * (name == "before")
+        error = _pace(tree, out, work, args, extra)
         if error:
             result.update(exit=1, error=f"{name} ({tree}): {error}")
             return result
@@ -183,6 +187,16 @@ def pace_check(
             m for m in after["methods"] if m in result["trees"]["before"]["methods"]
         ]
         result["features"] = compare(work / "pace-before", work / "pace-after", methods)
+        moved = [
+            f"{m} (cosine {f['cosine_min']})"
+            for m, f in result["features"].items()
+            if f["cosine_min"] < COSINE_MIN
+        ]
+        if moved:
+            result.update(
+                exit=1,
+                error=f"features moved beyond cosine {COSINE_MIN}: {', '.join(moved)}",
+            )
     try:
         pack_args = {
             k: v for k, v in args.items() if k in ("config", "device", "photos")

@@ -17,15 +17,15 @@ method is graphable, eager otherwise, as `pal tune` decides):
 - samples/s at batch 4 over `--steps` steps after a warm-up of every batch
   shape's capture and as many steps again (start-up and captures priced
   apart), and at `--fill` (a larger batch: the ceiling of filling the card
-  with one tuning's rows), over a quarter as many steps;
+  with one tuning's rows), over an eighth as many steps;
 - host syncs per step (`torch.cuda.set_sync_debug_mode("warn")` on CUDA; on
   the CPU the ops that would sync, `pipeline.model.vision.SYNC_OPS`);
 - kernels per step and the GPU's busy share (torch.profiler over 20 steps;
   on the CPU the aten ops dispatched per step, and no busy share);
 - peak memory of the tuning (allocator's reserved peak; the CUDA context
   adds about 0.5 GiB), FLOPs per sample (torch.utils.flop_counter);
-- the features of one extract batch, saved per method (`<out>/<method>.pt`),
-  for the cosine of two trees.
+- the features of one extract batch of the seeded model, before any step,
+  saved per method (`<out>/<method>.pt`), for the cosine of two trees.
 
 Also the extract forward's samples/s at batch 256 (PAL) and the frozen
 pass's rows/s. With `--worker`, one of J processes of bench/gpu_pace.py's
@@ -207,11 +207,15 @@ def features(model, ds, device: torch.device) -> torch.Tensor:
 
 
 def one_method(backbone, ds, a, method: str) -> dict[str, Any]:
-    """Every figure of `method` (module docstring)."""
+    """Every figure of `method` (module docstring); with `--lite` only the
+    features, the rate at batch 4 and the syncs (a baseline tree's)."""
     device = torch.device(a.device)
     model = method_model(backbone, a.config, method, device)
-    flops = step_flops(model, ds, device, a.static)
-    out: dict[str, Any] = {"flops_per_sample": flops}
+    # the features first: of the seeded model, before any step trains it
+    torch.save(features(model, ds, device), a.out / f"{method}.pt")
+    out: dict[str, Any] = {}
+    if not a.lite:
+        out["flops_per_sample"] = step_flops(model, ds, device, a.static)
     if a.flops_only:
         return out
     if device.type == "cuda":
@@ -221,14 +225,15 @@ def one_method(backbone, ds, a, method: str) -> dict[str, Any]:
     out["samples_per_s"] = round(t.rate(a.steps), 2)
     out["capture_s"] = round(t.capture_s, 2)
     out["syncs_per_step"] = ip.count_syncs(t, device)
-    out["kernels_per_step"], out["busy_share"] = kernels(t)
-    if device.type == "cuda":
-        out["tuning_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 2)
-    fill = Tuning(model, ds, a.fill, device, static=a.static)
-    out["fill_samples_per_s"] = round(fill.rate(max(1, a.steps // 4)), 2)
-    features_file = a.out / f"{method}.pt"
-    torch.save(features(model, ds, device), features_file)
-    del t, fill, model
+    if not a.lite:
+        out["kernels_per_step"], out["busy_share"] = kernels(t)
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_reserved(device)
+            out["tuning_gib"] = round(peak / 2**30, 2)
+        fill = Tuning(model, ds, a.fill, device, static=a.static)
+        out["fill_samples_per_s"] = round(fill.rate(max(1, a.steps // 8)), 2)
+        del fill
+    del t, model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -336,6 +341,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--flops-only", action="store_true")
     ap.add_argument(
+        "--lite",
+        action="store_true",
+        help="features, batch-4 rate and syncs only (the baseline tree's)",
+    )
+    ap.add_argument(
         "--static",
         action="store_true",
         help="on the CPU, the static step a GPU replays (graphable methods)",
@@ -375,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         result["methods"][method] = m = one_method(backbone, ds, a, method)
         print(f"pace: {method}: {json.dumps(m)}", flush=True)
         (a.out / "pace.json").write_text(json.dumps(result, indent=1))
-    if not a.flops_only:
+    if not (a.flops_only or a.lite):
         result.update(extract_rates(backbone, ds, a))
     (a.out / "pace.json").write_text(json.dumps(result, indent=1))
     return 0
