@@ -291,7 +291,9 @@ def plan_cmd(
     run_ids = _runs(runs)
     if "paper" in names:
         if list(names) != ["paper"]:
-            raise GridError("plan paper: the whole paper, named alone")
+            raise GridError(
+                f"plan: paper (the whole paper) is named alone, got {' '.join(names)}"
+            )
         presets = [(path, _params(Path(path))) for path, _ in PAPER]
         lines = paper_lines(presets, run_ids, cards, card_name)
     else:

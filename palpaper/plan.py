@@ -557,7 +557,8 @@ def _route_lines(route: Route, frozen_h: float, pack: Packing, cards: int) -> li
         f"  all of them: {total:.1f} h (cells shared between results and the "
         "frozen queries counted once)",
         f"  on {cards} card{'s' * (cards != 1)}: {wall:.1f} h wall "
-        f"({cards * pack.slots} slots; {len(slot)} cells, the longest "
+        f"({cards * pack.slots} slot{'s' * (cards * pack.slots != 1)}; "
+        f"{len(slot)} cells, the longest "
         f"{longest:.1f} h)",
         f"  a cluster job's time limit needs {longest:.1f} h: the longest cell, "
         f"{pack.slots} at once on its card ({alone:.1f} h alone, as a `pal-paper "
