@@ -7,6 +7,7 @@
     pal-paper run missing --baselines cited   Tables 1-2 without running the
                                         five compared methods: the paper's numbers
     pal-paper plan all -p configs/food101.yaml   projected GPU time of a preset
+    pal-paper plan paper --gpus 8       the whole paper's, both datasets
 
 A cell is an experiment on the current commit, named after the params it
 changes; `run` queues only the cells that have not finished on this commit,
@@ -45,7 +46,7 @@ from palpaper.options import (
     runs_option,
     shard_option,
 )
-from palpaper.plan import plan_lines, tunings
+from palpaper.plan import CARD_ENV, PAPER, paper_lines, plan_lines, tunings
 
 __all__ = ["main", "tunings"]
 
@@ -139,9 +140,7 @@ def list_cmd(params_file: Path, runs: str | None, baselines: str) -> None:
 @main.command("run")
 @click.argument("names", nargs=-1, metavar="RESULT…")
 @runs_option
-@click.option(
-    "-j", "--jobs", default=1, show_default=True, type=click.IntRange(1), help=JOBS_HELP
-)
+@click.option("-j", "--jobs", default=None, type=click.IntRange(1), help=JOBS_HELP)
 @cells_option
 @shard_option
 @click.option("--gpus", default=None, metavar="ID[,ID…]", help=GPUS_HELP)
@@ -152,7 +151,7 @@ def list_cmd(params_file: Path, runs: str | None, baselines: str) -> None:
 def run_cmd(
     names: tuple[str, ...],
     runs: str | None,
-    jobs: int,
+    jobs: int | None,
     cells: str | None,
     shard: str | None,
     gpus: str | None,
@@ -183,6 +182,9 @@ def run_cmd(
     cite = baselines == "cited"
     if cite:  # checked before the workspace, as the other options are
         check_cite(ids, _params(DEFAULT_PARAMS))
+    if cards is None and jobs is None:  # fill every card torch sees
+        cards = running.fill_cards(ids, _params(DEFAULT_PARAMS), run_ids, cite)
+    jobs = jobs or 1
     rerun = command(ids, run_ids, wanted, shard, jobs, cite=cite)
     repo = Repo(Path.cwd())
     running.refuse_uncommitted(repo, out)
@@ -260,18 +262,44 @@ def collect_cmd(
     metavar="N",
     help="Cards the grid runs on (`pal-paper run --gpus`): the wall time on N.",
 )
+@click.option(
+    "--card",
+    "card_name",
+    default=None,
+    metavar="NAME|PATH",
+    help="The card priced: one of palpaper/costs.yaml's cards (h200, h100, "
+    "cpu) or a card file (`bench/gpu_check.py --parts pace`'s card.yaml). "
+    f"Default: tune.device's: on a GPU ${CARD_ENV} or h200, else cpu.",
+)
 @clean_errors
 def plan_cmd(
-    names: tuple[str, ...], params_file: Path, runs: str | None, cards: int
+    names: tuple[str, ...],
+    params_file: Path,
+    runs: str | None,
+    cards: int,
+    card_name: str | None,
 ) -> None:
     """Projected time of RESULT… from the params (e.g. -p configs/food101.yaml)
-    on the device tune.device names: the tunings and extractions its cells add
-    to a finished `dvc repro`, each at its own epochs, tasks and data.per_class,
-    times ViLT-B/32's measured rates (palpaper/costs.yaml, bench/README.md);
-    the memory of its largest solve, and the wall time on N cards (--gpus N: a
-    card runs one cell at a time)."""
-    params = _params(params_file)
-    lines = plan_lines(_results(names), params, _runs(runs), str(params_file), cards)
+    on a card: the tunings and extractions its cells add to a finished `dvc
+    repro`, each at its own epochs, tasks and data.per_class and at its prompt
+    method's rate (palpaper/costs.yaml, or --card's file); the card filled
+    with as many tunings at once as its packing and memory allow; the card-
+    hours, the wall time on N cards (--gpus N), the longest cell, and the
+    memory of the largest solve. `pal-paper plan paper`: the whole paper,
+    Food101's results (configs/food101.yaml) and N24News's Table 2 and step
+    figure (configs/n24news.yaml), and their total."""
+    run_ids = _runs(runs)
+    if "paper" in names:
+        if list(names) != ["paper"]:
+            raise GridError(
+                f"plan: paper (the whole paper) is named alone, got {' '.join(names)}"
+            )
+        presets = [(path, _params(Path(path))) for path, _ in PAPER]
+        lines = paper_lines(presets, run_ids, cards, card_name)
+    else:
+        params = _params(params_file)
+        ids = _results(names)
+        lines = plan_lines(ids, params, run_ids, str(params_file), cards, card_name)
     for line in lines:
         click.echo(line)
 

@@ -12,13 +12,16 @@ from palpaper import workers
 JOBS_HELP = (
     "Queue workers (`dvc queue start -j N`): N cells at once. Every worker sees "
     "the same devices, so on a GPU box they share the first GPU: use --gpus "
-    "there. 1 on a CPU."
+    "there. Default: 1, or on a GPU every card filled (see --gpus)."
 )
 GPUS_HELP = (
     "One queue worker per CUDA device id listed (e.g. 0,1,2,3), each pinned to "
     "its card with CUDA_VISIBLE_DEVICES: every cell runs on one card, the "
     "workers share the DVC cache. List a card twice for two cells on it at "
-    f"once. Replaces -j. Default: ${workers.ENV} when set."
+    f"once. Replaces -j. Default: ${workers.ENV} when set; else, where "
+    "tune.device is a GPU and neither is -j given, every card torch sees "
+    "filled: as many workers a card as palpaper/costs.yaml's packing and the "
+    "card's memory allow."
 )
 
 

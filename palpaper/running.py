@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from palpaper import workers
+from palpaper import plan, workers
 from palpaper.cells import announce_copies, check_cells, untracked_inputs
 from palpaper.collect import collect, grid
 from palpaper.experiments import ExperimentError, Repo, wait
@@ -136,6 +136,24 @@ def select_cells(
     if shard is not None:
         todo = todo[shard]
     return todo
+
+
+def fill_cards(
+    ids: list[str], params: dict[str, Any], runs: list[int] | None, cite: bool
+) -> list[str] | None:
+    """`pal-paper run`'s workers where neither --gpus, PAL_PAPER_GPUS nor -j
+    says: on a GPU (tune.device), J pinned workers a card torch sees
+    (`workers.fill`; J from the card's packing in palpaper/costs.yaml, or
+    PAL_PAPER_CARD's, and the largest tuning of the grid's methods); None
+    where tune runs on the CPU or torch sees no card (one unpinned worker)."""
+    if plan.device_kind(params) != "GPU":
+        return None
+    card = plan.card(None, "GPU")
+    gib = card.largest(plan.trained_methods(ids, params, runs, cite))
+    gpus, per_card = workers.fill(card["packing"], gib, plan.MEMORY_SHARE)
+    if gpus:
+        log.info(workers.fill_line(per_card, card["packing"], card.where))
+    return gpus or None
 
 
 def _queue(

@@ -31,7 +31,7 @@ from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
 from palpaper.experiments import Repo
 from palpaper.grids import RESULTS, Cell
-from palpaper.plan import costs, minutes, tunings
+from palpaper.plan import Packing, card, cell_seconds, costs
 
 FOLDER = Path(".dvc") / "tmp" / "slurm"
 SIGNAL_S = 180  # SIGUSR1 at most this long before the time limit
@@ -110,21 +110,22 @@ def time_limit(
     runs: Sequence[int] | None = None,
     cite: bool = False,
 ) -> int:
-    """Minutes per task: 1.25 × the longest cell's projected tuning and
-    extraction (`pal-paper plan`'s rates, on a GPU when the task has one)
-    plus START_MIN. A cell longer than the cluster allows is fine: it is
-    stopped ahead of the limit, requeued and resumed."""
-    table = costs()
-    size = table["datasets"].get(str(params["data"]["dataset"]))
-    rates = table["devices"]["GPU" if gpus else "CPU"]
-    longest, wanted = 0.0, {c.name for c in cells}
+    """Minutes per task: 1.25 × the longest cell's projected work on its
+    slot (`pal-paper plan`'s prices, on the GPU card `PAL_PAPER_CARD` names
+    or h200 when the task has a GPU, else the CPU) plus START_MIN. A task
+    holds its cards alone (`--gres`), so its cell's slot is a whole card: J =
+    1. A cell longer than the cluster allows is fine: it is stopped ahead of
+    the limit, requeued and resumed."""
+    size = costs()["datasets"].get(str(params["data"]["dataset"]))
+    c = card(None, "GPU" if gpus else "CPU")
+    alone = Packing(1, float(c["packing"][1]), 0.0)
+    longest, wanted = 0.0, {cell.name for cell in cells}
     for rid in ids:
-        for c in RESULTS[rid].columns(params, runs, cite):
-            if size is None or c.cell.name not in wanted:
+        for col in RESULTS[rid].columns(params, runs, cite):
+            if size is None or col.cell.name not in wanted:
                 continue
-            t, e = tunings(RESULTS[rid], c.cell, params)
-            tm, em = minutes(c.cell, params, rates, size)
-            longest = max(longest, t * tm + e * em)
+            work = cell_seconds(RESULTS[rid], col.cell, params, c, size) / 60
+            longest = max(longest, alone.slot_h(work))
     return math.ceil(1.25 * longest) + START_MIN
 
 

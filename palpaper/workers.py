@@ -8,6 +8,13 @@ own processes, so each cell runs on exactly one card. The workers take their
 cells from the one queue and share the project's DVC cache; a card listed
 twice gets two workers (two cells at once on it).
 
+Without --gpus (and PAL_PAPER_GPUS), `pal-paper run` fills every card torch
+sees (`fill`): J workers a card, J the most tunings at once that the card's
+`packing` (palpaper/costs.yaml) has a figure for and 90 % of its memory
+holds. They are processes, not threads or streams of one: a cell's bytes stay
+independent of its neighbours', as DVC's run-cache needs (it keys a cell by
+its params alone, not by what ran beside it).
+
 A worker exits by itself once the queue is empty. Its pid is kept in DVC's
 queue folder (`.dvc/tmp/exps/celery/pal-gpu-<i>.pid`), so a rerun starts only
 the workers that are gone, and `stop` ends them.
@@ -20,7 +27,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from palcore.errors import PalError
@@ -47,6 +54,49 @@ def parse_gpus(text: str | None) -> list[str] | None:
             f"'{text}' ('{bad[0]}' is not one)"
         )
     return ids
+
+
+def fill(
+    packing: Mapping[int, float], gib: float, share: float
+) -> tuple[list[str], dict[str, int]]:
+    """Workers that fill every card torch sees: (the card of each worker, the
+    cards round-robin so the first cells spread; card -> J). J is the largest
+    of `packing` whose J tunings of `gib` GiB fit in `share` of the card's
+    memory, 1 at least. The cards are CUDA_VISIBLE_DEVICES' ids where it is
+    set, else 0..device_count - 1; none: ([], {})."""
+    import torch
+
+    n = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [x.strip() for x in visible.split(",") if x.strip()][:n]
+    else:
+        ids = [str(i) for i in range(n)]
+    per_card = {}
+    for index, gpu in enumerate(ids):
+        memory = torch.cuda.get_device_properties(index).total_memory / 2**30
+        fits = [j for j in packing if j * gib <= share * memory]
+        per_card[gpu] = max(fits, default=1)
+    rounds = max(per_card.values(), default=0)
+    gpus = [g for r in range(rounds) for g in ids if per_card[g] > r]
+    return gpus, per_card
+
+
+def fill_line(
+    per_card: Mapping[str, int], factors: Mapping[int, float], where: str
+) -> str:
+    """The line that says how `fill` filled the cards."""
+    n = sum(per_card.values())
+    if len(set(per_card.values())) == 1:
+        j = next(iter(per_card.values()))
+        cards = f"card{'s' * (len(per_card) != 1)} {','.join(per_card)} x {j}"
+        each = " each" if len(per_card) > 1 else ""
+        return (
+            f"{n} worker{'s' * (n != 1)}: {cards} tuning{'s' * (j != 1)}{each} "
+            f"(packing {factors[j]:g}x, {where})"
+        )
+    cards = ", ".join(f"{g} x {j}" for g, j in per_card.items())
+    return f"{n} workers: cards {cards} tunings (packing by card's memory, {where})"
 
 
 def _folder(root: Path) -> Path:

@@ -18,7 +18,6 @@ import pytest
 import yaml
 from helpers import committed, committed_params, pal_paper
 
-from palpaper.cli import tunings
 from palpaper.collect import labelled
 from palpaper.grids import RESULTS, Cell, make_cell
 from palpaper.render import build, cell, row_name
@@ -229,79 +228,6 @@ def test_the_demo_says_there_is_nothing_to_compare() -> None:
     ]
 
 
-def test_plan_projects_gpu_hours_from_the_measured_tuning() -> None:
-    # missing on Food101: 14 new cells (70 % both is the committed one) x 3 runs;
-    # pal trains, init and frozen only extract: 42 tunings, 126 extractions; each
-    # prompt baseline trains and extracts in all 15 cells x 3 runs
-    cells = RESULTS["missing"].columns(FOOD, None)
-    counts = [tunings(RESULTS["missing"], c.cell, FOOD) for c in cells]
-    n_base = len(FOOD["pipelines"]["baselines"])
-    assert n_base >= 3  # map, msp, rebq (l2p, dualprompt)
-    trained, extracted = 42 + 45 * n_base, 126 + 45 * n_base
-    assert sum(t for t, _ in counts) == trained
-    assert sum(e for _, e in counts) == extracted
-    out = subprocess.run(
-        [
-            str(BIN / "pal-paper"),
-            "plan",
-            "missing",
-            "upsampling",
-            "-p",
-            "configs/food101.yaml",
-            "--gpus",
-            "4",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
-    )
-    assert out.returncode == 0, out.stderr
-    # bench/README.md's H200 rates: 50.6 min of tune and 3.4 of extract; the
-    # frozen queries once, 3 rows of each of the 83,843 samples at 727.3 rows/s
-    tune = (23.3 + 10 * 61127 / 203.4 + 10 * 0.9) / 60
-    extract = (24.1 + 10 * 0.0 + (61127 + 22716 * 5.5) / 1030.3) / 60
-    frozen = 3 * (61127 + 22716) / 727.3 / 60
-    hours = (trained * tune + extracted * extract) / 60
-    # 14 cells of equal cost (pal, init and frozen, and the baselines, 3 runs
-    # each), the committed scenario's (the baselines only) and upsampling's 5
-    # cells (no features) on 4 cards: 4, 4, 3 and 3 of the 14, the committed
-    # one with the least loaded card
-    cell = ((3 + 3 * n_base) * tune + (9 + 3 * n_base) * extract) / 60
-    base = 3 * n_base * (tune + extract) / 60
-    wall = frozen / 60 + max(4 * cell, 3 * cell + base)
-    # the baselines cited: 14 cells of PAL's tunings and three extractions,
-    # the committed scenario is `dvc repro`'s own (0 h) and upsampling's 15k
-    # cell is that same one: 19 cells, 4, 4, 3 and 3 of the 14 on the cards
-    cited = (3 * tune + 9 * extract) / 60
-    lines = out.stdout.splitlines()
-    assert lines[0] == (
-        "food101, one NVIDIA H200 (tune.device cuda): tune 50.6 min and extract "
-        "3.4 min per (variant, run) at the committed params (bench/README.md, "
-        "bench/gpu_check.py's rehearsal, 12 photos a class); the frozen queries "
-        f"{frozen:.1f} min once (shared by every cell)"
-    )
-    assert lines[1:] == [
-        "  --baselines measured (the default): the five compared methods run too",
-        f"    missing: 15 cells, {trained} tunings, {extracted} extractions: "
-        f"{hours:.1f} h",
-        "    upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
-        f"    all of them: {hours + frozen / 60:.1f} h (cells shared between "
-        "results and the frozen queries counted once)",
-        f"    on 4 cards: {wall:.1f} h wall (20 cells, the longest {cell:.1f} h)",
-        "  --baselines cited: MAP, MSP, L2P, DualPrompt and RebQ not run (Tables "
-        "1-2 cite the paper)",
-        f"    missing: 15 cells, 42 tunings, 126 extractions: {14 * cited:.1f} h",
-        "    upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
-        f"    all of them: {14 * cited + frozen / 60:.1f} h (cells shared between "
-        "results and the frozen queries counted once)",
-        f"    on 4 cards: {frozen / 60 + 4 * cited:.1f} h wall (19 cells, the "
-        f"longest {cited:.1f} h)",
-        "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
-        "per solve (solve.device auto)",
-    ]
-
-
 # --- the collector on hand-made experiments -------------------------------
 
 
@@ -469,47 +395,6 @@ def test_a_params_file_without_a_key_the_grids_read_is_one_line(tmp_path: Path) 
     assert out.stderr.strip() == "Error: p.yaml: no key 'pipelines.main'"
     out = paper(tmp_path, "plan", "all", "-p", "nope.yaml")
     assert out.stderr.strip() == "Error: nope.yaml: params file not found"
-
-
-def test_plan_follows_the_params_and_the_device(tmp_path: Path) -> None:
-    """A CPU rehearsal of the preset (one photo of each class and split, one
-    epoch, one run, PAL alone) is priced at this machine's CPU rates, not at
-    the preset's full-size GPU run."""
-    from palpaper.plan import costs
-
-    params = yaml.safe_load((ROOT / "configs" / "food101.yaml").read_text())
-    params["data"].update(per_class=1, tasks=5)
-    params["tune"].update(device="cpu", epochs=1)
-    params["extract"]["device"] = "cpu"
-    params["protocol"]["runs"] = [0]
-    params["pipelines"]["main"] = ["pal"]
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    out = paper(tmp_path, "plan", "upsampling", "tasks", "-p", "p.yaml")
-    assert out.returncode == 0, out.stderr
-    cpu = costs()["devices"]["CPU"]
-    # 100 classes: 100 training and 100 test samples; K tasks
-    tune = (12.3 + 100 / 0.4) / 60  # 1 epoch of 100 samples
-    frozen = 3 * 200 / 1.8 / 60  # once: 3 rows of each sample at 1.8 rows/s
-
-    def extract(k: int) -> float:  # step j embeds the test samples of tasks 1..j
-        return (21.7 + (100 + 100 * (k + 1) / 2) / 0.9) / 60
-
-    assert cpu["tune_per_s"] == 0.4 and cpu["extract_per_s"] == 0.9
-    # tasks: K = 10, 20, 50 are new cells (5 is the committed one), PAL only
-    hours = sum(tune + extract(k) for k in (10, 20, 50)) / 60
-    assert out.stdout.splitlines() == [
-        "food101, this project's 2-core CPU (AMD EPYC Zen 4) (tune.device cpu): "
-        f"tune {tune:.1f} min and extract {extract(5):.1f} min per (variant, "
-        "run) at the committed params (bench/README.md, the CPU rehearsal at "
-        f"ViLT-B/32's sizes); the frozen queries {frozen:.1f} min once (shared by "
-        "every cell)",
-        "  upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
-        f"  tasks: 4 cells, 3 tunings, 3 extractions: {hours:.1f} h",
-        f"  all of them: {hours + frozen / 60:.1f} h (cells shared between results "
-        "and the frozen queries counted once)",
-        "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
-        "per solve (solve.device auto)",
-    ]
 
 
 # --- before queuing, and after a killed worker ---------------------------------

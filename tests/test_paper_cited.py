@@ -10,7 +10,6 @@ does): no pipeline runs here.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import subprocess
@@ -237,49 +236,6 @@ def test_a_cited_table_takes_the_five_rows_from_the_paper_alone() -> None:
     assert csv[6].startswith("Acc,ACIL,measured,60.0000,,78.6200,60.0000,")
 
 
-def test_plan_prices_the_measured_and_the_cited_route() -> None:
-    out = paper(ROOT, "plan", "missing", "-p", "configs/food101.yaml")
-    assert out.returncode == 0, out.stderr
-    rows = FOOD["ablation"]
-    five = [v for v in rows if rows[v].get("paper") in CITED]
-    trained = [v for v in five if rows[v]["changes"].get("tune", {}).get("epochs") != 0]
-    # 15 cells x 3 runs of each of the five; PAL trains in the 14 cells off the
-    # committed scenario, PAL, init and frozen extract there
-    measured_t, measured_e = 42 + 45 * len(trained), 126 + 45 * len(five)
-    cited_t, cited_e = measured_t - 45 * len(trained), measured_e - 45 * len(five)
-    assert (cited_t, cited_e) == (42, 126)
-    tune = (23.3 + 10 * 61127 / 203.4 + 10 * 0.9) / 60  # costs.yaml's H200
-    extract = (24.1 + (61127 + 22716 * 5.5) / 1030.3) / 60
-    frozen = 3 * (61127 + 22716) / 727.3 / 60 / 60  # hours, once
-    routes = ((measured_t, measured_e), (cited_t, cited_e))
-    hours = [(t * tune + e * extract) / 60 for t, e in routes]
-    n = len(five)
-    longest = [
-        ((3 + 3 * n) * tune + (9 + 3 * n) * extract) / 60,
-        (3 * tune + 9 * extract) / 60,
-    ]
-    lines = out.stdout.splitlines()
-    assert lines[1:] == [
-        "  --baselines measured (the default): the five compared methods run too",
-        f"    missing: 15 cells, {measured_t} tunings, {measured_e} extractions: "
-        f"{hours[0]:.1f} h",
-        f"    all of them: {hours[0] + frozen:.1f} h (cells shared between results "
-        "and the frozen queries counted once)",
-        f"    on 1 card: {hours[0] + frozen:.1f} h wall (15 cells, the longest "
-        f"{longest[0]:.1f} h)",
-        "  --baselines cited: MAP, MSP, L2P, DualPrompt and RebQ not run (Tables "
-        "1-2 cite the paper)",
-        f"    missing: 15 cells, 42 tunings, 126 extractions: {hours[1]:.1f} h",
-        f"    all of them: {hours[1] + frozen:.1f} h (cells shared between results "
-        "and the frozen queries counted once)",
-        f"    on 1 card: {hours[1] + frozen:.1f} h wall (15 cells, the longest "
-        f"{longest[1]:.1f} h)",
-        "  largest solve: width 15000, a 15000 x 15000 float64 Gram matrix of 1.8 GB "
-        "per solve (solve.device auto)",
-    ]
-    assert [f"{h:.1f}" for h in hours] == ["245.2", "42.6"]
-
-
 def _env() -> dict[str, str]:
     home = os.environ.get("HOME", "/tmp")
     return {"PATH": "/usr/bin:/bin", "HOME": home, "DVC_NO_ANALYTICS": "1"}
@@ -379,22 +335,3 @@ def test_collect_renders_the_cited_route_from_its_own_cells(tmp_path: Path) -> N
     assert len(steps) == 4 + 3 * 4
     png = (repo / "results/paper/food101/steps.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_a_slurm_tasks_time_limit_follows_the_route_and_the_runs() -> None:
-    from palpaper.running import select_cells
-    from palpaper.slurm import START_MIN, time_limit
-
-    tune = 23.3 + 10 * 61127 / 203.4 + 10 * 0.9  # minutes x 60, costs.yaml's H200
-    extract = 24.1 + (61127 + 22716 * 5.5) / 1030.3
-    # the longest cell: the five and PAL train, PAL, init and frozen extract
-    # too; --runs 0: one run each; cited: PAL's tuning and three extractions
-    for runs, cite, (t, e) in (
-        (None, False, (18, 24)),
-        ([0], False, (6, 8)),
-        (None, True, (3, 9)),
-        ([0], True, (1, 3)),
-    ):
-        cells = select_cells(["missing"], FOOD, runs, None, None, cite)
-        limit = time_limit(["missing"], cells, FOOD, 1, runs, cite)
-        assert limit == math.ceil(1.25 * (t * tune + e * extract) / 60) + START_MIN
