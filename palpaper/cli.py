@@ -179,9 +179,8 @@ def run_cmd(
         gpus if gpus is not None else os.environ.get(workers.ENV)
     )
     wanted = _cells(cells)
-    cite = baselines == "cited"
-    if cite:  # checked before the workspace, as the other options are
-        check_cite(ids, _params(DEFAULT_PARAMS))
+    # checked before the workspace, as the other options are
+    cite = _cite(baselines, ids, _params(DEFAULT_PARAMS))
     if cards is None and jobs is None:  # fill every card torch sees
         cards = running.fill_cards(ids, _params(DEFAULT_PARAMS), run_ids, cite)
     jobs = jobs or 1

@@ -24,302 +24,44 @@ places the cells on N × J slots (`wall_hours`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from palpaper.grids import RESULTS, Cell, GridError, Result, cited_variants, get
+from palpaper.cards import (  # noqa: F401  (plan's names for its callers)
+    CARD_ENV,
+    CARD_KEYS,
+    MEMORY_SHARE,
+    Card,
+    card,
+    check_card,
+    costs,
+)
+from palpaper.grids import RESULTS, Cell, GridError, cited_variants, get
 from palpaper.notes import listed
-from palpaper.packaged import package_yaml, published
+from palpaper.packaged import published
+from palpaper.prices import (  # noqa: F401  (plan's names for its callers)
+    Variant,
+    cell_seconds,
+    device_kind,
+    extract_seconds,
+    frozen_minutes,
+    pairs,
+    trained_methods,
+    tune_seconds,
+    tunings,
+    unique,
+    variant,
+)
 from palpaper.workers import wall_hours
 
-FREE_KEYS = {"pipelines.main", "protocol.runs"}
 DTYPE_BYTES = {"float64": 8, "float32": 4}
-CARD_ENV = "PAL_PAPER_CARD"  # the card a GPU is priced as (NAME or PATH)
-MEMORY_SHARE = 0.9  # of a card's memory that its J tunings may take
-CARD_KEYS = (
-    "name",
-    "memory_gib",
-    "status",
-    "commit",
-    "basis",
-    "steps",
-    "tune_startup_s",
-    "first_batch_s",
-    "capture_s_per_task",
-    "frozen_rows_per_s",
-    "extract_startup_s",
-    "extract_per_s",
-    "tune_per_s",
-    "tuning_gib",
-    "packing",
-)
-RATES = ("frozen_rows_per_s", "extract_per_s")  # > 0: divided by
-SECONDS = ("tune_startup_s", "first_batch_s", "capture_s_per_task", "extract_startup_s")
 # the whole paper: Food101's results, N24News's Table 2 and its step figure
 # (the paper gives N24News no other result: palpaper/published.yaml)
 PAPER = (
     ("configs/food101.yaml", tuple(RESULTS)),
     ("configs/n24news.yaml", ("missing", "steps")),
 )
-
-
-def costs() -> dict[str, Any]:
-    return package_yaml("costs.yaml")
-
-
-def methods() -> tuple[str, ...]:
-    """Every prompt method a card prices (pipeline.params' MethodName)."""
-    from typing import get_args
-
-    from pipeline.params import MethodName
-
-    return get_args(MethodName)
-
-
-@dataclass(frozen=True)
-class Card:
-    """A card's figures (one entry of costs.yaml's `cards`, or a card file),
-    checked; `where` names it in lines and errors."""
-
-    where: str
-    entry: Mapping[str, Any]
-
-    def __getitem__(self, key: str) -> Any:
-        return self.entry[key]
-
-    def status(self) -> str:
-        """What its figures are: measured where, or projected from what."""
-        e = self.entry
-        if e["status"] == "measured":
-            return f"measured on {e['name']} at {e['commit']}, {e['steps']} steps"
-        return f"projected from {e['basis']}"
-
-    def slots(self, gib: float, memory: float | None = None) -> int:
-        """J: the most tunings of `gib` GiB each that `packing` has a figure
-        for and 90 % of the card's memory (or `memory` GiB, a card torch
-        sees) holds; 1 at least: a cell runs."""
-        memory = self.entry["memory_gib"] if memory is None else memory
-        if memory is None:  # not recorded: packing names J = 1 only
-            return 1
-        fits = [j for j in self.entry["packing"] if j * gib <= MEMORY_SHARE * memory]
-        return max(fits, default=1)
-
-    def largest(self, methods: Sequence[str]) -> float:
-        """GiB of the largest tuning of `methods` (0 for none)."""
-        return max((float(self.entry["tuning_gib"][m]) for m in methods), default=0.0)
-
-
-def check_card(entry: Any, where: str) -> Card:
-    """A card entry with every key of CARD_KEYS, a rate and a memory for each
-    prompt method, and J = 1 in its packing; else one line naming `where`."""
-    if not isinstance(entry, Mapping):
-        raise GridError(f"{where}: a card entry (a mapping of {', '.join(CARD_KEYS)})")
-    for key in CARD_KEYS:
-        if key not in entry:
-            raise GridError(f"{where}: no key '{key}'")
-    if entry["status"] not in ("measured", "projected"):
-        raise GridError(
-            f"{where}: status is measured or projected, got '{entry['status']}'"
-        )
-    for key in RATES:
-        _number(entry[key], where, key, positive=True)
-    for key in SECONDS:
-        _number(entry[key], where, key)
-    for key, positive in (("tune_per_s", True), ("tuning_gib", False)):
-        table = entry[key]
-        if not isinstance(table, Mapping):
-            raise GridError(f"{where}: {key}: a number for each prompt method")
-        for method in methods():
-            if method not in table:
-                raise GridError(
-                    f"{where}: no key '{key}.{method}' (every prompt method: "
-                    f"{', '.join(methods())})"
-                )
-            _number(table[method], where, f"{key}.{method}", positive)
-    packing = entry["packing"]
-    if not isinstance(packing, Mapping) or 1 not in packing:
-        raise GridError(f"{where}: packing needs J = 1 (one tuning alone): 1: 1.0")
-    for j, factor in packing.items():
-        if not isinstance(j, int) or isinstance(j, bool) or j < 1:
-            raise GridError(f"{where}: packing: J is a whole number ≥ 1, got {j!r}")
-        _number(factor, where, f"packing.{j}", positive=True)
-    if entry["memory_gib"] is None:
-        if set(packing) != {1}:
-            raise GridError(
-                f"{where}: memory_gib is empty, so packing names J = 1 only"
-            )
-    else:
-        _number(entry["memory_gib"], where, "memory_gib", positive=True)
-    return Card(where, entry)
-
-
-def _number(value: Any, where: str, key: str, positive: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or value < 0 or (positive and value == 0):
-        word = "a positive number" if positive else "a number ≥ 0"
-        raise GridError(f"{where}: {key} is {word}, got {value!r}")
-
-
-def card(name: str | None, kind: str = "GPU") -> Card:
-    """--card NAME|PATH: one of costs.yaml's cards, or a YAML file holding one
-    card entry. None: the card of a `kind` device ('GPU': $PAL_PAPER_CARD,
-    else h200; 'CPU': cpu)."""
-    if name is None:
-        name = (os.environ.get(CARD_ENV) or "h200") if kind == "GPU" else "cpu"
-    cards = costs()["cards"]
-    if name in cards:
-        return check_card(cards[name], f"palpaper/costs.yaml {name}")
-    path = Path(name)
-    if not path.is_file():
-        raise GridError(
-            f"--card: no card '{name}' (palpaper/costs.yaml has "
-            f"{', '.join(cards)}) and no such file"
-        )
-    try:
-        entry = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError):
-        raise GridError(f"{name}: not valid YAML") from None
-    return check_card(entry, name)
-
-
-def pairs(r: Result, cell: Cell, params: Mapping[str, Any]) -> list[str]:
-    """The variant of each (variant, run) a cell adds to what `dvc repro`
-    made."""
-    if r.keeps_features:
-        return []
-    variants = cell.value(params, "pipelines.main")
-    run_ids = cell.value(params, "protocol.runs")
-    changed = {k for k, _ in cell.overrides} - FREE_KEYS
-    if changed:
-        return [v for v in variants for _ in run_ids]
-    # the committed scenario: new variants or runs only
-    old_v = set(get(params, "pipelines.main"))
-    old_r = set(get(params, "protocol.runs"))
-    return [v for v in variants for x in run_ids if v not in old_v or x not in old_r]
-
-
-@dataclass(frozen=True)
-class Variant:
-    """What prices a variant in a cell: its prompt method, whether it has
-    prompts, its epochs (its `ablation` changes over the cell's params)."""
-
-    method: str
-    prompts: bool
-    epochs: int
-
-
-def variant(params: Mapping[str, Any], cell: Cell, name: str) -> Variant:
-    changes = (get(params, "ablation").get(name) or {}).get("changes") or {}
-    prompt, tune = changes.get("prompt") or {}, changes.get("tune") or {}
-
-    def value(key: str, default: Any) -> Any:
-        try:
-            return cell.value(params, key)
-        except GridError:  # a params file without it: the pipeline's default
-            return default
-
-    return Variant(
-        str(prompt.get("method", value("prompt.method", "pal"))),
-        bool(prompt.get("enabled", value("prompt.enabled", True))),
-        int(tune.get("epochs", value("tune.epochs", 0))),
-    )
-
-
-def trained_methods(
-    ids: Sequence[str],
-    params: Mapping[str, Any],
-    runs: Sequence[int] | None,
-    cite: bool = False,
-) -> list[str]:
-    """The prompt methods the cells of results `ids` train, in order."""
-    found: list[str] = []
-    for rid in ids:
-        for col in RESULTS[rid].columns(params, runs, cite):
-            kinds = [
-                variant(params, col.cell, v)
-                for v in pairs(RESULTS[rid], col.cell, params)
-            ]
-            found = _unique([*found, *(v.method for v in kinds if v.epochs != 0)])
-    return found
-
-
-def tunings(r: Result, cell: Cell, params: Mapping[str, Any]) -> tuple[int, int]:
-    """(trained tunings, extractions) a cell adds to what `dvc repro` made."""
-    added = pairs(r, cell, params)
-    trained = sum(variant(params, cell, v).epochs != 0 for v in added)
-    return trained, len(added)
-
-
-def device_kind(params: Mapping[str, Any]) -> str:
-    """'GPU' or 'CPU': where tune runs (`auto`: a GPU when torch sees one)."""
-    from pipeline.model.device import auto_device
-
-    return "GPU" if auto_device(str(get(params, "tune.device"))) == "cuda" else "CPU"
-
-
-def tune_seconds(
-    cell: Cell, params: Mapping[str, Any], v: Variant, c: Card, size: Mapping
-) -> float:
-    """One tuning of variant `v` in the cell alone on the card: its start-up,
-    per task the new loader's first batch and the graph capture, then the
-    steady steps at its method's rate."""
-    k = int(cell.value(params, "data.tasks"))
-    train, _ = _samples(cell, params, size)
-    t = c["tune_startup_s"] + k * (c["first_batch_s"] + c["capture_s_per_task"])
-    return t + v.epochs * train / c["tune_per_s"][v.method]
-
-
-def extract_seconds(
-    cell: Cell, params: Mapping[str, Any], v: Variant, c: Card, size: Mapping
-) -> float:
-    """One extraction: its start-up and every step's embeddings; without
-    prompts (ACIL, `frozen`) the features are a gather of `pal frozen`'s
-    queries (no forward), so its start-up only."""
-    if not v.prompts:
-        return c["extract_startup_s"]
-    k = int(cell.value(params, "data.tasks"))
-    train, test = _samples(cell, params, size)
-    return c["extract_startup_s"] + (train + test * (k + 1) / 2) / c["extract_per_s"]
-
-
-def cell_seconds(
-    r: Result, cell: Cell, params: Mapping[str, Any], c: Card, size: Mapping
-) -> float:
-    """The work a cell adds, one process alone on the card: seconds."""
-    total = 0.0
-    for name in pairs(r, cell, params):
-        v = variant(params, cell, name)
-        if v.epochs != 0:
-            total += tune_seconds(cell, params, v, c, size)
-        total += extract_seconds(cell, params, v, c, size)
-    return total
-
-
-def frozen_minutes(params: Mapping[str, Any], c: Card, size: Mapping) -> float:
-    """Minutes of the frozen-queries stage, once per dataset: every sample in
-    its three states (complete, text missing, image missing)."""
-    train, test = _samples(Cell(()), params, size)
-    return 3 * (train + test) / c["frozen_rows_per_s"] / 60
-
-
-def _samples(cell: Cell, params: Mapping[str, Any], size: Mapping) -> tuple[int, int]:
-    """(training, test) samples of the cell: the dataset's, or at most
-    `data.per_class` of each class and split."""
-    per_class = cell.value(params, "data.per_class") if _has(params) else None
-    train, test = size["train"], size["test"]
-    if per_class is not None:
-        train = min(train, size["classes"] * per_class)
-        test = min(test, size["classes"] * per_class)
-    return train, test
-
-
-def _has(params: Mapping[str, Any]) -> bool:
-    return "per_class" in (params.get("data") or {})
 
 
 def largest_solve(cells: Sequence[Cell], params: Mapping[str, Any]) -> str:
@@ -359,7 +101,7 @@ class Grid:
     routes: dict[bool, Route]
 
     def methods(self) -> list[str]:
-        return _unique(m for r in self.routes.values() for m in r.methods)
+        return unique(m for r in self.routes.values() for m in r.methods)
 
 
 @dataclass(frozen=True)
@@ -449,9 +191,9 @@ def paper_lines(
         price(ids, params, runs, path, c)
         for (path, params), (_, ids) in zip(presets, PAPER, strict=True)
     ]
-    pack = packing(c, _unique(m for g in grids for m in g.methods()))
+    pack = packing(c, unique(m for g in grids for m in g.methods()))
     lines = [f"the paper, {c['name']} ({c.where}): {c.status()}"]
-    lines.append(_packing_line(pack, c, _unique(m for g in grids for m in g.methods())))
+    lines.append(_packing_line(pack, c, unique(m for g in grids for m in g.methods())))
     for (path, _), grid in zip(presets, grids, strict=True):
         lines.append(f"  {grid.dataset} ({path}): {', '.join(grid.ids)}")
         lines += ["  " + line for line in _grid_lines(grid, c, pack, cards)]
@@ -467,13 +209,6 @@ def paper_lines(
             f"longest {max(slot, default=0.0):.1f} h)"
         )
     return lines
-
-
-def _unique(items: Any) -> list[str]:
-    out: list[str] = []
-    for item in items:
-        out += [item] if item not in out else []
-    return out
 
 
 def _packing_line(pack: Packing, c: Card, methods: Sequence[str]) -> str:
@@ -604,7 +339,7 @@ def _route(
             seen.add(col.cell.name)
             added = pairs(RESULTS[rid], col.cell, params)
             kinds = [variant(params, col.cell, v) for v in added]
-            route.methods = _unique(
+            route.methods = unique(
                 [*route.methods, *(v.method for v in kinds if v.epochs != 0)]
             )
             route.cells_h.append(
