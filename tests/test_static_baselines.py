@@ -92,6 +92,11 @@ def test_static_loss_equals_the_eager_loss(backbone, data, row):
     padded to 5 rows (label −1), whose padding counts for nothing."""
     model, ds, cache, _ = _setup(backbone, data, row)
     assert type(model.prompts).graphable
+    # MAP's input tokens start as rows of ones and pile up over the layers: the
+    # text padded to max_text_len sums in another order, and a few of P's 768
+    # gradient elements differ by up to 3e-4 relative (float32 noise that
+    # depends on the CPU's threads); the others hold to PAL's 1e-4
+    rtol = 1e-3 if row == "map_input" else 1e-4
     sizes = []
     for batch in make_loader(ds, 5, copies=False):
         sizes.append(batch.n)
@@ -114,7 +119,7 @@ def test_static_loss_equals_the_eager_loss(backbone, data, row):
         ]
         for name, g in grads_e.items():
             if g is not None:
-                torch.testing.assert_close(grads_s[name], g, rtol=1e-4, atol=1e-6)
+                torch.testing.assert_close(grads_s[name], g, rtol=rtol, atol=1e-6)
     assert sizes == [5, 5, 2]
     trained = [g for g in grads_e.values() if g is not None]
     assert trained and all(g.abs().sum() > 0 for g in trained)
