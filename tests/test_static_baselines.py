@@ -72,7 +72,8 @@ def _setup(backbone, data, row):
     ds = SampleDataset(
         train, tasks.root, backbone.processor, T, backbone.image_side, uint8=True
     )
-    cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
+    with autocast(backbone.device):  # bf16 on CUDA, as `pal tune`'s
+        cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
     dummy = dummy_segments(backbone, ds.empty_ids, ds.empty_mask, ds.dummy_image())
     return model, ds, cache, dummy
 
@@ -302,7 +303,6 @@ def test_graphed_steps_run_without_a_host_sync(tiny_vilt, data, row):
     synchronising op or blocking copy, and replay that graph."""
     backbone = load_backbone(str(tiny_vilt), T).place(torch.device("cuda"))
     model, ds, cache, dummy = _setup(backbone, data, row)
-    model.to(backbone.device)
     tune_p = TuneParams(lr=3e-3, clip_norm=0.05, device="cuda")
     optimiser, _ = optimiser_for(model, tune_p, capturable=True)
     dummy = dummy if model.prompts.copies else None
