@@ -196,6 +196,35 @@ def make_model(backbone, tasks, steps: int = 1, **prompt):
     return model
 
 
+def sync_counter():
+    """A dispatch mode (enter it with `with`) whose `syncs` lists, by aten
+    name, the ops run inside it that make the host wait for the device
+    (`pipeline.model.vision.SYNC_OPS`) and boolean-mask indexing (a hidden
+    `nonzero`). It sees the ops on the CPU too, so CPU tests catch them."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pipeline.model import vision
+
+    class SyncCounter(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.syncs: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func._schema.name.replace("::", ".")
+            bool_index = name == "aten.index" and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                for i in (args[1] if len(args) > 1 else [])
+                if i is not None
+            )
+            if name in vision.SYNC_OPS or bool_index:
+                self.syncs.append(name)
+            return func(*args, **(kwargs or {}))
+
+    return SyncCounter()
+
+
 def write_params(path: Path, backbone: Path, **sections) -> Path:
     """A params.yaml for tune/extract tests; `sections` override keys."""
     params = {

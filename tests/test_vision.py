@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import make_model
+from helpers import make_model, sync_counter
 from PIL import Image
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from palcore.codes import Missing
 from pipeline.data.images import vilt_pixels
@@ -21,26 +20,6 @@ from pipeline.model.backbone import load_backbone
 from pipeline.model.losses import static_inputs
 
 SIZES = [(32, 32), (32, 48), (48, 32), (40, 64)]  # raw photo sizes (h, w)
-
-
-class SyncCounter(TorchDispatchMode):
-    """Counts the ops that make the host wait for the device (`vision.SYNC_OPS`)
-    and boolean-mask indexing (a hidden `nonzero`)."""
-
-    def __init__(self):
-        super().__init__()
-        self.syncs: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name.replace("::", ".")
-        bool_index = name == "aten.index" and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool
-            for i in (args[1] if len(args) > 1 else [])
-            if i is not None
-        )
-        if name in vision.SYNC_OPS or bool_index:
-            self.syncs.append(name)
-        return func(*args, **(kwargs or {}))
 
 
 def _photos(sizes, seed=0):
@@ -105,9 +84,9 @@ def test_full_images_equal_embed_full(backbone):
 def test_padded_embedding_makes_no_host_sync_and_hf_does(backbone):
     ids, am, px, pm, hw = _inputs(backbone, ["a", "b", "c", "d"], SIZES)
     backbone.embed_padded(ids, am, px, hw)  # grids cached: a later batch's case
-    with SyncCounter() as fast:
+    with sync_counter() as fast:
         backbone.embed_padded(ids, am, px, hw)
-    with SyncCounter() as hf:
+    with sync_counter() as hf:
         backbone.embed(ids, am, px, pm)
     assert fast.syncs == []
     assert len(hf.syncs) >= 10  # nonzero, unique and per-row masks
@@ -117,7 +96,7 @@ def test_embed_takes_the_padded_path_where_fast(backbone):
     ids, am, px, pm, hw = _inputs(backbone, ["a", "b", "c", "d"], SIZES)
     backbone.fast_embed = True
     try:
-        with SyncCounter() as counter:
+        with sync_counter() as counter:
             h, mask = backbone.embed(ids, am, px, None, hw)
     finally:
         backbone.fast_embed = False
@@ -225,7 +204,7 @@ def test_graphed_step_inputs_of_uint8_batches_make_no_host_sync(
         batch[uint8] = next(iter(make_loader(ds, 4)))
     backbone.fast_embed = True  # what place() sets on CUDA
     try:
-        with SyncCounter() as counter:
+        with sync_counter() as counter:
             new = static_inputs(model, batch[True], rows=6)
     finally:
         backbone.fast_embed = False

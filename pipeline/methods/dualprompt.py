@@ -32,7 +32,7 @@ from torch import nn
 from palcore.errors import ParamsError
 from pipeline.methods.l2p import cosine, uniform
 from pipeline.model.encoder import Backbone, LayerPrompt
-from pipeline.model.method import Method, Out, View, layer_prompts
+from pipeline.model.method import Method, Out, View, layer_prompts, valid_mean
 from pipeline.params import PromptParams
 
 
@@ -41,6 +41,7 @@ class DualPrompt(Method):
     D) and its key K[t] (D,)."""
 
     aux_name = "pull"
+    graphable = True
 
     @classmethod
     def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
@@ -112,10 +113,14 @@ class DualPrompt(Method):
         out = layer_prompts(G, self.g_layers, "prefix") if self.g_layers else {}
         return out | layer_prompts(E, self.e_layers, "prefix")
 
+    def distances(self, q: torch.Tensor, task: int) -> torch.Tensor:
+        """1 − cos(q, K_task) per query q (B, D): (B, 1) float32."""
+        with torch.autocast(q.device.type, enabled=False):
+            return 1 - cosine(q.detach(), self.K[task - 1][None])
+
     def pull(self, q: torch.Tensor, task: int) -> torch.Tensor:
         """mean over the batch of (1 − cos(q, K_task)), scalar float32."""
-        with torch.autocast(q.device.type, enabled=False):
-            return (1 - cosine(q.detach(), self.K[task - 1][None])).mean()
+        return self.distances(q, task).mean()
 
     def features(self, backbone: Backbone, view: View) -> Out:
         prompts = self.prompts(self.select(view.q_t, view.task))
@@ -124,6 +129,15 @@ class DualPrompt(Method):
         if view.task is None:
             return Out(x, torch.zeros((), device=x.device), rows)
         return Out(x, self.pull(view.q_t, view.task), rows)
+
+    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+        """`features` in training (`task` given): the task's E-prompt for every
+        row, the pull loss a mean over the valid rows."""
+        q_t, task = inputs["q_t"], inputs["task"]
+        prompts = self.prompts(self.select(q_t, task))
+        x = backbone.encode(inputs["h"], inputs["mask"], prompts)[:, 0].float()
+        pull, rows = valid_mean(self.distances(q_t, task)[:, 0], inputs["valid"])
+        return Out(x, pull, rows)
 
 
 METHOD = DualPrompt

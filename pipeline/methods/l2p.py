@@ -56,7 +56,7 @@ from torch import nn
 
 from palcore.errors import ParamsError
 from pipeline.model.encoder import Backbone
-from pipeline.model.method import Method, Out, View, layer_prompts
+from pipeline.model.method import Method, Out, View, layer_prompts, valid_mean
 from pipeline.params import PromptParams
 
 INIT_SCALE = 1e-2  # U(0, 0.01): flax's `initializers.uniform()`
@@ -98,6 +98,7 @@ class L2P(Method):
     """The pool P (M, J, L_p, D) and its keys K (M, D)."""
 
     aux_name = "pull"
+    graphable = True
 
     @classmethod
     def check(cls, params: PromptParams, n_tasks: int, dim: int, depth: int) -> None:
@@ -143,17 +144,36 @@ class L2P(Method):
         """The pull loss from the chosen keys' cosines (B, N): scalar."""
         return (1 - cos).sum(-1).mean()
 
-    def features(self, backbone: Backbone, view: View) -> Out:
-        idx, cos = self.select(view.q_t)
+    def joint(
+        self,
+        backbone: Backbone,
+        h: torch.Tensor,
+        mask: torch.Tensor,
+        q_t: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The joint embeddings (B, D) float32 of h (B, N, D), mask (B, N)
+        with the prompts that q_t (B, D) picks, and the chosen keys'
+        cosines (B, N) (`select`)."""
+        idx, cos = self.select(q_t)
         P = self.prompts(idx)  # (J, B, N·L_p, D)
         if self.position == "prefix":  # L2P++: the text CLS
             prompts = layer_prompts(P, self.layers, self.position)
-            x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+            x = backbone.encode(h, mask, prompts)[:, 0].float()
         else:  # L2P: the mean of the J·N·L_p prompt positions' outputs
             prompts = layer_prompts(P, self.layers, self.position, keep=True)
-            out = backbone.encode(view.h, view.mask, prompts, prompt_outputs=True)
+            out = backbone.encode(h, mask, prompts, prompt_outputs=True)
             x = out[:, : P.shape[0] * P.shape[2]].float().mean(1)
+        return x, cos
+
+    def features(self, backbone: Backbone, view: View) -> Out:
+        x, cos = self.joint(backbone, view.h, view.mask, view.q_t)
         return Out(x, self.pull(cos), torch.full((), len(x), device=x.device))
+
+    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+        """`features` with the pull loss a mean over the valid rows."""
+        x, cos = self.joint(backbone, inputs["h"], inputs["mask"], inputs["q_t"])
+        pull, rows = valid_mean((1 - cos).sum(-1), inputs["valid"])
+        return Out(x, pull, rows)
 
 
 METHOD = L2P

@@ -110,6 +110,7 @@ class Map(Method):
     """Three prompt sets P (3, J, L_p, D), chosen by each sample's case."""
 
     masked = False
+    graphable = True
 
     def __init__(self, params: PromptParams, n_tasks: int, dim: int, depth: int):
         super().__init__()
@@ -135,13 +136,28 @@ class Map(Method):
         return pooler_head(backbone)
 
     def prompts(self, missing: torch.Tensor) -> torch.Tensor:
-        """The sets of samples of `missing` (B,) codes: (J, B, L_p, D) float32."""
-        return self.P.float()[missing.to(self.P.device)].transpose(0, 1)
+        """The sets of samples of `missing` (B,) codes (host or device):
+        (J, B, L_p, D) float32."""
+        code = missing.to(self.P.device, non_blocking=True)
+        return self.P.float()[code].transpose(0, 1)
 
     def features(self, backbone: Backbone, view: View) -> Out:
         P = self.prompts(view.missing)
         prompts = layer_prompts(P, self.layers, self.position, keep=True)
         return no_aux(backbone.encode(view.h, view.mask, prompts)[:, 0].float())
+
+    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+        """`features` as it is: its shapes follow the batch's and the codes
+        are on the device (padding rows get their sets; the CE ignores them)."""
+        view = View(
+            inputs["h"],
+            inputs["mask"],
+            inputs["T"],
+            inputs["q_t"],
+            inputs["q_v"],
+            inputs["missing"],
+        )
+        return self.features(backbone, view)
 
 
 METHOD = Map

@@ -43,6 +43,7 @@ class Msp(Method):
 
     masked = False
     aux_name = "ortho"
+    graphable = True
 
     def __init__(self, params: PromptParams, n_tasks: int, dim: int, depth: int):
         super().__init__()
@@ -80,7 +81,7 @@ class Msp(Method):
         """Prompts (J, B, 2 L_p, D) float32 — text set, then image set — and
         their mask (B, 2 L_p) bool: a set is on where its modality is present."""
         J, L, D = self.P.shape[1:]
-        code = missing.to(self.P.device)
+        code = missing.to(self.P.device, non_blocking=True)
         B = len(code)
         P = self.P.float()
         text_on, image_on = (
@@ -106,12 +107,29 @@ class Msp(Method):
         norms = P[0].pow(2).sum((1, 2)) * P[1].pow(2).sum((1, 2))
         return (cross / norms.clamp_min(1e-12)).mean()
 
+    def joint(
+        self,
+        backbone: Backbone,
+        h: torch.Tensor,
+        mask: torch.Tensor,
+        missing: torch.Tensor,
+    ) -> torch.Tensor:
+        """The prompted text CLS (B, D) float32 of h (B, N, D), mask (B, N)
+        with `missing` (B,) codes (host or device)."""
+        P, on = self.prompts(missing)
+        prompts = layer_prompts(P, self.layers, self.position, on, keep=True)
+        return backbone.encode(h, mask, prompts)[:, 0].float()
+
     def features(self, backbone: Backbone, view: View) -> Out:
-        P, mask = self.prompts(view.missing)
-        prompts = layer_prompts(P, self.layers, self.position, mask, keep=True)
-        x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+        x = self.joint(backbone, view.h, view.mask, view.missing)
         rows = torch.full((), len(x), device=x.device)
         return Out(x, self.orthogonality(), rows)
+
+    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+        """`features` with the codes on the device; L_o is the batch's
+        whatever its rows, counted over the valid ones."""
+        x = self.joint(backbone, inputs["h"], inputs["mask"], inputs["missing"])
+        return Out(x, self.orthogonality(), inputs["valid"].sum())
 
 
 METHOD = Msp

@@ -17,10 +17,11 @@ so a GPU step can be captured and replayed as a CUDA graph
 (`pipeline.model.graphs`): text padded to `model.max_text_len` (`static_inputs`),
 the copies spliced on the device from the embedded dummy inputs
 (`DummySegments`), masks in place of host-side counts. It is an optimisation
-of `loss` for graphable methods (PAL), held to it by
-tests/test_static_step.py (loss parts and every gradient, for every prompt
-variant). On the CPU it is slower than `loss` (measured in bench/README.md),
-so `pal tune` uses it only on CUDA.
+of `loss` for graphable methods (every method), held to it by
+tests/test_static_step.py (PAL's loss parts and every gradient, for every
+prompt variant) and tests/test_static_baselines.py (the other methods). On
+the CPU it is slower than `loss` (measured in bench/README.md), so `pal tune`
+uses it only on CUDA.
 """
 
 from __future__ import annotations
@@ -56,14 +57,15 @@ def loss(
     Returns the loss (scalar, with graph) and detached parts: ce, aux,
     aux_rows (the rows aux is a mean over; PAL: complete samples), correct
     (argmax hits within the CE's classes). No host synchronisation, so a GPU
-    can run ahead.
+    can run ahead; the host->device copies do not wait (the loader pins
+    its batches on CUDA).
     """
     dev = model.backbone.device
     n = batch.n
-    idx = batch.index.to(dev)
+    idx = batch.index.to(dev, non_blocking=True)
     q = cache.q[idx]  # (n, 2, D)
     lo, hi = model.train_range(task)
-    labels = batch.labels.to(dev) - lo
+    labels = batch.labels.to(dev, non_blocking=True) - lo
     if model.prompts is None:
         zero = torch.zeros((), device=dev)
         out = Out(q[:, 0], zero, zero)
@@ -73,7 +75,8 @@ def loss(
         view = View(h[:n], mask[:n], ids.shape[1], q[:, 0], q[:, 1], batch.missing)
         view.task = task
         if len(batch.complete) and model.prompts.copies:
-            view.copies = _copies(h, mask, n, idx, batch.complete.to(dev), cache)
+            comp = batch.complete.to(dev, non_blocking=True)
+            view.copies = _copies(h, mask, n, idx, comp, cache)
         out = model.prompts.features(model.backbone, view)
     logits = model.head(out.x)[:, lo:hi]
     ce = F.cross_entropy(logits, labels)
@@ -229,6 +232,13 @@ def static_loss(
     labels (B,) int64 on the device, label −1 marking a padding row.
     `dummy` None: no copies (no reconstruction loss). Returns the loss and
     the parts of `loss`.
+
+    The method's `static_features` gets a dict: h, mask, T; copies (h_a,
+    mask_a, h_b, mask_b) (`splice_copies`; the rows themselves without
+    `dummy`); q_t, q_v (B, D) frozen queries and qc (B, 2, D) those of the
+    copies; missing (B,) int64, complete (B,) bool (rows whose copies
+    count) and valid (B,) bool (not padding), all on the device; task, the
+    training task (int, 1-based).
     """
     index, missing, labels = inputs["index"], inputs["missing"], inputs["labels"]
     q = cache.q[index]  # (B, 2, D)
@@ -254,6 +264,8 @@ def static_loss(
         ],  # [q_t of the image-dropped, q_v of the text-dropped]
         "missing": missing,
         "complete": complete,
+        "valid": valid,
+        "task": task,
     }
     out = model.prompts.static_features(model.backbone, view)
     logits = model.head(out.x)[:, lo:hi]

@@ -96,8 +96,12 @@ class Method(nn.Module):
         raise NotImplementedError
 
     def static_features(self, backbone: Backbone, inputs: dict) -> Out:
-        """`features` with shapes fixed by the input shapes (graphable methods;
-        see `pipeline.model.losses.static_loss`)."""
+        """`features` of a training batch with shapes fixed by the input
+        shapes and no host synchronisation (graphable methods; the dict is
+        built in `pipeline.model.losses.static_loss`, which says what it
+        holds): everything per sample arrives on the device, rows whose
+        `valid` is False are padding and count for nothing, and `aux_rows`
+        counts valid rows where `features` counts the batch's."""
         raise NotImplementedError
 
     def make_head(self, backbone: Backbone) -> nn.Module | None:
@@ -113,6 +117,16 @@ def no_aux(x: torch.Tensor) -> Out:
     """`Out` of joint embeddings x (B, D) with no auxiliary loss."""
     zero = torch.zeros((), device=x.device)
     return Out(x, zero, zero)
+
+
+def valid_mean(
+    values: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of per-row values (B,) over the rows where `valid` (B,) bool,
+    and their count (int64 scalar), without reading the count on the host:
+    a static step's batch mean over its real rows (0 when there are none)."""
+    n = valid.sum()
+    return (values * valid).sum() / n.clamp_min(1), n
 
 
 def layer_prompts(

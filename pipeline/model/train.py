@@ -5,14 +5,14 @@ frozen) and head rows, caches the frozen queries of the task's training
 samples and of their reconstruction copies (gathered from `pal frozen`'s
 file, or computed here), then trains with AdamW (betas 0.9/`tune.beta2`,
 linear warm-up then cosine decay over the task's steps, or a constant lr with
-`tune.decay: none`; `tune.clip_norm` clips the gradient) on CE(task k's classes) +
-λ·L_r. Every task reseeds its own RNG streams (`task_seed`), so a resumed
+`tune.decay: none`; `tune.clip_norm` clips the gradient) on CE(task k's
+classes) + λ·L_r. Every task reseeds its own RNG streams (`task_seed`), so a resumed
 run gives the bytes of an uninterrupted one.
 
 `make_step` runs one optimiser step of `losses.loss` or, on a GPU
-(`tune.cuda_graphs`), of `losses.static_loss` replayed as a CUDA graph per
-batch shape (`pipeline.model.graphs`): a batch-4 step is otherwise bound by
-kernel launches.
+(`tune.cuda_graphs`, every method), of `losses.static_loss` replayed as a
+CUDA graph per batch shape (`pipeline.model.graphs`), clipped or not: a
+batch-4 step is otherwise bound by kernel launches.
 """
 
 from __future__ import annotations
@@ -161,7 +161,6 @@ def _session(
         and method is not None
         and method.graphable
         and tune_p.cuda_graphs
-        and tune_p.clip_norm is None  # clipping: the eager step only
     )
     optimiser, base_lrs = optimiser_for(model, tune_p, capturable=graphed)
     dummy = None
@@ -170,10 +169,16 @@ def _session(
             backbone, dataset.empty_ids, dataset.empty_mask, dataset.dummy_image()
         )
     step = make_step(
-        model, optimiser, cache, task, tune_p.recon_weight, graphed, dummy, graphed
+        model,
+        optimiser,
+        cache,
+        task,
+        tune_p.recon_weight,
+        graphed,
+        dummy,
+        graphed,
+        tune_p.clip_norm,
     )
-    if tune_p.clip_norm is not None:  # never graphed (above)
-        step = clipped(model, optimiser, cache, task, tune_p)
     loader = make_loader(
         dataset,
         tune_p.batch_size,
@@ -311,30 +316,6 @@ def _query_cache(
     return cache
 
 
-def clipped(
-    model: PalModel,
-    optimiser: torch.optim.Optimizer,
-    cache: QueryCache,
-    task: int,
-    tune_p: pparams.TuneParams,
-) -> Stepper:
-    """The eager step with the gradient of every trained tensor clipped to a
-    global norm of `tune.clip_norm` before the optimiser steps."""
-    device = model.backbone.device
-    params = [p for g in optimiser.param_groups for p in g["params"]]
-
-    def eager(batch: Batch) -> Parts:
-        with autocast(device):
-            value, parts = loss(model, batch, cache, task, tune_p.recon_weight)
-        optimiser.zero_grad(set_to_none=True)
-        value.backward()
-        torch.nn.utils.clip_grad_norm_(params, tune_p.clip_norm)
-        optimiser.step()
-        return parts
-
-    return Stepper(eager)
-
-
 def make_step(
     model: PalModel,
     optimiser: torch.optim.Optimizer,
@@ -344,6 +325,7 @@ def make_step(
     static: bool = False,
     dummy: DummySegments | None = None,
     graphs: bool = False,
+    clip_norm: float | None = None,
 ) -> Stepper:
     """One optimiser step per batch.
 
@@ -352,9 +334,12 @@ def make_step(
     spliced from `dummy` (None: no reconstruction loss), and a short last
     batch is padded to a full one with rows labelled −1, which count for
     nothing. graphs=True (CUDA): each static step is replayed as a CUDA graph
-    per batch shape (`GraphedSteps`).
+    per batch shape (`GraphedSteps`). clip_norm (`tune.clip_norm`): the
+    gradient of every trained tensor is clipped to that global norm before
+    the optimiser steps, in either form.
     """
     device = model.backbone.device
+    params = [p for g in optimiser.param_groups for p in g["params"]]
     if not static:
 
         def eager(batch: Batch) -> Parts:
@@ -362,6 +347,8 @@ def make_step(
                 value, parts = loss(model, batch, cache, task, recon_weight)
             optimiser.zero_grad(set_to_none=True)
             value.backward()
+            if clip_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, clip_norm)
             optimiser.step()
             return parts
 
@@ -371,6 +358,10 @@ def make_step(
         with autocast(device, cache_enabled=False):
             value, parts = static_loss(model, inputs, cache, dummy, task, recon_weight)
         value.backward()
+        if clip_norm is not None:  # the norm stays on the device: no sync
+            torch.nn.utils.clip_grad_norm_(
+                params, clip_norm, error_if_nonfinite=False, foreach=True
+            )
         optimiser.step()
         return parts
 
