@@ -284,7 +284,9 @@ def build_backbone(config: str, device: torch.device, work: Path):
             fakes.make_hub_vilt(folder, layers=4)
         else:
             fakes.make_hub_vilt(folder, full_size=True)
-    return load_backbone(str(folder), 40).place(device)
+    backbone = load_backbone(str(folder), 40).place(device)
+    backbone.fast_embed = True  # as on CUDA (place()): the CPU shows its rule
+    return backbone
 
 
 def dataset(backbone, work: Path, photos: int) -> SampleDataset:
