@@ -119,7 +119,7 @@ class DualPrompt(Method):
 
     def features(self, backbone: Backbone, view: View) -> Out:
         prompts = self.prompts(self.select(view.q_t, view.task))
-        x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+        x = backbone.encode(view.h, view.mask, prompts, read=(0,))[:, 0].float()
         rows = torch.full((), len(x), device=x.device)
         if view.task is None:
             return Out(x, torch.zeros((), device=x.device), rows)

@@ -148,10 +148,11 @@ class L2P(Method):
         P = self.prompts(idx)  # (J, B, N·L_p, D)
         if self.position == "prefix":  # L2P++: the text CLS
             prompts = layer_prompts(P, self.layers, self.position)
-            x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+            x = backbone.encode(view.h, view.mask, prompts, read=(0,))[:, 0].float()
         else:  # L2P: the mean of the J·N·L_p prompt positions' outputs
             prompts = layer_prompts(P, self.layers, self.position, keep=True)
-            out = backbone.encode(view.h, view.mask, prompts, prompt_outputs=True)
+            read = slice(0, P.shape[0] * P.shape[2])  # the prompt positions
+            out = backbone.encode(view.h, view.mask, prompts, True, read)
             x = out[:, : P.shape[0] * P.shape[2]].float().mean(1)
         return Out(x, self.pull(cos), torch.full((), len(x), device=x.device))
 

@@ -109,7 +109,7 @@ class Msp(Method):
     def features(self, backbone: Backbone, view: View) -> Out:
         P, mask = self.prompts(view.missing)
         prompts = layer_prompts(P, self.layers, self.position, mask, keep=True)
-        x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+        x = backbone.encode(view.h, view.mask, prompts, read=(0,))[:, 0].float()
         rows = torch.full((), len(x), device=x.device)
         return Out(x, self.orthogonality(), rows)
 
