@@ -64,7 +64,9 @@ class _Graph:
 class GraphedSteps:
     """Run `step(inputs)` (forward, backward and `optimiser.step()` of one
     batch; returns detached tensors) as a CUDA graph per distinct set of input
-    shapes, eagerly once `max_graphs` graphs exist.
+    shapes, eagerly once `max_graphs` graphs exist. A Food101-like task has
+    up to 12 image-token counts (bench/batch_shapes.py) times up to 5 text
+    buckets (`losses.text_bucket`, 8 … 40 tokens): 64 graphs hold them all.
 
     Each graph owns its gradient buffers: gradients are set to None before
     every capture and every eager step, so graphs never accumulate into one
@@ -75,7 +77,7 @@ class GraphedSteps:
         self,
         step: StepFn,
         optimiser: torch.optim.Optimizer,
-        max_graphs: int = 16,
+        max_graphs: int = 64,
     ):
         self.step = step
         self.optimiser = optimiser
