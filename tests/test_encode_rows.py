@@ -153,3 +153,69 @@ def test_read_ranges_merges_runs_and_refuses_what_is_not_there():
         read_ranges((10,), 10)
     with pytest.raises(ValueError, match="slices of step 1 only"):
         read_ranges(slice(0, 10, 2), 10)
+
+
+# ---------------------------------------------------------------- no masked key
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "sdpa"])
+def test_no_mask_equals_a_mask_of_all_true(tiny, fused, monkeypatch):
+    backbone, h, _ = _embedded(tiny)
+    monkeypatch.setattr(backbone, "fused_attention", fused)
+    B, N, D = h.shape
+    ones = torch.ones(B, N, dtype=torch.bool)
+    g = torch.Generator().manual_seed(3)
+    keys = torch.randn(B, 2, D, generator=g)
+    prompts = {0: LayerPrompt(mask=torch.ones(B, 2, dtype=torch.bool), keys=keys,
+                              values=keys.flip(1))}  # fmt: skip
+    with torch.no_grad():
+        for p in (None, prompts):
+            want = backbone.encode(h, ones, p, read=(0, T))
+            got = backbone.encode(h, None, p, read=(0, T))
+            if fused:
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            else:  # adding a zero bias is exact
+                assert torch.equal(got, want)
+
+
+def test_no_masked_keys_reads_host_masks_and_image_sizes(tiny):
+    backbone = tiny[0]
+    full, padded = torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 5).long()
+    padded[1, 4] = 0
+    same = torch.tensor([[32, 32], [32, 32]])
+    transposed = torch.tensor([[16, 32], [32, 16]])  # one patch count: 8
+    other = torch.tensor([[32, 32], [16, 32]])  # 16 and 8 patches
+    assert backbone.no_masked_keys(full, same)
+    assert backbone.no_masked_keys(full, transposed)
+    assert not backbone.no_masked_keys(padded, same)
+    assert not backbone.no_masked_keys(full, other)
+    assert not backbone.no_masked_keys(full, None)
+
+
+def test_a_batch_without_padding_gets_its_queries_without_a_mask(tiny, monkeypatch):
+    from pipeline.model.queries import batch_queries
+    from pipeline.model.vision import batch_inputs
+
+    backbone, samples, tasks = tiny
+    one = select(samples, "train", [1])[:1]
+    ds = SampleDataset(one, tasks.root, backbone.processor, T, backbone.image_side)
+    batch = next(iter(make_loader(ds, 1)))
+    assert backbone.no_masked_keys(batch.attention_mask, batch.image_sizes)
+    masks = []
+    encode = Backbone.encode
+
+    def spy(self, h, mask, *args, **kw):
+        masks.append(mask)
+        return encode(self, h, mask, *args, **kw)
+
+    torch.manual_seed(0)
+    ids, am, px, pm = batch_inputs(batch, backbone.device)
+    h, mask = backbone.embed(ids, am, px, pm, batch.image_sizes)
+    with torch.no_grad():
+        want = backbone.queries(h, mask, ids.shape[1])
+    monkeypatch.setattr(Backbone, "encode", spy)
+    torch.manual_seed(0)
+    got = batch_queries(backbone, batch)
+    assert masks == [None]
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)

@@ -202,14 +202,16 @@ class Backbone(nn.Module):
     def encode(
         self,
         h: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         prompts: dict[int, LayerPrompt] | None = None,
         prompt_outputs: bool = False,
         read: Read | None = None,
     ) -> torch.Tensor:
         """Run the encoder layers and the final LayerNorm.
 
-        h: (B, N, D) from `embed`; mask: (B, N) bool; prompts: layer index →
+        h: (B, N, D) from `embed`; mask: (B, N) bool, or None when no token
+        is masked (`no_masked_keys`): a prompt-free pass then attends without
+        a mask, which SDPA's flash kernel allows; prompts: layer index →
         `LayerPrompt` (None or {}: prompt-free). Returns (B, N, D): the output
         at the input's token positions (input-style prompt tokens are dropped);
         with `prompt_outputs`, (B, L_i + N, D): the L_i input-style prompt
@@ -231,12 +233,14 @@ class Backbone(nn.Module):
     def _encode(
         self,
         h: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         prompts: dict[int, LayerPrompt],
         prompt_outputs: bool = False,
         read: Read | None = None,
     ) -> torch.Tensor:
         last = len(self.vilt.encoder.layer) - 1
+        if mask is None and prompts:  # prompt masks are device values: a bias
+            mask = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
         n_input = 0  # input-style prompt tokens currently at the front of h
         mask_in = None
         generation = 0  # counts the changes of mask_in, which keys the biases
@@ -261,7 +265,9 @@ class Backbone(nn.Module):
             if key not in biases:
                 parts = [p.mask] if prefix else []
                 parts += [mask_in, mask] if mask_in is not None else [mask]
-                biases[key] = self._bias(torch.cat(parts, 1), h.dtype)
+                biases[key] = (
+                    None if mask is None else self._bias(torch.cat(parts, 1), h.dtype)
+                )
             rows = None
             if i == last and read is not None:
                 offset = 0 if prompt_outputs else n_input
@@ -282,12 +288,13 @@ class Backbone(nn.Module):
         i: int,
         layer: nn.Module,
         h: torch.Tensor,
-        bias: torch.Tensor,
+        bias: torch.Tensor | None,
         prefix: tuple[torch.Tensor, torch.Tensor] | None,
         rows: list[tuple[int, int]] | None = None,
     ) -> torch.Tensor:
-        """One pre-LN layer over h (B, N, D). rows (`read_ranges`): only
-        those rows are computed past the keys and values, and returned."""
+        """One pre-LN layer over h (B, N, D); bias None: no key is masked.
+        rows (`read_ranges`): only those rows are computed past the keys and
+        values, and returned."""
         B, N, D = h.shape
         H = self.num_heads
         x = layer.layernorm_before(h)
@@ -306,19 +313,36 @@ class Backbone(nn.Module):
         k = k.view(B, k.shape[1], H, -1).transpose(1, 2)
         v = v.view(B, v.shape[1], H, -1).transpose(1, 2)
         if self.fused_attention:
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
+            attn_mask = None if bias is None else bias.to(q.dtype)
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         else:  # HF's eager arithmetic, bit for bit
-            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            scores = scores if bias is None else scores + bias
             ctx = scores.softmax(-1) @ v
         ctx = ctx.transpose(1, 2).reshape(B, N, D)
         h = layer.attention.output.dense(ctx) + h
         return layer.output.dense(layer.intermediate(layer.layernorm_after(h))) + h
 
+    def no_masked_keys(
+        self, attention_mask: torch.Tensor, sizes: torch.Tensor | None
+    ) -> bool:
+        """True when the embedding of a batch masks no token, read from host
+        tensors only (no sync): attention_mask (R, T) with no padding and
+        sizes (R, 2) of images with one patch count, all of them kept.
+        sizes None (a float32 batch with a pixel mask): False."""
+        if sizes is None or attention_mask.device.type != "cpu":
+            return False
+        if vision.samples_patches(self.vilt, sizes) or not bool(attention_mask.all()):
+            return False
+        ph, pw = self.vilt.embeddings.patch_embeddings.patch_size
+        return len({(h // ph) * (w // pw) for h, w in sizes.tolist()}) == 1
+
     def queries(
-        self, h: torch.Tensor, mask: torch.Tensor, text_len: int
+        self, h: torch.Tensor, mask: torch.Tensor | None, text_len: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt-free pass: (q_t, q_v), each (B, D) float32 — the final-LN
-        output at the text CLS (0) and at the image CLS (T)."""
+        output at the text CLS (0) and at the image CLS (T); mask None: no
+        token masked (`no_masked_keys`)."""
         out = self.encode(h, mask, read=(0, text_len))
         return out[:, 0].float(), out[:, 1].float()
 
