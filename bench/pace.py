@@ -23,7 +23,9 @@ method is graphable, eager otherwise, as `pal tune` decides):
 - kernels per step and the GPU's busy share (torch.profiler over 20 steps;
   on the CPU the aten ops dispatched per step, and no busy share);
 - peak memory of the tuning (allocator's reserved peak; the CUDA context
-  adds about 0.5 GiB), FLOPs per sample (torch.utils.flop_counter);
+  adds about 0.5 GiB), FLOPs per sample (torch.utils.flop_counter), and on
+  CUDA the graphs captured and the seconds each took (two warm-up steps and
+  the capture, `GraphedSteps.capture_seconds`);
 - the features of one extract batch of the seeded model, before any step,
   saved per method (`<out>/<method>.pt`), for the cosine of two trees.
 
@@ -149,18 +151,14 @@ class Tuning:
 
     def rate(self, steps: int) -> float:
         """samples/s over `steps` steps after a warm-up (the captures)."""
-        warm, t0 = 2 * len(self.batches), time.perf_counter()
-        for _ in range(warm):
+        for _ in range(2 * len(self.batches)):
             self()
         self.sync()
         t1 = time.perf_counter()
         for _ in range(steps):
             self()
         self.sync()
-        per_step = (time.perf_counter() - t1) / steps
-        # the captures: the warm-up's time beyond its steps at the steady pace
-        self.capture_s = max(0.0, t1 - t0 - warm * per_step)
-        return self.size / per_step
+        return self.size * steps / (time.perf_counter() - t1)
 
 
 def kernels(tuning: Tuning, steps: int = 20) -> tuple[float, float | None]:
@@ -223,7 +221,12 @@ def one_method(backbone, ds, a, method: str) -> dict[str, Any]:
     t = Tuning(model, ds, 4, device, static=a.static)
     out["graphed"] = t.static
     out["samples_per_s"] = round(t.rate(a.steps), 2)
-    out["capture_s"] = round(t.capture_s, 2)
+    graphs = t.run.graphs
+    if graphs is not None and graphs.graphs:  # CUDA: seconds per graph captured
+        out["graphs"] = len(graphs.graphs)
+        out["capture_s_per_graph"] = round(
+            graphs.capture_seconds / len(graphs.graphs), 3
+        )
     out["syncs_per_step"] = ip.count_syncs(t, device)
     if not a.lite:
         out["kernels_per_step"], out["busy_share"] = kernels(t)

@@ -33,7 +33,7 @@ from pipeline.stages import contracts as guard
 
 ROOT = Path(__file__).resolve().parents[1]
 PAL = ROOT / "pipeline" / "methods" / "pal.py"
-JOINT = "return backbone.encode(h, mask, prompts)[:, 0].float()"
+JOINT = "return backbone.encode(h, mask, prompts, read=(0,))[:, 0].float()"
 GIT = dict(
     GIT_AUTHOR_NAME="t",
     GIT_AUTHOR_EMAIL="t@example.com",
@@ -98,6 +98,7 @@ def test_the_guard_names_changed_code_and_passes_comments(tmp_path: Path) -> Non
     pal = root / "pipeline" / "methods" / "pal.py"
     pal.write_text(pal.read_text() + "\n# a note on the method\n")
     assert code.guard_problem(root) is None  # a comment: no change of code
+    assert JOINT in pal.read_text()
     pal.write_text(pal.read_text().replace(JOINT, JOINT + " * 1.001"))
     assert code.guard_problem(root) == (
         "the code of extract.pal, extract.rebq, tune.pal, tune.rebq differs from "

@@ -228,11 +228,11 @@ def _static_step(row, backbone, data, clip_norm=0.05):
     batch = next(iter(make_loader(ds, 3, copies=False, device=backbone.device)))
     params = model.trainable_parameters()
 
-    min_tokens = T + dummy.image.shape[0] if dummy is not None else 0
+    min_image = dummy.image.shape[0] if dummy is not None else 0
 
     def step():
         with autocast(backbone.device):
-            inputs = static_inputs(model, batch, rows=4, min_tokens=min_tokens)
+            inputs = static_inputs(model, batch, rows=4, min_image_tokens=min_image)
         optimiser.zero_grad(set_to_none=True)
         with autocast(backbone.device, cache_enabled=False):
             value, parts = static_loss(model, inputs, cache, dummy, TASK, 0.5)

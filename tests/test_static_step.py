@@ -10,6 +10,7 @@ from helpers import make_model
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
+from pipeline.model import losses
 from pipeline.model.backbone import load_backbone
 from pipeline.model.device import autocast
 from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
@@ -139,6 +140,48 @@ def test_static_loss_equals_the_dynamic_loss(tiny_vilt, data, prompt):
 def test_static_loss_equals_the_dynamic_loss_for_padded_images(tiny_vilt, data):
     model, ds, cache, dummy = _setup(tiny_vilt, data, task=2)
     assert _compare(model, ds, cache, dummy, 2, widen=True) == {(True, True)}
+
+
+def test_text_is_padded_to_a_bucket_of_the_batchs_longest(tiny_vilt, data, monkeypatch):
+    """Text padded to the batch's longest rounded up to 4 tokens: the loss
+    parts and gradients equal those of text padded to max_text_len (12), the
+    static step of before, and the eager loss (`_compare`)."""
+    task = 2
+    model, ds, cache, dummy = _setup(tiny_vilt, data, task=task)
+    monkeypatch.setattr(losses, "TEXT_BUCKET", 4)
+    widths = set()
+    for batch in make_loader(ds, 4, copies=False):
+        longest = batch.input_ids.shape[1]
+        inputs = static_inputs(model, batch)
+        T_b = inputs["text_mask"].shape[1]
+        assert T_b == min(T, -(-longest // 4) * 4) and T_b >= longest
+        widths.add(T_b)
+        loss_b, parts_b = static_loss(model, inputs, cache, dummy, task, 0.5)
+        loss_b.backward()
+        grads_b = _grads(model)
+        with monkeypatch.context() as m:
+            m.setattr(losses, "TEXT_BUCKET", 64)  # min(12, 64): max_text_len
+            padded = static_inputs(model, batch)
+        assert padded["text_mask"].shape[1] == T
+        assert padded["h"].shape[1] - T == inputs["h"].shape[1] - T_b
+        loss_p, parts_p = static_loss(model, padded, cache, dummy, task, 0.5)
+        loss_p.backward()
+        grads_p = _grads(model)
+        assert loss_b.item() == pytest.approx(loss_p.item(), rel=1e-5, abs=1e-6)
+        for key in ("ce", "aux", "correct", "aux_rows"):
+            assert parts_b[key].item() == pytest.approx(
+                parts_p[key].item(), rel=1e-5, abs=1e-6
+            ), key
+        for name, g in grads_p.items():
+            torch.testing.assert_close(grads_b[name], g, rtol=1e-4, atol=1e-6)
+    assert min(widths) < T  # some batch is shorter than max_text_len
+    assert _compare(model, ds, cache, dummy, task) == {(True, True)}
+
+
+def test_text_bucket_rounds_up_to_max_text_len():
+    got = [losses.text_bucket(n, 40) for n in (1, 8, 9, 15, 33, 40)]
+    assert got == [8, 8, 16, 16, 40, 40]
+    assert losses.text_bucket(13, 12) == 12
 
 
 def test_padding_rows_count_for_nothing(tiny_vilt, data):
@@ -281,8 +324,8 @@ def test_wide_photos_with_fewer_tokens_than_the_dummy_image(tiny_vilt, data, tmp
     assert b_st.pixel_mask.shape[1:] == (8, 48)  # 1 × 6 patches < the dummy's 16
     with pytest.raises(ValueError, match="fewer than the dummy image's"):
         static_loss(model, static_inputs(model, b_st), cache, dummy, 1, 0.5)
-    inputs = static_inputs(model, b_st, min_tokens=T + n_dummy)
-    assert inputs["h"].shape[1] == T + n_dummy
+    inputs = static_inputs(model, b_st, min_image_tokens=n_dummy)
+    assert inputs["h"].shape[1] == inputs["text_mask"].shape[1] + n_dummy
     loss_s, parts_s = static_loss(model, inputs, cache, dummy, 1, 0.5)
     loss_d, parts_d = batch_loss(model, b_dyn, cache, 1, 0.5)
     assert loss_s.item() == pytest.approx(loss_d.item(), rel=1e-5, abs=1e-6)

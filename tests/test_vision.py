@@ -17,7 +17,7 @@ from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import Sample, read_prepare, select
 from pipeline.model import vision
 from pipeline.model.backbone import load_backbone
-from pipeline.model.losses import static_inputs
+from pipeline.model.losses import static_inputs, text_bucket
 
 SIZES = [(32, 32), (32, 48), (48, 32), (40, 64)]  # raw photo sizes (h, w)
 
@@ -215,7 +215,13 @@ def test_graphed_step_inputs_of_uint8_batches_make_no_host_sync(
         assert torch.equal(new[key], old[key])
     assert new["labels"][4:].tolist() == [-1, -1]  # rows padded to 6
     assert new["h"].shape == old["h"].shape and torch.equal(new["mask"], old["mask"])
-    q_new = backbone.queries(new["h"], new["mask"], 12)
-    q_old = backbone.queries(old["h"], old["mask"], 12)
+    T = new["text_mask"].shape[1]  # the batch's text bucket
+    assert (
+        T
+        == old["text_mask"].shape[1]
+        == text_bucket(batch[True].input_ids.shape[1], 12)
+    )
+    q_new = backbone.queries(new["h"], new["mask"], T)
+    q_old = backbone.queries(old["h"], old["mask"], T)
     for a, b in zip(q_new, q_old, strict=True):
         assert (a - b).abs().max().item() < 1e-5

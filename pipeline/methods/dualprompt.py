@@ -124,7 +124,7 @@ class DualPrompt(Method):
 
     def features(self, backbone: Backbone, view: View) -> Out:
         prompts = self.prompts(self.select(view.q_t, view.task))
-        x = backbone.encode(view.h, view.mask, prompts)[:, 0].float()
+        x = backbone.encode(view.h, view.mask, prompts, read=(0,))[:, 0].float()
         rows = torch.full((), len(x), device=x.device)
         if view.task is None:
             return Out(x, torch.zeros((), device=x.device), rows)
@@ -135,7 +135,9 @@ class DualPrompt(Method):
         row, the pull loss a mean over the valid rows."""
         q_t, task = inputs["q_t"], inputs["task"]
         prompts = self.prompts(self.select(q_t, task))
-        x = backbone.encode(inputs["h"], inputs["mask"], prompts)[:, 0].float()
+        x = backbone.encode(inputs["h"], inputs["mask"], prompts, read=(0,))[
+            :, 0
+        ].float()
         pull, rows = valid_mean(self.distances(q_t, task)[:, 0], inputs["valid"])
         return Out(x, pull, rows)
 

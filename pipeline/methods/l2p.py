@@ -158,10 +158,11 @@ class L2P(Method):
         P = self.prompts(idx)  # (J, B, N·L_p, D)
         if self.position == "prefix":  # L2P++: the text CLS
             prompts = layer_prompts(P, self.layers, self.position)
-            x = backbone.encode(h, mask, prompts)[:, 0].float()
+            x = backbone.encode(h, mask, prompts, read=(0,))[:, 0].float()
         else:  # L2P: the mean of the J·N·L_p prompt positions' outputs
             prompts = layer_prompts(P, self.layers, self.position, keep=True)
-            out = backbone.encode(h, mask, prompts, prompt_outputs=True)
+            read = slice(0, P.shape[0] * P.shape[2])  # the prompt positions
+            out = backbone.encode(h, mask, prompts, True, read)
             x = out[:, : P.shape[0] * P.shape[2]].float().mean(1)
         return x, cos
 

@@ -144,7 +144,9 @@ class Map(Method):
     def features(self, backbone: Backbone, view: View) -> Out:
         P = self.prompts(view.missing)
         prompts = layer_prompts(P, self.layers, self.position, keep=True)
-        return no_aux(backbone.encode(view.h, view.mask, prompts)[:, 0].float())
+        return no_aux(
+            backbone.encode(view.h, view.mask, prompts, read=(0,))[:, 0].float()
+        )
 
     def static_features(self, backbone: Backbone, inputs: dict) -> Out:
         """`features` as it is: its shapes follow the batch's and the codes

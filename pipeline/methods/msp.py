@@ -118,7 +118,7 @@ class Msp(Method):
         with `missing` (B,) codes (host or device)."""
         P, on = self.prompts(missing)
         prompts = layer_prompts(P, self.layers, self.position, on, keep=True)
-        return backbone.encode(h, mask, prompts)[:, 0].float()
+        return backbone.encode(h, mask, prompts, read=(0,))[:, 0].float()
 
     def features(self, backbone: Backbone, view: View) -> Out:
         x = self.joint(backbone, view.h, view.mask, view.missing)

@@ -63,8 +63,8 @@ class Pal(Prompts, Method):
         the image CLS output where the image is.
         """
         prompts = self(q_t, q_v, text_on=~text_missing, image_on=text_missing)
-        out = backbone.encode(h, mask, prompts)
-        return torch.where(text_missing[:, None], out[:, 0], out[:, text_len]).float()
+        out = backbone.encode(h, mask, prompts, read=(0, text_len))
+        return torch.where(text_missing[:, None], out[:, 0], out[:, 1]).float()
 
     def joint(
         self,
@@ -77,7 +77,7 @@ class Pal(Prompts, Method):
         """Classification pass: the prompted text CLS (B, D) float32."""
         on = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
         prompts = self(q_t, q_v, text_on=on, image_on=on)
-        return backbone.encode(h, mask, prompts)[:, 0].float()
+        return backbone.encode(h, mask, prompts, read=(0,))[:, 0].float()
 
     def fill_missing(
         self,

@@ -73,8 +73,8 @@ class RebQ(Pal):
         where the image is). Returns q̂ (R, D) float32."""
         present = torch.where(text_missing[:, None], q_v, q_t)
         prompts = layer_prompts(self.memory(present), self.layers, self.params.position)
-        out = backbone.encode(h, mask, prompts)
-        return torch.where(text_missing[:, None], out[:, 0], out[:, text_len]).float()
+        out = backbone.encode(h, mask, prompts, read=(0, text_len))
+        return torch.where(text_missing[:, None], out[:, 0], out[:, 1]).float()
 
     @torch.no_grad()
     def recon_targets(
@@ -95,10 +95,9 @@ class RebQ(Pal):
         c = len(q_t)
         both = self.memory(torch.cat([q_t, q_v]))  # (J, 2c, L, D)
         P = both[:, :c] + both[:, c:]
-        out = backbone.encode(
-            h, mask, layer_prompts(P, self.layers, self.params.position)
-        )
-        return out[:, 0].float(), out[:, text_len].float()
+        prompts = layer_prompts(P, self.layers, self.params.position)
+        out = backbone.encode(h, mask, prompts, read=(0, text_len))
+        return out[:, 0].float(), out[:, 1].float()
 
     def recon_error(
         self,

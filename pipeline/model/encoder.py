@@ -25,6 +25,7 @@ before comparing).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -201,30 +202,45 @@ class Backbone(nn.Module):
     def encode(
         self,
         h: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         prompts: dict[int, LayerPrompt] | None = None,
         prompt_outputs: bool = False,
+        read: Read | None = None,
     ) -> torch.Tensor:
         """Run the encoder layers and the final LayerNorm.
 
-        h: (B, N, D) from `embed`; mask: (B, N) bool; prompts: layer index →
+        h: (B, N, D) from `embed`; mask: (B, N) bool, or None when no token
+        is masked (`no_masked_keys`): a prompt-free pass then attends without
+        a mask, which SDPA's flash kernel allows; prompts: layer index →
         `LayerPrompt` (None or {}: prompt-free). Returns (B, N, D): the output
         at the input's token positions (input-style prompt tokens are dropped);
         with `prompt_outputs`, (B, L_i + N, D): the L_i input-style prompt
         tokens present after the last layer (L2P's head reads them) in front.
+
+        read: the positions of that output the caller reads — a sequence of
+        ints or a slice (step 1) — and then the return is (B, R, D), row j
+        the output at position read[j]: the last layer computes its query,
+        attention output, MLP and LayerNorms, and the final LayerNorm runs,
+        only for those R rows (its keys and values still come from every
+        token), the same rows as the full output's up to summation order.
+        None: every position.
         """
         if self.fused_attention and self.attention_backends:
             with sdpa_kernel(self.attention_backends):
-                return self._encode(h, mask, prompts or {}, prompt_outputs)
-        return self._encode(h, mask, prompts or {}, prompt_outputs)
+                return self._encode(h, mask, prompts or {}, prompt_outputs, read)
+        return self._encode(h, mask, prompts or {}, prompt_outputs, read)
 
     def _encode(
         self,
         h: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         prompts: dict[int, LayerPrompt],
         prompt_outputs: bool = False,
+        read: Read | None = None,
     ) -> torch.Tensor:
+        last = len(self.vilt.encoder.layer) - 1
+        if mask is None and prompts:  # prompt masks are device values: a bias
+            mask = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
         n_input = 0  # input-style prompt tokens currently at the front of h
         mask_in = None
         generation = 0  # counts the changes of mask_in, which keys the biases
@@ -249,10 +265,16 @@ class Backbone(nn.Module):
             if key not in biases:
                 parts = [p.mask] if prefix else []
                 parts += [mask_in, mask] if mask_in is not None else [mask]
-                biases[key] = self._bias(torch.cat(parts, 1), h.dtype)
-            h = self._layer(i, layer, h, biases[key], prefix)
+                biases[key] = (
+                    None if mask is None else self._bias(torch.cat(parts, 1), h.dtype)
+                )
+            rows = None
+            if i == last and read is not None:
+                offset = 0 if prompt_outputs else n_input
+                rows = read_ranges(read, h.shape[1] - offset, offset)
+            h = self._layer(i, layer, h, biases[key], prefix, rows)
         h = self.vilt.layernorm(h)
-        return h if prompt_outputs else h[:, n_input:]
+        return h if prompt_outputs or read is not None else h[:, n_input:]
 
     def _bias(self, key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Additive attention mask (B, 1, 1, K): 0 to attend, dtype's min not to."""
@@ -266,14 +288,24 @@ class Backbone(nn.Module):
         i: int,
         layer: nn.Module,
         h: torch.Tensor,
-        bias: torch.Tensor,
+        bias: torch.Tensor | None,
         prefix: tuple[torch.Tensor, torch.Tensor] | None,
+        rows: list[tuple[int, int]] | None = None,
     ) -> torch.Tensor:
+        """One pre-LN layer over h (B, N, D); bias None: no key is masked.
+        rows (`read_ranges`): only those rows are computed past the keys and
+        values, and returned."""
         B, N, D = h.shape
         H = self.num_heads
         x = layer.layernorm_before(h)
         w, b = getattr(self, f"qkv_w{i}"), getattr(self, f"qkv_b{i}")
-        q, k, v = F.linear(x, w, b).split(D, dim=-1)  # 3 × (B, N, D)
+        if rows is None:
+            q, k, v = F.linear(x, w, b).split(D, dim=-1)  # 3 × (B, N, D)
+        else:  # queries of the read rows only: (B, R, D)
+            k, v = F.linear(x, w[D:], b[D:]).split(D, dim=-1)
+            h = take_rows(h, rows)
+            q = F.linear(take_rows(x, rows), w[:D], b[:D])
+            N = q.shape[1]
         if prefix is not None:
             k = torch.cat([prefix[0].to(k.dtype), k], 1)  # (B, L_k + N, D)
             v = torch.cat([prefix[1].to(v.dtype), v], 1)
@@ -281,21 +313,70 @@ class Backbone(nn.Module):
         k = k.view(B, k.shape[1], H, -1).transpose(1, 2)
         v = v.view(B, v.shape[1], H, -1).transpose(1, 2)
         if self.fused_attention:
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
+            attn_mask = None if bias is None else bias.to(q.dtype)
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         else:  # HF's eager arithmetic, bit for bit
-            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            scores = scores if bias is None else scores + bias
             ctx = scores.softmax(-1) @ v
         ctx = ctx.transpose(1, 2).reshape(B, N, D)
         h = layer.attention.output.dense(ctx) + h
         return layer.output.dense(layer.intermediate(layer.layernorm_after(h))) + h
 
+    def no_masked_keys(
+        self, attention_mask: torch.Tensor, sizes: torch.Tensor | None
+    ) -> bool:
+        """True when the embedding of a batch masks no token, read from host
+        tensors only (no sync): attention_mask (R, T) with no padding and
+        sizes (R, 2) of images with one patch count, all of them kept.
+        sizes None (a float32 batch with a pixel mask): False."""
+        if sizes is None or attention_mask.device.type != "cpu":
+            return False
+        if vision.samples_patches(self.vilt, sizes) or not bool(attention_mask.all()):
+            return False
+        ph, pw = self.vilt.embeddings.patch_embeddings.patch_size
+        return len({(h // ph) * (w // pw) for h, w in sizes.tolist()}) == 1
+
     def queries(
-        self, h: torch.Tensor, mask: torch.Tensor, text_len: int
+        self, h: torch.Tensor, mask: torch.Tensor | None, text_len: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt-free pass: (q_t, q_v), each (B, D) float32 — the final-LN
-        output at the text CLS (0) and at the image CLS (T)."""
-        out = self.encode(h, mask)
-        return out[:, 0].float(), out[:, text_len].float()
+        output at the text CLS (0) and at the image CLS (T); mask None: no
+        token masked (`no_masked_keys`)."""
+        out = self.encode(h, mask, read=(0, text_len))
+        return out[:, 0].float(), out[:, 1].float()
+
+
+Read = Sequence[int] | slice  # token positions an encode's caller reads
+
+
+def read_ranges(read: Read, n: int, offset: int = 0) -> list[tuple[int, int]]:
+    """The positions `read` of an output of n tokens as runs [start, stop) of
+    consecutive positions, in read's order, shifted by `offset` (the tokens
+    in front of the output). Raises IndexError for a position outside it and
+    ValueError for a slice with a step other than 1."""
+    if isinstance(read, slice):
+        start, stop, step = read.indices(n)
+        if step != 1:
+            raise ValueError(f"read {read}: slices of step 1 only")
+        return [(start + offset, max(start, stop) + offset)]
+    runs: list[tuple[int, int]] = []
+    for p in read:
+        q = int(p) + n if int(p) < 0 else int(p)
+        if not 0 <= q < n:
+            raise IndexError(f"read position {p} outside an output of {n} tokens")
+        if runs and runs[-1][1] == q + offset:
+            runs[-1] = (runs[-1][0], q + offset + 1)
+        else:
+            runs.append((q + offset, q + offset + 1))
+    return runs or [(offset, offset)]
+
+
+def take_rows(t: torch.Tensor, runs: list[tuple[int, int]]) -> torch.Tensor:
+    """The rows `runs` (`read_ranges`) of t (B, N, ...) along dim 1: slices
+    only (graph-safe: no index tensor from the host)."""
+    parts = [t[:, a:b] for a, b in runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
 def _bias(linear: nn.Linear) -> torch.Tensor:

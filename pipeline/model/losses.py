@@ -14,7 +14,8 @@ with λ = `tune.recon_weight`.
 
 `static_loss` computes the same loss with shapes fixed by the batch's shape,
 so a GPU step can be captured and replayed as a CUDA graph
-(`pipeline.model.graphs`): text padded to `model.max_text_len` (`static_inputs`),
+(`pipeline.model.graphs`): text padded to a bucket of the batch's longest
+(`static_inputs`, `text_bucket`),
 the copies spliced on the device from the embedded dummy inputs
 (`DummySegments`), masks in place of host-side counts. It is an optimisation
 of `loss` for graphable methods (every method), held to it by
@@ -109,17 +110,32 @@ def _copies(
     )
 
 
+TEXT_BUCKET = 8  # static text lengths are multiples of it (each a graph shape)
+
+
+def text_bucket(length: int, max_text_len: int) -> int:
+    """The static text length of a batch whose longest text has `length`
+    tokens: rounded up to a multiple of `TEXT_BUCKET`, at most
+    `max_text_len` (Food101's titles: 16–40 for 40, against 40 always)."""
+    return min(max_text_len, -(-length // TEXT_BUCKET) * TEXT_BUCKET)
+
+
 def static_inputs(
-    model: PalModel, batch: Batch, rows: int | None = None, min_tokens: int = 0
+    model: PalModel,
+    batch: Batch,
+    rows: int | None = None,
+    min_image_tokens: int = 0,
 ) -> dict[str, torch.Tensor]:
     """The inputs of `static_loss` for a batch (without copies), on the
     device: h (rows, N, D) and mask (rows, N), the samples embedded with
-    their text padded to `max_text_len`; index, missing, labels (rows,).
+    their text padded to T = `text_bucket` of the batch's longest;
+    text_mask (rows, T), the text's part of mask (its width is T for
+    `static_loss`); index, missing, labels (rows,).
     With `rows`, the batch is padded to `rows` rows by repeating its first
-    sample with label −1; with `min_tokens`, h and mask get masked tokens up
-    to N = min_tokens (a batch of very wide photos has fewer image tokens than
-    the square dummy image its copies need; masked tokens change nothing).
-    Call under `autocast`."""
+    sample with label −1; with `min_image_tokens`, h and mask get masked
+    tokens up to N = T + min_image_tokens (a batch of very wide photos has
+    fewer image tokens than the square dummy image its copies need; masked
+    tokens change nothing). Call under `autocast`."""
     dev = model.backbone.device
     n = batch.n
     rows = rows or n
@@ -137,16 +153,18 @@ def static_inputs(
             for t in (ids, am, px, pm, index, missing, labels)
         )
         labels[n:] = -1
-    pad = model.backbone.max_text_len - ids.shape[1]
+    T = text_bucket(ids.shape[1], model.backbone.max_text_len)
+    pad = T - ids.shape[1]
     ids, am = F.pad(ids, (0, pad)), F.pad(am, (0, pad))
     with torch.no_grad():
         h, mask = model.backbone.embed(ids, am, px, pm, sizes)
-    if h.shape[1] < min_tokens:
-        extra = min_tokens - h.shape[1]
+    if h.shape[1] < T + min_image_tokens:
+        extra = T + min_image_tokens - h.shape[1]
         h, mask = F.pad(h, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
     return {
         "h": h,
         "mask": mask,
+        "text_mask": mask[:, :T],
         "index": index,
         "missing": missing,
         "labels": labels,
@@ -157,7 +175,8 @@ def static_inputs(
 class DummySegments:
     """The embedded dummy inputs, for building reconstruction copies on the device.
 
-    text (T, D) and text_mask (T,) bool: the empty string's token embeddings;
+    text (T, D) and text_mask (T,) bool: the empty string's token embeddings,
+    T = `max_text_len` (a batch of shorter text takes its first tokens);
     image (1 + P, D): the all-white image's CLS and patch embeddings.
     """
 
@@ -192,9 +211,9 @@ def splice_copies(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Text-dropped and image-dropped versions of rows (B, N, D), built on the
     device: where `complete` (B,) bool, the text (image) segment is replaced by
-    the dummy's, padded with masked tokens to the batch's image length; other
-    rows are returned unchanged. Returns h_a, mask_a (text dropped), h_b,
-    mask_b (image dropped)."""
+    the dummy's (its first T tokens), padded with masked tokens to the batch's
+    image length; other rows are returned unchanged. Returns h_a, mask_a (text
+    dropped), h_b, mask_b (image dropped)."""
     B, N, D = h.shape
     n_img = N - T
     if dummy.image.shape[0] > n_img:
@@ -206,10 +225,9 @@ def splice_copies(
     img = F.pad(dummy.image.to(h.dtype), (0, 0, 0, pad))  # (N - T, D)
     img_mask = torch.arange(n_img, device=h.device) < dummy.image.shape[0]
     c = complete[:, None]
-    h_a = torch.cat(
-        [torch.where(c[..., None], dummy.text.to(h.dtype), h[:, :T]), h[:, T:]], 1
-    )
-    mask_a = torch.cat([torch.where(c, dummy.text_mask, mask[:, :T]), mask[:, T:]], 1)
+    text, text_mask = dummy.text[:T].to(h.dtype), dummy.text_mask[:T]
+    h_a = torch.cat([torch.where(c[..., None], text, h[:, :T]), h[:, T:]], 1)
+    mask_a = torch.cat([torch.where(c, text_mask, mask[:, :T]), mask[:, T:]], 1)
     h_b = torch.cat([h[:, :T], torch.where(c[..., None], img, h[:, T:])], 1)
     mask_b = torch.cat([mask[:, :T], torch.where(c, img_mask, mask[:, T:])], 1)
     return h_a, mask_a, h_b, mask_b
@@ -228,7 +246,7 @@ def static_loss(
     for counts and host-side row selection.
 
     inputs (from `static_inputs`): h (B, N, D), mask (B, N): embedded
-    samples, text length T = `model.backbone.max_text_len`; index, missing,
+    samples, text length T = text_mask's width; index, missing,
     labels (B,) int64 on the device, label −1 marking a padding row.
     `dummy` None: no copies (no reconstruction loss). Returns the loss and
     the parts of `loss`.
@@ -246,7 +264,7 @@ def static_loss(
     valid = labels >= 0
     target = torch.where(valid, labels - lo, -100)
     complete = (missing == Missing.COMPLETE) & valid
-    h, mask, T = inputs["h"], inputs["mask"], model.backbone.max_text_len
+    h, mask, T = inputs["h"], inputs["mask"], inputs["text_mask"].shape[1]
     if dummy is None:
         complete = torch.zeros_like(complete)
         copies = (h, mask, h, mask)

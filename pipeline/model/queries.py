@@ -67,6 +67,8 @@ def batch_queries(
     copies): (q_t, q_v), each (R, D) float32 (`Backbone.queries`)."""
     ids, am, px, pm = batch_inputs(batch, backbone.device)
     h, mask = backbone.embed(ids, am, px, pm, batch.image_sizes)
+    if backbone.no_masked_keys(batch.attention_mask, batch.image_sizes):
+        mask = None  # attention without a mask: flash-eligible
     return backbone.queries(h, mask, ids.shape[1])
 
 

@@ -372,14 +372,13 @@ def make_step(
     replay = GraphedSteps(step, optimiser) if graphs else unrecorded
     rows = None
     # room for the dummy image's tokens in the copies of a batch of wide photos
-    T = model.backbone.max_text_len
-    min_tokens = T + dummy.image.shape[0] if dummy is not None else 0
+    min_image_tokens = dummy.image.shape[0] if dummy is not None else 0
 
     def run(batch: Batch) -> Parts:
         nonlocal rows
         rows = rows or batch.n  # the first batch is a full one
         with autocast(device):
-            inputs = static_inputs(model, batch, rows, min_tokens)
+            inputs = static_inputs(model, batch, rows, min_image_tokens)
         return replay(inputs)
 
     return Stepper(run, replay if graphs else None)
