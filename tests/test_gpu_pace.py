@@ -139,3 +139,11 @@ def test_the_pace_part_writes_a_card_and_finds_equal_features(tmp_path):
     assert card["commit"] == "abc1234" and card["status"] == "measured"
     assert sorted(card["tune_per_s"]) == sorted(METHODS)
     assert "## Pace" in (out / "report.md").read_text()
+    # what `pal-paper plan --card card.yaml` reads: every key checked
+    from palpaper.cards import card as read_card
+
+    checked = read_card(str(out / "card.yaml"))
+    assert (
+        checked.status()
+        == "measured on this machine's CPU (a dry run) at abc1234, 3 steps"
+    )
