@@ -29,10 +29,10 @@ method is graphable, eager otherwise, as `pal tune` decides):
 - the features of one extract batch of the seeded model, before any step,
   saved per method (`<out>/<method>.pt`), for the cosine of two trees.
 
-Also the extract forward's samples/s at batch 256 (PAL) and the frozen
-pass's rows/s. With `--worker`, one of J processes of bench/gpu_pace.py's
-packing check: PAL's step, started together with the others through files in
-`--barrier`, for `--seconds`.
+Also each method's extract forward (samples/s at batch 256, and its FLOPs
+per sample), and the frozen pass's rows/s. With `--worker`, one of J
+processes of bench/gpu_pace.py's packing check: PAL's step, started
+together with the others through files in `--barrier`, for `--seconds`.
 """
 
 from __future__ import annotations
@@ -195,6 +195,18 @@ def step_flops(model, ds, device: torch.device, static: bool) -> float:
     return float(counter.get_total_flops()) / 4
 
 
+def extract_flops(model, ds, device: torch.device) -> float:
+    """FLOPs per sample of extraction's forward (`model.features`), batch 16."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = ip.batches_with(ds, 16, 1, device.type == "cuda", copies=False)[0]
+    model.eval()
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        with autocast(device):
+            model.features(batch)
+    return float(counter.get_total_flops()) / 16
+
+
 def features(model, ds, device: torch.device) -> torch.Tensor:
     """The joint embeddings of one extract batch of 16 (float32, CPU)."""
     batch = ip.batches_with(ds, 16, 1, device.type == "cuda", copies=False)[0]
@@ -213,6 +225,7 @@ def one_method(backbone, ds, a, method: str) -> dict[str, Any]:
     torch.save(features(model, ds, device), a.out / f"{method}.pt")
     out: dict[str, Any] = {}
     if not a.lite:
+        out["extract_flops_per_sample"] = extract_flops(model, ds, device)
         out["flops_per_sample"] = step_flops(model, ds, device, a.static)
     if a.flops_only:
         return out
@@ -233,6 +246,8 @@ def one_method(backbone, ds, a, method: str) -> dict[str, Any]:
         if device.type == "cuda":
             peak = torch.cuda.max_memory_reserved(device)
             out["tuning_gib"] = round(peak / 2**30, 2)
+        size = 256 if device.type == "cuda" else 16
+        out["extract_per_s"] = forward_rate(model, ds, size, device, a.seconds)
         fill = Tuning(model, ds, a.fill, device, static=a.static)
         out["fill_samples_per_s"] = round(fill.rate(max(1, a.steps // 8)), 2)
         del fill
@@ -256,23 +271,15 @@ def forward_rate(model, ds, size: int, device: torch.device, seconds: float):
     return round(size / ip.timed(forward, device, 3, seconds), 1)
 
 
-def extract_rates(backbone, ds, a) -> dict[str, float]:
-    """samples/s of PAL's extract forward and rows/s of the frozen pass."""
+def frozen_rate(backbone, ds, a) -> float:
+    """Rows/s of the frozen pass (a model without prompts)."""
     device = torch.device(a.device)
     size = 256 if device.type == "cuda" else 16
-    pal = load_section(Source(PARAMS[a.config]), "prompt", PromptParams)
-    out = {}
-    for key, prompt in (
-        ("extract_per_s", pal),
-        ("frozen_rows_per_s", PromptParams(enabled=False)),
-    ):
-        torch.manual_seed(0)
-        model = methods.build_model(backbone, prompt, [10] * TASK)
-        g = torch.Generator().manual_seed(0)
-        for _ in range(TASK):
-            model.add_task(g)
-        out[key] = forward_rate(model, ds, size, device, a.seconds)
-    return out
+    model = methods.build_model(backbone, PromptParams(enabled=False), [10] * TASK)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(TASK):
+        model.add_task(g)
+    return forward_rate(model, ds, size, device, a.seconds)
 
 
 def build_backbone(config: str, device: torch.device, work: Path):
@@ -391,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pace: {method}: {json.dumps(m)}", flush=True)
         (a.out / "pace.json").write_text(json.dumps(result, indent=1))
     if not (a.flops_only or a.lite):
-        result.update(extract_rates(backbone, ds, a))
+        result["frozen_rows_per_s"] = frozen_rate(backbone, ds, a)
     (a.out / "pace.json").write_text(json.dumps(result, indent=1))
     return 0
 

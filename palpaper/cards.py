@@ -40,7 +40,7 @@ CARD_KEYS = (
     "tuning_gib",
     "packing",
 )
-RATES = ("frozen_rows_per_s", "extract_per_s")  # > 0: divided by
+RATES = ("frozen_rows_per_s",)  # > 0: divided by
 SECONDS = ("tune_startup_s", "first_batch_s", "capture_s_per_task", "extract_startup_s")
 
 
@@ -67,6 +67,12 @@ class Card:
 
     def __getitem__(self, key: str) -> Any:
         return self.entry[key]
+
+    def extract_rate(self, method: str) -> float:
+        """samples/s of `method`'s extraction: `extract_per_s`, one number for
+        every method or one per method."""
+        rate = self.entry["extract_per_s"]
+        return float(rate[method] if isinstance(rate, Mapping) else rate)
 
     def status(self) -> str:
         """What its figures are: measured where, or projected from what."""
@@ -106,7 +112,12 @@ def check_card(entry: Any, where: str) -> Card:
         _number(entry[key], where, key, positive=True)
     for key in SECONDS:
         _number(entry[key], where, key)
-    for key, positive in (("tune_per_s", True), ("tuning_gib", False)):
+    if isinstance(entry["extract_per_s"], Mapping):
+        per_method = (("tune_per_s", True), ("extract_per_s", True))
+    else:
+        _number(entry["extract_per_s"], where, "extract_per_s", positive=True)
+        per_method = (("tune_per_s", True),)
+    for key, positive in (*per_method, ("tuning_gib", False)):
         table = entry[key]
         if not isinstance(table, Mapping):
             raise GridError(f"{where}: {key}: a number for each prompt method")

@@ -264,11 +264,14 @@ def _minutes_line(grid: Grid, c: Card) -> str:
         f"{m} {tune_seconds(base, params, Variant(m, True, epochs), c, size) / 60:.1f}"
         for m in methods
     )
-    extract = extract_seconds(base, params, pal, c, size) / 60
+    extracts = ", ".join(
+        f"{m} {extract_seconds(base, params, Variant(m, True, 0), c, size) / 60:.1f}"
+        for m in methods
+    )
     gather = c["extract_startup_s"] / 60
     return (
         f"  per (variant, run) at the committed params: tune {tunes} min; extract "
-        f"{extract:.1f} min, without prompts (ACIL) {gather:.1f} min (a gather of "
+        f"{extracts} min, without prompts (ACIL) {gather:.1f} min (a gather of "
         f"the frozen queries); the frozen queries {grid.frozen_h * 60:.1f} min "
         "once (shared by every cell)"
     )

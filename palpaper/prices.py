@@ -112,7 +112,8 @@ def extract_seconds(
         return c["extract_startup_s"]
     k = int(cell.value(params, "data.tasks"))
     train, test = _samples(cell, params, size)
-    return c["extract_startup_s"] + (train + test * (k + 1) / 2) / c["extract_per_s"]
+    embeddings = train + test * (k + 1) / 2
+    return c["extract_startup_s"] + embeddings / c.extract_rate(v.method)
 
 
 def cell_seconds(

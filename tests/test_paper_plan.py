@@ -124,6 +124,25 @@ def test_a_map_tuning_costs_less_than_a_pal_one_by_their_rates() -> None:
         pytest.approx(extract())
     )
     assert extract_seconds(cell, FOOD, Variant("pal", False, 0), c, SIZE) == 30.0
+    # a card with an extraction rate per method prices each at its own
+    per_method = check_card(
+        {
+            **CARD,
+            "extract_per_s": {
+                **dict.fromkeys(CARD["tune_per_s"], 2000.0),
+                "map": 4000.0,
+            },
+        },
+        "card.yaml",
+    )
+    embeddings = 61127 + 22716 * 11 / 2
+    got = {
+        m: extract_seconds(cell, FOOD, Variant(m, True, 10), per_method, SIZE)
+        for m in ("pal", "map")
+    }
+    assert got == pytest.approx(
+        {"pal": 30 + embeddings / 2000, "map": 30 + embeddings / 4000}
+    )
 
 
 def test_one_map_cell_against_one_pal_cell(tmp_path: Path) -> None:
@@ -194,9 +213,10 @@ def test_plan_prices_each_variant_and_fills_the_card(tmp_path: Path) -> None:
         "times on 2 slots a card"
     )
     minutes = ", ".join(f"{m} {tune(m) / 60:.1f}" for m in ("pal", *baselines))
+    extracts = ", ".join(f"{m} {extract() / 60:.1f}" for m in ("pal", *baselines))
     assert lines[2] == (
         f"  per (variant, run) at the committed params: tune {minutes} min; extract "
-        f"{extract() / 60:.1f} min, without prompts (ACIL) 0.5 min (a gather of the "
+        f"{extracts} min, without prompts (ACIL) 0.5 min (a gather of the "
         f"frozen queries); the frozen queries {FROZEN_H * 60:.1f} min once (shared "
         "by every cell)"
     )
@@ -297,6 +317,11 @@ def test_a_cpu_rehearsal_is_priced_on_the_cpu_card(tmp_path: Path) -> None:
             "card.yaml: status is measured or projected, got 'guessed'",
         ),
         ({"extract_per_s": 0}, "card.yaml: extract_per_s is a positive number, got 0"),
+        (
+            {"extract_per_s": {"pal": 2000.0}},
+            "card.yaml: no key 'extract_per_s.map' (every prompt method: pal, map, "
+            "msp, rebq, l2p, dualprompt)",
+        ),
         (
             {"first_batch_s": "3 s"},
             "card.yaml: first_batch_s is a number ≥ 0, got '3 s'",
