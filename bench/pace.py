@@ -195,15 +195,24 @@ def step_flops(model, ds, device: torch.device, static: bool) -> float:
     return float(counter.get_total_flops()) / 4
 
 
+def stored_queries(model, batch, device: torch.device) -> torch.Tensor:
+    """Seeded stand-ins (n, 2, D) for the frozen queries extraction reads
+    from `pal frozen`'s output (so it runs no frozen pass of its own)."""
+    g = torch.Generator().manual_seed(0)
+    D = model.backbone.hidden_size
+    return torch.randn(batch.n, 2, D, generator=g).to(device)
+
+
 def extract_flops(model, ds, device: torch.device) -> float:
     """FLOPs per sample of extraction's forward (`model.features`), batch 16."""
     from torch.utils.flop_counter import FlopCounterMode
 
     batch = ip.batches_with(ds, 16, 1, device.type == "cuda", copies=False)[0]
     model.eval()
+    q = stored_queries(model, batch, device)
     with FlopCounterMode(display=False) as counter, torch.inference_mode():
         with autocast(device):
-            model.features(batch)
+            model.features(batch, q)
     return float(counter.get_total_flops()) / 16
 
 
@@ -212,8 +221,9 @@ def features(model, ds, device: torch.device) -> torch.Tensor:
     batch = ip.batches_with(ds, 16, 1, device.type == "cuda", copies=False)[0]
     model.eval()
     torch.manual_seed(0)
+    q = stored_queries(model, batch, device)
     with torch.inference_mode(), autocast(device):
-        return model.features(batch)[0].float().cpu()
+        return model.features(batch, q)[0].float().cpu()
 
 
 def one_method(backbone, ds, a, method: str) -> dict[str, Any]:
@@ -257,15 +267,21 @@ def one_method(backbone, ds, a, method: str) -> dict[str, Any]:
     return out
 
 
-def forward_rate(model, ds, size: int, device: torch.device, seconds: float):
-    """samples/s of `model.features` (extraction's forward) at batch `size`."""
+def forward_rate(
+    model, ds, size: int, device: torch.device, seconds: float, stored: bool = True
+):
+    """samples/s of `model.features` at batch `size`: extraction's forward
+    (`stored`: the frozen queries read, as `pal extract` reads them), or the
+    frozen pass itself."""
     model.to(device).eval()
     batches = ip.batches_with(ds, size, 3, device.type == "cuda", copies=False)
+    qs = [stored_queries(model, b, device) if stored else None for b in batches]
     state = {"i": 0}
 
     def forward() -> None:
+        i = state["i"] % len(batches)
         with torch.inference_mode(), autocast(device):
-            model.features(batches[state["i"] % len(batches)])
+            model.features(batches[i], qs[i])
         state["i"] += 1
 
     return round(size / ip.timed(forward, device, 3, seconds), 1)
@@ -279,7 +295,7 @@ def frozen_rate(backbone, ds, a) -> float:
     g = torch.Generator().manual_seed(0)
     for _ in range(TASK):
         model.add_task(g)
-    return forward_rate(model, ds, size, device, a.seconds)
+    return forward_rate(model, ds, size, device, a.seconds, stored=False)
 
 
 def build_backbone(config: str, device: torch.device, work: Path):
