@@ -139,6 +139,19 @@ def photo_samples(folder: Path, n: int) -> list[Sample]:
     return samples
 
 
+def photo_dataset(backbone, root: Path, samples: list[Sample]) -> SampleDataset:
+    """The photos' dataset as `pal tune` and `pal extract` load it (uint8
+    images, normalised on the device)."""
+    return SampleDataset(
+        samples,
+        root,
+        backbone.processor,
+        backbone.max_text_len,
+        backbone.image_side,
+        uint8=True,
+    )
+
+
 def batch_bytes(batch) -> int:
     return sum(
         t.numel() * t.element_size()
@@ -261,14 +274,7 @@ def measure(
     samples = photo_samples(root, photos)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = next((v for k, v in PEAK_BF16.items() if card and k in card), None)
-    ds = SampleDataset(
-        samples,
-        root,
-        backbone.processor,
-        backbone.max_text_len,
-        backbone.image_side,
-        uint8=True,
-    )
+    ds = photo_dataset(backbone, root, samples)
     t0 = time.perf_counter()
     for i in range(min(32, len(ds))):
         ds[i]

@@ -319,15 +319,7 @@ def dataset(backbone, work: Path, photos: int) -> SampleDataset:
     """The photo batches' dataset (made in `work` when absent)."""
     root = work / "photos"
     root.mkdir(parents=True, exist_ok=True)
-    samples = ip.photo_samples(root, photos)
-    return SampleDataset(
-        samples,
-        root,
-        backbone.processor,
-        backbone.max_text_len,
-        backbone.image_side,
-        uint8=True,
-    )
+    return ip.photo_dataset(backbone, root, ip.photo_samples(root, photos))
 
 
 def worker(backbone, ds, a) -> dict[str, Any]:
