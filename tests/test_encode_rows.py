@@ -9,9 +9,10 @@ from helpers import make_model
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
 from pipeline.model.backbone import load_backbone
-from pipeline.model.encoder import Backbone, LayerPrompt, read_ranges, take_rows
+from pipeline.model.encoder import Backbone, LayerPrompt
 from pipeline.model.losses import loss as batch_loss
 from pipeline.model.network import build_cache
+from pipeline.model.rows import read_ranges, take_rows
 
 T = 12  # model.max_text_len of the fixtures
 FULL_ENCODE = Backbone.encode

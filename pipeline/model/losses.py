@@ -277,9 +277,7 @@ def static_loss(
         "copies": copies,
         "q_t": q[:, 0],
         "q_v": q[:, 1],
-        "qc": cache.copies[
-            index
-        ],  # [q_t of the image-dropped, q_v of the text-dropped]
+        "qc": cache.copies[index],  # [q_t image-dropped, q_v text-dropped]
         "missing": missing,
         "complete": complete,
         "valid": valid,

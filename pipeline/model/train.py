@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -32,18 +32,14 @@ from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample, Tasks
 from pipeline.model.checkpoint import CheckpointError
 from pipeline.model.device import autocast
-from pipeline.model.graphs import GraphedSteps, set_lr
+from pipeline.model.graphs import set_lr
 from pipeline.model.losses import (
-    DummySegments,
-    Parts,
     dummy_segments,
-    loss,
-    static_inputs,
-    static_loss,
 )
 from pipeline.model.network import PalModel, QueryCache, build_cache
 from pipeline.model.optim import lr_factor, optimiser_for
 from pipeline.model.queries import FrozenQueries
+from pipeline.model.steps import Stepper, make_step
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +49,6 @@ CACHE_BATCH = 64  # samples per batch of the frozen query pass
 def task_seed(seed: int, task: int) -> int:
     """The seed of task `task`'s RNG streams (init, batch order, patch order)."""
     return seed * 1_000_003 + task
-
-
-@dataclass
-class Stepper:
-    """One optimiser step per batch: `step(batch)` → its parts. `graphs`: the
-    CUDA graphs it replays (their counts for the log), None without."""
-
-    run: Callable[[Batch], Parts]
-    graphs: GraphedSteps | None = None
-
-    def __call__(self, batch: Batch) -> Parts:
-        return self.run(batch)
 
 
 @dataclass
@@ -156,12 +140,7 @@ def _session(
     prompted = method is not None and any(p.requires_grad for p in method.parameters())
     copies = prompted and method.copies and tune_p.recon_weight > 0
     cache = _query_cache(model, dataset, task, copies, tune_p.num_workers, frozen)
-    graphed = (
-        device.type == "cuda"
-        and method is not None
-        and method.graphable
-        and tune_p.cuda_graphs
-    )
+    graphed = _graphed(device, method, tune_p)
     optimiser, base_lrs = optimiser_for(model, tune_p, capturable=graphed)
     dummy = None
     if graphed and copies:
@@ -191,6 +170,15 @@ def _session(
     per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
     labels = torch.tensor([s.label for s in train])
     return Session(loader, optimiser, base_lrs, step, per_epoch, labels, seed)
+
+
+def _graphed(
+    device: torch.device, method: torch.nn.Module | None, tune_p: pparams.TuneParams
+) -> bool:
+    """Whether a task's steps replay as CUDA graphs: on a GPU, for a graphable
+    method (every method here), unless `tune.cuda_graphs` is false."""
+    graphable = method is not None and method.graphable
+    return device.type == "cuda" and graphable and tune_p.cuda_graphs
 
 
 def _hold_prompts(method: torch.nn.Module | None, task: int, prompt_tasks: int) -> None:
@@ -314,71 +302,3 @@ def _query_cache(
         time.perf_counter() - t0,
     )
     return cache
-
-
-def make_step(
-    model: PalModel,
-    optimiser: torch.optim.Optimizer,
-    cache: QueryCache,
-    task: int,
-    recon_weight: float,
-    static: bool = False,
-    dummy: DummySegments | None = None,
-    graphs: bool = False,
-    clip_norm: float | None = None,
-) -> Stepper:
-    """One optimiser step per batch.
-
-    static=False: `loss` on the batch as the loader made it (with copies).
-    static=True: `static_loss`; the loader must not add copies, they are
-    spliced from `dummy` (None: no reconstruction loss), and a short last
-    batch is padded to a full one with rows labelled −1, which count for
-    nothing. graphs=True (CUDA): each static step is replayed as a CUDA graph
-    per batch shape (`GraphedSteps`). clip_norm (`tune.clip_norm`): the
-    gradient of every trained tensor is clipped to that global norm before
-    the optimiser steps, in either form.
-    """
-    device = model.backbone.device
-    params = [p for g in optimiser.param_groups for p in g["params"]]
-    if not static:
-
-        def eager(batch: Batch) -> Parts:
-            with autocast(device):
-                value, parts = loss(model, batch, cache, task, recon_weight)
-            optimiser.zero_grad(set_to_none=True)
-            value.backward()
-            if clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, clip_norm)
-            optimiser.step()
-            return parts
-
-        return Stepper(eager)
-
-    def step(inputs: Mapping[str, torch.Tensor]) -> Parts:
-        with autocast(device, cache_enabled=False):
-            value, parts = static_loss(model, inputs, cache, dummy, task, recon_weight)
-        value.backward()
-        if clip_norm is not None:  # the norm stays on the device: no sync
-            torch.nn.utils.clip_grad_norm_(
-                params, clip_norm, error_if_nonfinite=False, foreach=True
-            )
-        optimiser.step()
-        return parts
-
-    def unrecorded(inputs: Mapping[str, torch.Tensor]) -> Parts:
-        optimiser.zero_grad(set_to_none=True)
-        return step(inputs)
-
-    replay = GraphedSteps(step, optimiser) if graphs else unrecorded
-    rows = None
-    # room for the dummy image's tokens in the copies of a batch of wide photos
-    min_image_tokens = dummy.image.shape[0] if dummy is not None else 0
-
-    def run(batch: Batch) -> Parts:
-        nonlocal rows
-        rows = rows or batch.n  # the first batch is a full one
-        with autocast(device):
-            inputs = static_inputs(model, batch, rows, min_image_tokens)
-        return replay(inputs)
-
-    return Stepper(run, replay if graphs else None)
