@@ -2,7 +2,9 @@
 
 A graphed step (`tune.cuda_graphs`) replays one captured graph per shape of
 its inputs h (B, N, D): B is fixed (a short last batch is padded), the text is
-padded to `model.max_text_len`, so the shape is set by N = T + 1 + P, where P
+padded to a bucket of the batch's longest (`losses.text_bucket`: a multiple
+of 8 up to `model.max_text_len`), so the shape is set by the text bucket T and
+by N = T + 1 + P, where P
 is the largest number of image patches in the batch — ViLT keeps every patch
 of each image and pads the others' token lists to the batch's largest (its
 `visual_embed`; the padded canvas size does not matter). ViLT-B/32's processor
@@ -11,9 +13,11 @@ so an image has 12 × k patches, k = 12 … 20 (or fewer on the shorter side whe
 the cap binds): at most a dozen values of P.
 
 This script draws image sizes from two documented mixes, forms batches of 4,
-and counts the distinct shapes, the share of steps that replay a graph with
-`GraphedSteps`' limit of 16 graphs (shapes beyond it run eagerly), and the
-token overhead of bucketing P up to {144, 192, 240} instead.
+and counts the distinct image shapes P (each comes in as many graphs as text
+buckets the titles reach: up to 5 at 40 tokens, so `GraphedSteps` keeps up
+to 64 graphs; shapes beyond it run eagerly; here the text is held at 40, one
+bucket), the share of steps that replay a graph, and the token overhead of
+bucketing P up to {144, 192, 240} instead.
 
 - `photo mix`: the six sizes of bench/loader.py (web photos 512×384 … 2048×1365,
   NYT-like 1050×550), each jittered ±20 % per side;
@@ -35,7 +39,7 @@ from transformers.models.vilt.image_processing_pil_vilt import (
 )
 
 SHORTER, DIVISOR, PATCH, TEXT = 384, 32, 32, 40
-MAX_GRAPHS = 16
+MAX_GRAPHS = 64  # GraphedSteps' limit (pipeline/model/graphs.py)
 BUCKETS = (144, 192, 240)
 SIZES = [(512, 384), (384, 512), (800, 800), (1024, 683), (1050, 550), (2048, 1365)]
 

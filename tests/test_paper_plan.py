@@ -274,7 +274,7 @@ def test_a_cpu_rehearsal_is_priced_on_the_cpu_card(tmp_path: Path) -> None:
 
     work = sum(hours(k) for k in (10, 20, 50))  # K = 5 is the committed cell
     assert lines[0].startswith(
-        "food101, this project's 2-core CPU (AMD EPYC Zen 4) (tune.device cpu; "
+        "food101, a 2-core AMD EPYC (Zen 4) CPU (tune.device cpu; "
         "palpaper/costs.yaml cpu): measured on"
     )
     assert lines[1] == (
