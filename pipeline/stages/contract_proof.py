@@ -56,23 +56,35 @@ class Check:
 
 
 def checks(root: Path = con.ROOT) -> list[Check]:
-    """Per unit: equality with the commit that set its version (none when it
-    was raised in the working tree), and, when it was raised, a difference
-    from the code of the commit that set the version before."""
+    """Per unit: equality with the code its outputs' contract was set by (none
+    when its version was raised in the working tree), and, when it was
+    raised, a difference from the code of the commit that set the version
+    before.
+
+    A method's outputs (`tune.pal`'s) hold its stage's version too (`tune`),
+    so their contract was set by the newer of the two commits that set them:
+    after `tune` is raised, `tune.pal`'s code is held to the raise's commit,
+    not to the older one that set `tune.pal` (between those two every job of
+    `tune.pal` had its contract changed, and none would judge it)."""
     now = con.read_versions(root).versions
     history = _git(root, "log", "--format=%H", "--", con.VERSIONS_FILE).split()
     held = [(c, _versions_at(root, c)) for c in history]  # newest first
+    runs = {unit: _runs(unit, held) for unit in now}  # newest first
+    set_by = {u: r[0][1] for u, r in runs.items() if r and r[0][0] == now[u]}
     out = []
-    for unit, version in sorted(now.items()):
-        runs = _runs(unit, held)  # [(version, the commit that set it)], newest first
-        if runs and runs[0][0] == version:
-            out.append(Check(unit, runs[0][1], None, equal=True))
-            runs = runs[1:]
-            new = out[-1].old
+    for unit in sorted(now):
+        earlier = runs[unit]
+        if unit in set_by:
+            stage = unit.split(".")[0]
+            commits = [set_by[u] for u in {unit, stage} if u in set_by]
+            old = min(commits, key=history.index)  # the newer commit
+            out.append(Check(unit, old, None, equal=True))
+            earlier = earlier[1:]
+            new = set_by[unit]
         else:
             new = None  # raised in the working tree
-        if runs:
-            out.append(Check(unit, runs[0][1], new, equal=False))
+        if earlier:
+            out.append(Check(unit, earlier[0][1], new, equal=False))
     return out
 
 
