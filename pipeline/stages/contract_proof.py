@@ -73,19 +73,27 @@ def checks(root: Path = con.ROOT) -> list[Check]:
     set_by = {u: r[0][1] for u, r in runs.items() if r and r[0][0] == now[u]}
     out = []
     for unit in sorted(now):
-        earlier = runs[unit]
+        earlier, stage = runs[unit], set_by.get(unit.split(".")[0])
         if unit in set_by:
-            stage = unit.split(".")[0]
-            commits = [set_by[u] for u in {unit, stage} if u in set_by]
-            old = min(commits, key=history.index)  # the newer commit
-            out.append(Check(unit, old, None, equal=True))
+            out.append(Check(unit, _newer(history, set_by[unit], stage), None, True))
             earlier = earlier[1:]
             new = set_by[unit]
         else:
             new = None  # raised in the working tree
-        if earlier:
-            out.append(Check(unit, earlier[0][1], new, equal=False))
+        if earlier:  # the stage's version counts where it was set before `new`
+            before = stage if new is None or _older(history, stage, new) else None
+            out.append(Check(unit, _newer(history, earlier[0][1], before), new, False))
     return out
+
+
+def _older(history: list[str], a: str | None, b: str) -> bool:
+    """Whether commit `a` comes before commit `b` (`history`: newest first)."""
+    return a is not None and history.index(a) > history.index(b)
+
+
+def _newer(history: list[str], a: str, b: str | None) -> str:
+    """The later of commits `a` and `b` (None: `a`)."""
+    return a if b is None or not _older(history, a, b) else b
 
 
 def _runs(unit: str, held: list[tuple[str, dict[str, int]]]) -> list[tuple[int, str]]:
