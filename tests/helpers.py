@@ -284,3 +284,9 @@ def flip_keeping_mtime(path: Path) -> None:
     data[len(data) // 2] ^= 0x40
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+# PAL's classification pass as pipeline/methods/pal.py writes it: tests that
+# edit it (to move PAL's outputs) assert it is there first, so an edit that
+# finds nothing fails instead of testing unchanged code
+PAL_JOINT = "return backbone.encode(h, mask, prompts, read=(0,))[:, 0].float()"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import committed, committed_params
+from helpers import PAL_JOINT, committed, committed_params
 
 from pipeline import contract_code as code
 from pipeline.contracts import STAGES, ContractError, read_versions
@@ -33,7 +33,7 @@ from pipeline.stages import contracts as guard
 
 ROOT = Path(__file__).resolve().parents[1]
 PAL = ROOT / "pipeline" / "methods" / "pal.py"
-JOINT = "return backbone.encode(h, mask, prompts, read=(0,))[:, 0].float()"
+JOINT = PAL_JOINT
 GIT = dict(
     GIT_AUTHOR_NAME="t",
     GIT_AUTHOR_EMAIL="t@example.com",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import pal_paper
+from helpers import PAL_JOINT, pal_paper
 from scratch_project import BIN, ROOT, TINY, copy_project_files, make_scratch_project
 
 pytestmark = pytest.mark.slow  # a real `dvc repro` of every stage: about 3 minutes
@@ -159,8 +159,8 @@ def test_an_edit_of_pal_stops_repro_before_any_gpu_stage(
     for new code, but one line naming the files and the two ways on."""
     path, env = work
     pal = path / "pipeline/methods/pal.py"
-    joint = "return backbone.encode(h, mask, prompts)[:, 0].float()"
-    pal.write_text(pal.read_text().replace(joint, joint + " * 1.001"))
+    assert PAL_JOINT in pal.read_text()
+    pal.write_text(pal.read_text().replace(PAL_JOINT, PAL_JOINT + " * 1.001"))
     proc = subprocess.run(
         [str(BIN / "dvc"), "repro"], cwd=path, env=env, capture_output=True, text=True
     )
@@ -201,8 +201,10 @@ def test_a_workspace_made_before_contracts_moves_over_by_adopt(
 ) -> None:
     """docs/USAGE.md's route: a project reproduced on the commit before the
     contracts, then the new code over it (a pull), `pal contracts adopt` and
-    `dvc repro`: the analytic stages only; then `dvc status` is clean, the
-    next `dvc repro` runs nothing, and the lock is a fresh repro's."""
+    `dvc repro`: pixels and frozen kept, tune and extract made again (their
+    contracts were raised since: other bytes) and the stages after them; then
+    `dvc status` is clean, the next `dvc repro` runs nothing, and the lock is
+    a fresh repro's."""
     fresh, env = repo
     known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", BEFORE_CONTRACTS])
     if known.returncode:
@@ -237,9 +239,13 @@ def test_a_workspace_made_before_contracts_moves_over_by_adopt(
     _run(["git", "add", "-A"], old, env)
     _run(["git", "commit", "-qm", "contracts"], old, env)
     out = _run([str(BIN / "pal"), "contracts", "adopt"], old, env)
-    assert "dvc.yaml: 14 stages adopted" in out, out  # pixels, frozen, 2 × 3 × 2
+    # pixels and frozen kept; tune and extract (2 × 3 × 2) were raised since
+    assert (
+        "dvc.yaml: 2 stages adopted; 12 rerun at the next dvc repro (their "
+        "contract was raised since: extract 2, tune 2)"
+    ) in out, out
     out = _run([dvc, "repro"], old, env)
-    assert not _ran(out) & GPU_STAGES, out  # the cheap stages, to the same bytes
+    assert _ran(out) & GPU_STAGES == {"tune", "extract"}, out
     assert {"solve", "evaluate"} <= _ran(out), out
     status = _run([dvc, "status"], old, env)  # every pipeline file
     assert "Data and pipelines are up to date." in status

@@ -226,26 +226,51 @@ def adoptable(params_file: str, lock: Path) -> list[tuple[str, Path, dict]]:
 @params_option
 @clean_errors
 def adopt_cmd(params_file: str) -> None:
-    """Move a workspace reproduced before contracts onto them, with no rerun.
+    """Move a workspace reproduced before contracts onto them.
 
     For a workspace whose `dvc status` was clean on the commit before output
     contracts (docs/USAGE.md, "Output contracts"): runs the `contracts`
-    stage, writes each contracted output's contract.json (version 1: the
-    code those outputs were made by) and `dvc commit`s those stages of
-    dvc.yaml, so their new keys (the stamps) are recorded against the
-    outputs already there. The next `dvc repro` reruns the analytic stages
-    only (seconds; their input folders gained contract.json).
+    stage, writes contract.json (version 1: the code those outputs were
+    made by) into each contracted output whose contract is still version 1
+    and `dvc commit`s those stages of dvc.yaml, so their new keys (the
+    stamps) are recorded against the outputs already there. An output whose
+    contract was raised since is not adopted (other code would make other
+    bytes): the next `dvc repro` makes it again, and the stages after it.
     """
     dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
     _run([dvc, "repro", "--single-item", "contracts"])
     lock = Path("dvc.lock")
     found = adoptable(params_file, lock) if lock.is_file() else []
-    for _, folder, record in found:
+    kept = [(n, f, r) for n, f, r in found if first_contract(r)]
+    for _, folder, record in kept:
         write_bytes_atomic(folder / con.STAMP_NAME, con.stamp_bytes(record))
-    names = [name for name, _, _ in found]
+    names = [name for name, _, _ in kept]
     if names:
         _run([dvc, "commit", "--force", "--quiet", *names])
-    click.echo(f"dvc.yaml: {len(names)} stages adopted")
+    line = f"dvc.yaml: {len(names)} stages adopted"
+    if len(found) > len(kept):
+        raised = sorted(
+            {_contract_name(r) for _, _, r in found if not first_contract(r)}
+        )
+        line += (
+            f"; {len(found) - len(kept)} rerun at the next dvc repro (their "
+            f"contract was raised since: {', '.join(raised)})"
+        )
+    click.echo(line)
+
+
+def first_contract(record: dict) -> bool:
+    """Whether a stamp names version 1 of each unit: the contract of the code
+    before contracts, the one an adopted output was made by."""
+    return record["version"] == 1 and record.get("method_version") in (None, 1)
+
+
+def _contract_name(record: dict) -> str:
+    """`tune 2`, `tune.map 2`: the raised units of a stamp."""
+    names = [f"{record['stage']} {record['version']}"] * (record["version"] != 1)
+    if record.get("method_version") not in (None, 1):
+        names.append(f"{record['stage']}.{record['method']} {record['method_version']}")
+    return ", ".join(names)
 
 
 def _run(cmd: list[str]) -> None:
