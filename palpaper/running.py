@@ -150,7 +150,7 @@ def fill_cards(
         return None
     card = plan.card(None, "GPU")
     gib = card.largest(plan.trained_methods(ids, params, runs, cite))
-    gpus, per_card = workers.fill(card["packing"], gib, plan.MEMORY_SHARE)
+    gpus, per_card = workers.fill(lambda memory: card.slots(gib, memory))
     if gpus:
         log.info(workers.fill_line(per_card, card["packing"], card.where))
     return gpus or None

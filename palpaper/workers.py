@@ -27,7 +27,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from palcore.errors import PalError
@@ -56,14 +56,12 @@ def parse_gpus(text: str | None) -> list[str] | None:
     return ids
 
 
-def fill(
-    packing: Mapping[int, float], gib: float, share: float
-) -> tuple[list[str], dict[str, int]]:
+def fill(slots: Callable[[float], int]) -> tuple[list[str], dict[str, int]]:
     """Workers that fill every card torch sees: (the card of each worker, the
-    cards round-robin so the first cells spread; card -> J). J is the largest
-    of `packing` whose J tunings of `gib` GiB fit in `share` of the card's
-    memory, 1 at least. The cards are CUDA_VISIBLE_DEVICES' ids where it is
-    set, else 0..device_count - 1; none: ([], {})."""
+    cards round-robin so the first cells spread; card -> J), J = `slots(GiB
+    of the card's memory)` (`palpaper.cards.Card.slots`). The cards are
+    CUDA_VISIBLE_DEVICES' ids where it is set, else 0..device_count - 1;
+    none: ([], {})."""
     import torch
 
     n = torch.cuda.device_count()
@@ -72,11 +70,10 @@ def fill(
         ids = [x.strip() for x in visible.split(",") if x.strip()][:n]
     else:
         ids = [str(i) for i in range(n)]
-    per_card = {}
-    for index, gpu in enumerate(ids):
-        memory = torch.cuda.get_device_properties(index).total_memory / 2**30
-        fits = [j for j in packing if j * gib <= share * memory]
-        per_card[gpu] = max(fits, default=1)
+    per_card = {
+        gpu: slots(torch.cuda.get_device_properties(index).total_memory / 2**30)
+        for index, gpu in enumerate(ids)
+    }
     rounds = max(per_card.values(), default=0)
     gpus = [g for r in range(rounds) for g in ids if per_card[g] > r]
     return gpus, per_card

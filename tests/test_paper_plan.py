@@ -479,17 +479,22 @@ def test_run_fills_each_card_torch_sees(
     monkeypatch.delenv("PAL_PAPER_CARD", raising=False)
     fake_cards(monkeypatch, [139.8, 139.8])
     packing = {1: 1.0, 2: 1.64}
+    c = check_card({**CARD, "packing": packing}, "card.yaml")
+
+    def slots(memory: float) -> int:
+        return c.slots(3.9, memory)
+
     # 2 x 3.9 GiB within 90 % of 139.8: two a card, the cards round-robin
-    assert fill(packing, 3.9, 0.9) == (["0", "1", "0", "1"], {"0": 2, "1": 2})
+    assert fill(slots) == (["0", "1", "0", "1"], {"0": 2, "1": 2})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert fill(packing, 3.9, 0.9) == (["3", "5", "3", "5"], {"3": 2, "5": 2})
+    assert fill(slots) == (["3", "5", "3", "5"], {"3": 2, "5": 2})
     fake_cards(monkeypatch, [139.8, 8.0])  # 2 x 3.9 > 90 % of 8 GiB: one there
-    assert fill(packing, 3.9, 0.9) == (["3", "5", "3"], {"3": 2, "5": 1})
+    assert fill(slots) == (["3", "5", "3"], {"3": 2, "5": 1})
     assert fill_line({"3": 2, "5": 1}, packing, "x") == (
         "3 workers: cards 3 x 2, 5 x 1 tunings (packing by card's memory, x)"
     )
     fake_cards(monkeypatch, [])
-    assert fill(packing, 3.9, 0.9) == ([], {})
+    assert fill(slots) == ([], {})
 
     # Tables 1-2 on Food101's preset (tune.device cuda): palpaper/costs.yaml's
     # h200, its packing and its largest tuning
