@@ -11,6 +11,7 @@ from PIL import Image
 from pipeline.model import vision
 from pipeline.model.backbone import BackboneError, load_backbone
 from pipeline.model.encoder import LayerPrompt
+from pipeline.sameness import RTOL
 
 
 def _inputs(backbone, texts, sizes):
@@ -81,7 +82,13 @@ def test_queries_are_the_two_cls_outputs(backbone):
     h, mask = backbone.embed(ids, am, px, pm)
     q_t, q_v = backbone.queries(h, mask, ids.shape[1])
     out = backbone.encode(h, mask)
-    assert torch.equal(q_t, out[:, 0]) and torch.equal(q_v, out[:, 12])
+    # the query pass runs the last layer on the CLS rows only: a GEMM over
+    # fewer rows, which some CPU kinds sum in another order (DESIGN §2, "The
+    # same output"), so the same to RTOL of the outputs' scale, not bit for bit
+    limit = RTOL * out.abs().max().item()
+    assert (q_t - out[:, 0]).abs().max().item() <= limit
+    assert (q_v - out[:, 12]).abs().max().item() <= limit
+    assert (q_v - out[:, 11]).abs().max().item() > 1e-2  # row 12 is the image CLS
 
 
 def test_prefix_prompts_switched_off_change_nothing(backbone):

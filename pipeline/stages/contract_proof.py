@@ -1,8 +1,9 @@
 """The proof of an output contract (DESIGN §2): which code each unit's
 outputs are compared against, and the comparison.
 
-A unit's outputs must equal, byte for byte, those of the code of the commit
-that set its version (`checks`); a version raised (at a commit, or in the
+A unit's outputs must be the same (`pipeline.sameness`: exact values equal,
+floats within `RTOL` of their scale, on any CPU kind) as those of the code of
+the commit that set its version (`checks`); a version raised (at a commit, or in the
 working tree) must instead change them, unless `reasons` in contracts.yaml
 says why not. `verify` runs the fixture (`contract_runs`) with both
 versions of the code where they differ, and `coverage_report` says which
@@ -270,9 +271,9 @@ def _raised_but_equal(check: Check, versions: con.Versions) -> str:
     key = f"{check.unit}@{version}"
     return (
         f"{check.unit}: version raised to {version} at "
-        f"{_where(check.new)} but its outputs equal {_where(check.old)}'s byte for "
-        f"byte: state why under reasons ('{key}: ...') in {con.VERSIONS_FILE}, "
-        "or keep the version"
+        f"{_where(check.new)} but its outputs are the same as "
+        f"{_where(check.old)}'s: state why under reasons ('{key}: ...') in "
+        f"{con.VERSIONS_FILE}, or keep the version"
     )
 
 

@@ -1,5 +1,6 @@
 """The fixture that proves a contract: the contracted stages run on tiny data
-with two versions of the code, outputs compared byte for byte (DESIGN §2).
+with two versions of the code, outputs compared by the rule for "the same
+output" (`pipeline.sameness`, DESIGN §2).
 
 The inputs are built once, by the newer code: the demo's dataset and tiny
 ViLT, a UPMC-Food101 tree and an N24News tree (both readers of the paper's
@@ -29,7 +30,8 @@ from typing import Any
 
 import yaml
 
-from pipeline.contracts import STAMP_NAME, ContractError
+from pipeline.contracts import ContractError
+from pipeline.sameness import compare_folders
 
 DATASETS = ("demo", "food101", "n24news")
 VARIANTS = {  # variant (a row of params' `ablation`) → its prompt method
@@ -380,21 +382,8 @@ def run_version(
 
 
 def differences(a: Path, b: Path) -> list[str]:
-    """Files of output folder `a` and `b` that differ (names or bytes); the
-    contract stamps are left out (a bump changes them by definition)."""
-
-    def files(root: Path) -> dict[str, Path]:
-        if not root.exists():
-            return {}
-        return {
-            p.relative_to(root).as_posix(): p
-            for p in root.rglob("*")
-            if p.is_file() and p.name != STAMP_NAME
-        }
-
-    fa, fb = files(a), files(b)
-    odd = sorted(set(fa) ^ set(fb))
-    odd += sorted(
-        n for n in set(fa) & set(fb) if fa[n].read_bytes() != fb[n].read_bytes()
-    )
-    return odd
+    """Files of output folders `a` and `b` that are not the same by the
+    project's rule (`pipeline.sameness`: exact values equal, floats within
+    `RTOL` of their scale), as 'file:key (size)'; the contract stamps and
+    seals are left out (derived from the rest)."""
+    return [str(d) for d in compare_folders(a, b)]
