@@ -24,11 +24,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # `dvc repro`: every stage in order, the analytic stage (solve, evaluate) once
-# for all of a pipeline's chains.
+# for all of a pipeline's chains; then one line on how results/demo compares
+# with the committed report (the same bytes, or within the rule for results
+# on a CPU kind that takes other float paths: docs/DESIGN.md §2).
 DVC := $(VENV)/bin/dvc
 
 run: $(STAMP)
 	$(DVC) repro
+	@$(VENV)/bin/pal-solver compare results/demo
 
 # The whole ablation table: one DVC experiment of dvc.yaml running the
 # variants of pipelines.main and pipelines.ablation (Table 3 in

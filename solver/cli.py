@@ -25,6 +25,10 @@ COMMANDS = {
         "solver.report:cli",
         "Mean ± std over the protocol's runs, per variant: tables and plots.",
     ),
+    "compare": (
+        "solver.compare:cli",
+        "Compare a report with the committed one, by the rule for results.",
+    ),
     "show": (
         "solver.show:cli",
         "Print a report's metrics.json as a table of at most 120 columns.",

@@ -290,3 +290,69 @@ def flip_keeping_mtime(path: Path) -> None:
 # edit it (to move PAL's outputs) assert it is there first, so an edit that
 # finds nothing fails instead of testing unchanged code
 PAL_JOINT = "return backbone.encode(h, mask, prompts, read=(0,))[:, 0].float()"
+
+
+def reproduced_as_committed(clone: Path, env: dict[str, str] | None = None) -> str:
+    """'' when a clone's `dvc repro` keeps the rule for results (DESIGN §2,
+    "The same output"): the committed bytes, or, on a CPU kind that takes
+    other float paths, only dvc.lock's hashes and results/demo moved, the
+    headline results within `pal-solver compare`'s tolerance; else what broke
+    it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=clone, capture_output=True, text=True, env=env
+        ).stdout
+
+    other = git("status", "--porcelain", "--", ".", ":!dvc.lock", ":!results/demo")
+    if other:
+        return f"dirty beyond dvc.lock and results/demo: {other}"
+    lock = lock_moves(clone, env)
+    if lock:
+        return f"dvc.lock moved beyond its hashes: {lock[:3]}"
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "pal-solver"), "compare", "--check"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
+def lock_moves(clone: Path, env: dict[str, str] | None = None) -> list[str]:
+    """The lines of dvc.lock's diff from HEAD other than hashes and sizes
+    (what another CPU kind moves): params, commands, paths."""
+    diff = subprocess.run(
+        ["git", "diff", "-U0", "dvc.lock"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout
+    return [
+        line
+        for line in diff.splitlines()
+        if line[:2] in ("- ", "+ ")
+        and line[1:].strip().split(":")[0] not in ("md5", "size", "nfiles")
+    ]
+
+
+def table_means_close(got: str, want: str, tolerance: float) -> str:
+    """'' when two markdown tables have the same rows and labels and every
+    'mean ± std' cell's mean within `tolerance` points; else the first
+    difference."""
+    a, b = got.strip().splitlines(), want.strip().splitlines()
+    if len(a) != len(b):
+        return f"{len(a)} lines against {len(b)}"
+    for x, y in zip(a, b, strict=True):
+        cx, cy = x.split("|"), y.split("|")
+        if len(cx) != len(cy):
+            return f"{x!r} against {y!r}"
+        for p, q in zip(cx, cy, strict=True):
+            if "±" not in p or "±" not in q:
+                if p.strip() != q.strip():
+                    return f"{x!r} against {y!r}"
+            elif abs(float(p.split("±")[0]) - float(q.split("±")[0])) > tolerance:
+                return f"{x!r} against {y!r}: beyond {tolerance} points"
+    return ""

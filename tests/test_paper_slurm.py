@@ -31,9 +31,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import committed
+from helpers import (
+    committed,
+    lock_moves,
+    reproduced_as_committed,
+    table_means_close,
+)
 from scratch_project import BIN, ROOT
 from slurm_cluster import Cluster, missing
+
+from solver.compare import TOLERANCE
 
 pytestmark = pytest.mark.slow  # a real SLURM: about 6 minutes on 2 cores
 
@@ -163,9 +170,20 @@ def project(base: Path, cluster: Cluster, second_user: str) -> tuple[Path, dict]
         env=env,
         capture_output=True,
     )
+    if (
+        seeded.returncode != 0
+        and (ROOT / "dvc.lock").is_file()
+        and not lock_moves(ROOT)
+    ):
+        # another CPU kind: this clone's `make run` made its own bytes (the
+        # committed ones' hashes moved), which the cache holds under its lock
+        shutil.copy(ROOT / "dvc.lock", path / "dvc.lock")
+        seeded = subprocess.run(
+            "dvc pull -q -r seed dvc.yaml", shell=True, cwd=path, env=env
+        )
     if seeded.returncode != 0:  # no `make run` here: the features made afresh
         sh("dvc repro dvc.yaml", path, env)
-    assert sh("git status --porcelain", path, env).stdout == ""
+    assert reproduced_as_committed(path, env) == ""
     return path, env
 
 
@@ -261,8 +279,9 @@ def test_table4_as_an_array_job_scancel_and_the_same_command_again(
     wait_jobs(env, path, submitted(path, out)[1])
     status = sh("pal-paper status upsampling", path, env).stdout.splitlines()
     assert status[0] == f"5 cells on {head}: 5 finished", (status, logs(sub.parent))
-    got = (path / UPSAMPLING).read_text().splitlines()
-    assert got[1:] == committed(UPSAMPLING).splitlines()[1:]
+    got = (path / UPSAMPLING).read_text().split("\n", 1)[1]
+    want = committed(UPSAMPLING).split("\n", 1)[1]
+    assert table_means_close(got, want, TOLERANCE) == ""
     text = logs(path / ".dvc/tmp/slurm")
     for line in status[1:6]:
         cell = line.split(":")[0].strip()
