@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import PAL_JOINT, pal_paper
-from scratch_project import BIN, ROOT, TINY, copy_project_files, make_scratch_project
+from scratch_project import BIN, TINY, make_scratch_project
 
 pytestmark = pytest.mark.slow  # a real `dvc repro` of every stage: about 3 minutes
 
@@ -46,7 +46,6 @@ COMMENTED = (
     "solver/rls.py",
     "palpaper/plan.py",
 )
-BEFORE_CONTRACTS = "10fe60d"  # the last commit that keyed every stage on code bytes
 RUNS = (0, 1)
 VARIANTS = ("pal", "init", "frozen")
 
@@ -177,84 +176,6 @@ def test_an_edit_of_pal_stops_repro_before_any_gpu_stage(
     )
     assert check.returncode == 1
     assert "Error: contracts: the code of extract.pal" in check.stderr
-
-
-# keys added since BEFORE_CONTRACTS, all at their defaults in the committed
-# params: that commit's code refuses a key it does not know
-NEWER_KEYS = {
-    "demo": ("variants", "colour_free", "side_dish"),
-    "tune": ("decay", "beta2", "clip_norm"),
-}
-
-
-def _write_older_params(src: Path, dst: Path) -> None:
-    """`src`'s params without NEWER_KEYS, as the older code reads them."""
-    params = yaml.safe_load(src.read_text(encoding="utf-8"))
-    for section, keys in NEWER_KEYS.items():
-        for key in keys:
-            params[section].pop(key)
-    dst.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
-
-
-def test_a_workspace_made_before_contracts_moves_over_by_adopt(
-    repo: tuple[Path, dict[str, str]], tmp_path: Path
-) -> None:
-    """docs/USAGE.md's route: a project reproduced on the commit before the
-    contracts, then the new code over it (a pull), `pal contracts adopt` and
-    `dvc repro`: pixels and frozen kept, tune and extract made again (their
-    contracts were raised since: other bytes) and the stages after them; then
-    `dvc status` is clean, the next `dvc repro` runs nothing, and the lock is
-    a fresh repro's."""
-    fresh, env = repo
-    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", BEFORE_CONTRACTS])
-    if known.returncode:
-        pytest.skip(f"a shallow clone: {BEFORE_CONTRACTS} is not in its history")
-    old = tmp_path / "old"
-    old.mkdir()
-    tree = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", BEFORE_CONTRACTS],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(old)], input=tree, check=True)
-    for rel in ("dvc.lock", "ablation/dvc.lock"):  # that commit had two pipelines
-        (old / rel).unlink()
-    shutil.rmtree(old / "results")
-    _write_older_params(fresh / "params.yaml", old / "params.yaml")
-    env = dict(env, PYTHONPATH=str(old))
-    dvc = str(BIN / "dvc")
-    for args in (
-        ["git", "init", "-q"],
-        ["git", "add", "-A"],
-        ["git", "commit", "-qm", "old"],
-    ):
-        _run(args, old, env)
-    out = _run([dvc, "repro"], old, env)
-    assert _ran(out) == set(STAGES) - {"contracts"}, out  # no such stage yet
-    _run(["git", "add", "-A"], old, env)
-    _run(["git", "commit", "-qm", "reproduced"], old, env)
-    copy_project_files(old, but=("params.yaml",))  # the pull, which also
-    shutil.rmtree(old / "ablation")  # deletes the ablation's pipeline file
-    shutil.copy(fresh / "params.yaml", old / "params.yaml")  # and adds new keys
-    _run(["git", "add", "-A"], old, env)
-    _run(["git", "commit", "-qm", "contracts"], old, env)
-    out = _run([str(BIN / "pal"), "contracts", "adopt"], old, env)
-    # pixels and frozen kept; tune and extract (2 × 3 × 2) were raised since
-    assert (
-        "dvc.yaml: 2 stages adopted; 12 rerun at the next dvc repro (their "
-        "contract was raised since: extract 2, tune 2)"
-    ) in out, out
-    out = _run([dvc, "repro"], old, env)
-    assert _ran(out) & GPU_STAGES == {"tune", "extract"}, out
-    assert {"solve", "evaluate"} <= _ran(out), out
-    status = _run([dvc, "status"], old, env)  # every pipeline file
-    assert "Data and pipelines are up to date." in status
-    assert _ran(_run([dvc, "repro"], old, env)) == set()
-    # every stage's deps and outputs as a fresh repro's (DVC orders the entries
-    # by when it first wrote them: `contracts` comes first here)
-    adopted = yaml.safe_load((old / "dvc.lock").read_text())
-    assert adopted == yaml.safe_load((fresh / "dvc.lock").read_text())
-    assert (old / "data/tune/pal/1/contract.json").is_file()
 
 
 def test_a_flipped_bit_behind_a_hard_link_is_found_and_repaired(

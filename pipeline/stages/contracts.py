@@ -8,8 +8,10 @@
 * `pal contracts verify` proves it: each unit whose code differs from the
   commit that set its version (or, for a version raised in the working tree,
   from HEAD) runs on the tiny fixture (`contract_runs`) with both versions of
-  the code, outputs compared byte for byte. Equal outputs under an unchanged
-  version, or different outputs under a raised one, are recorded in
+  the code, outputs compared by the rule for "the same output"
+  (`pipeline.sameness`: exact values equal, floats within its RTOL). Equal
+  outputs under an unchanged version, or different outputs under a raised
+  one, are recorded in
   `contracts.lock`; anything else is one line naming the unit and what to do.
 """
 
@@ -18,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -157,8 +157,9 @@ def verify_cmd(
     Each unit (a stage, or a stage's method: tune.pal) whose code differs from
     the commit that set its version runs on a tiny fixture (every method, the
     pixel cache on and off, a resumed tune, both real dataset layouts, a
-    2-rank extract) with both versions of the code: equal outputs, byte for
-    byte, or (a version raised in contracts.yaml) other ones, unless
+    2-rank extract) with both versions of the code: the same outputs (exact
+    values equal, floats within pipeline.sameness.RTOL), or (a version
+    raised in contracts.yaml) other ones, unless
     `reasons` says why not. Exit 1 with one line per failing unit.
     """
     known = set(con.read_versions().versions)
@@ -192,89 +193,3 @@ def _report(outcome: Outcome, cover: Path | None, coverage_file: str | None) -> 
         click.echo(f"coverage of each unit: {coverage_file}")
     if outcome.problems:
         raise con.ContractError("\n".join(outcome.problems))
-
-
-def adoptable(params_file: str, lock: Path) -> list[tuple[str, Path, dict]]:
-    """The contracted stages a lock file lists whose output folder is here:
-    (stage name, output folder, the contract its stamp names)."""
-    import shlex
-
-    import yaml
-
-    versions = con.read_versions()
-    stages = (yaml.safe_load(lock.read_text(encoding="utf-8")) or {}).get("stages", {})
-    out = []
-    for name, entry in stages.items():
-        words = shlex.split(entry.get("cmd", ""))
-        if words[:1] != ["pal"] or len(words) < 2 or words[1] not in con.STAGES:
-            continue
-        folder = Path(words[words.index("--out") + 1]) if "--out" in words else None
-        if folder is None or not folder.is_dir():
-            continue
-        method = None
-        if "--variant" in words:
-            source = Source(
-                Path(params_file), variant=words[words.index("--variant") + 1]
-            )
-            if section_value(source, "prompt", "enabled") is not False:
-                method = section_value(source, "prompt", "method")
-        out.append((name, folder, con.stamp(words[1], method, versions)))
-    return out
-
-
-@cli.command("adopt")
-@params_option
-@clean_errors
-def adopt_cmd(params_file: str) -> None:
-    """Move a workspace reproduced before contracts onto them.
-
-    For a workspace whose `dvc status` was clean on the commit before output
-    contracts (docs/USAGE.md, "Output contracts"): runs the `contracts`
-    stage, writes contract.json (version 1: the code those outputs were
-    made by) into each contracted output whose contract is still version 1
-    and `dvc commit`s those stages of dvc.yaml, so their new keys (the
-    stamps) are recorded against the outputs already there. An output whose
-    contract was raised since is not adopted (other code would make other
-    bytes): the next `dvc repro` makes it again, and the stages after it.
-    """
-    dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
-    _run([dvc, "repro", "--single-item", "contracts"])
-    lock = Path("dvc.lock")
-    found = adoptable(params_file, lock) if lock.is_file() else []
-    kept = [(n, f, r) for n, f, r in found if first_contract(r)]
-    for _, folder, record in kept:
-        write_bytes_atomic(folder / con.STAMP_NAME, con.stamp_bytes(record))
-    names = [name for name, _, _ in kept]
-    if names:
-        _run([dvc, "commit", "--force", "--quiet", *names])
-    line = f"dvc.yaml: {len(names)} stages adopted"
-    if len(found) > len(kept):
-        raised = sorted(
-            {_contract_name(r) for _, _, r in found if not first_contract(r)}
-        )
-        line += (
-            f"; {len(found) - len(kept)} rerun at the next dvc repro (their "
-            f"contract was raised since: {', '.join(raised)})"
-        )
-    click.echo(line)
-
-
-def first_contract(record: dict) -> bool:
-    """Whether a stamp names version 1 of each unit: the contract of the code
-    before contracts, the one an adopted output was made by."""
-    return record["version"] == 1 and record.get("method_version") in (None, 1)
-
-
-def _contract_name(record: dict) -> str:
-    """`tune 2`, `tune.map 2`: the raised units of a stamp."""
-    names = [f"{record['stage']} {record['version']}"] * (record["version"] != 1)
-    if record.get("method_version") not in (None, 1):
-        names.append(f"{record['stage']}.{record['method']} {record['method_version']}")
-    return ", ".join(names)
-
-
-def _run(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-        raise con.ContractError(f"{' '.join(cmd[:3])}: {' '.join(tail)}")
