@@ -138,6 +138,40 @@ def test_stamps_name_each_variants_contract(tmp_path: Path) -> None:
     assert pixels == {"stage": "pixels", "version": v["pixels"]}
 
 
+def test_stamp_deletes_only_stamps_and_refuses_a_folder_of_other_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pal contracts stamp --out DIR` into a folder holding anything but
+    stamps (a mistyped `--out data`) deletes nothing and says so; a former
+    run's stamp of a variant gone from params is removed, the rest rewritten."""
+    from click.testing import CliRunner
+
+    monkeypatch.setattr(guard.code, "guard_problem", lambda: None)
+    params = tmp_path / "params.yaml"
+    params.write_text(committed("params.yaml"))
+    data = tmp_path / "data"
+    raw = data / "raw" / "demo" / "captions.json"
+    raw.parent.mkdir(parents=True)
+    raw.write_text("{}")
+    args = ["stamp", "--params", str(params), "--out"]
+    done = CliRunner().invoke(guard.cli, [*args, str(data)])
+    assert done.exit_code == 1
+    assert done.stderr == (
+        f"Error: {data}: holds raw and 2 more that are not contract stamps; "
+        "nothing was deleted: --out names the stamps' own folder (default "
+        "data/contracts)\n"
+    )
+    assert raw.read_text() == "{}" and sorted(data.rglob("*.json")) == [raw]
+    out = tmp_path / "contracts"
+    stale = out / "tune" / "gone.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    done = CliRunner().invoke(guard.cli, [*args, str(out)])
+    assert done.exit_code == 0, done.output
+    assert not stale.exists()
+    assert len(list(out.rglob("*.json"))) == 2 + 2 * len(committed_params()["ablation"])
+
+
 def test_tune_stamps_carry_the_later_tune_keys_only_when_set(tmp_path) -> None:
     """tune.decay, beta2 and clip_norm key a tuning through its stamp: absent
     at their defaults (a workspace made before them keeps its stamps' bytes,

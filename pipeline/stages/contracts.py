@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -82,6 +81,36 @@ def tune_keys_set(source: Source) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v != defaults[k]}
 
 
+def former_stamps(out: Path) -> list[Path]:
+    """The stamps a former `stamp` left in `out` (`<stage>.json`, and
+    `<stage>/<variant>.json` for tune and extract). Anything else there is
+    not the project's to delete: a ContractError naming it, nothing touched."""
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        raise con.ContractError(f"{out}: not a folder (--out names the stamps' folder)")
+    stamps, others = [], []
+    for path in sorted(out.rglob("*")):
+        rel = path.relative_to(out).parts
+        if path.is_dir():
+            if len(rel) > 1 or rel[0] not in con.METHOD_STAGES:
+                others.append(path)
+        elif path.suffix == ".json" and (
+            (len(rel) == 1 and path.stem in con.STAGES)
+            or (len(rel) == 2 and rel[0] in con.METHOD_STAGES)
+        ):
+            stamps.append(path)
+        else:
+            others.append(path)
+    if others:
+        raise con.ContractError(
+            f"{out}: holds {others[0].relative_to(out)} and {len(others) - 1} more "
+            "that are not contract stamps; nothing was deleted: --out names the "
+            "stamps' own folder (default data/contracts)"
+        )
+    return stamps
+
+
 # --- the commands -------------------------------------------------------------
 
 
@@ -112,8 +141,10 @@ def stamp_cmd(params_file: str, out: str) -> None:
     if problem:
         raise con.ContractError(problem)
     out_dir = Path(out)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    former = former_stamps(out_dir)
     written = write_stamps(params_file, out_dir)
+    for path in set(former) - set(written):  # a variant's row gone from params
+        path.unlink()
     log.info("contracts: %d stamps in %s", len(written), out_dir)
 
 
@@ -168,13 +199,14 @@ def verify_cmd(
         raise con.ContractError(
             f"unknown unit {unknown[0]} (known: {', '.join(sorted(known))})"
         )
-    cover = Path(tempfile.mkdtemp()) / ".coverage" if coverage_file else None
-    work_dir = Path(work) if work else None
-    every = everything or bool(coverage_file)
-    outcome = verify(
-        units=set(units) or None, everything=every, coverage=cover, work=work_dir
-    )
-    _report(outcome, cover, coverage_file)
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        cover = Path(tmp) / ".coverage" if coverage_file else None
+        work_dir = Path(work) if work else None
+        every = everything or bool(coverage_file)
+        outcome = verify(
+            units=set(units) or None, everything=every, coverage=cover, work=work_dir
+        )
+        _report(outcome, cover, coverage_file)
     record = code.current_record(units=sorted(units) if units else None)
     code.write_record({**code.read_record(), **record} if units else record)
     click.echo(f"verified: {code.RECORD_FILE} records the code of every unit checked")
