@@ -5,7 +5,8 @@ modules) or a stage's method (`tune.pal`: the method modules that
 `pipeline.methods.pal` imports, transitively). `contracts.lock` holds each
 unit's version and the sha256 of the code of each of its files as last
 verified by `pal contracts verify`; code means a file's lines without
-comments, trailing spaces and blank lines, so a comment edit is no change.
+comments, docstrings, trailing spaces and blank lines, so an edit of either
+is no change.
 `guard_problem` is the workspace's check of the code against that record
 (`pal contracts stamp`, the dvc.yaml stage upstream of the contracted ones,
 and `pal check`).
@@ -97,21 +98,43 @@ def watched_files(root: Path = ROOT) -> list[str]:
 
 
 def code_digest(path: Path) -> str:
-    """sha256 of a Python file's code: its lines without comments and trailing
-    spaces, blank lines dropped. Comments are found by Python's tokenizer, so
-    a `#` inside a string is code."""
+    """sha256 of a Python file's code: its lines without comments, docstrings
+    (any statement that is a string alone) and trailing spaces, blank lines
+    dropped. Both are found by Python's tokenizer, so a `#` or a triple quote
+    inside a string is code."""
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     except (tokenize.TokenError, SyntaxError) as err:
         raise ContractError(f"{path}: not Python the tokenizer reads ({err})") from err
-    for tok in reversed(tokens):  # from the end: earlier columns stay valid
-        if tok.type == tokenize.COMMENT:
-            row, col = tok.start
-            lines[row - 1] = lines[row - 1][:col]
+    spans = [(t.start, t.end) for t in tokens if t.type == tokenize.COMMENT]
+    spans += _docstrings(tokens)
+    for (row, col), (end_row, end_col) in sorted(spans, reverse=True):
+        if row == end_row:  # from the end: earlier columns stay valid
+            lines[row - 1] = lines[row - 1][:col] + lines[row - 1][end_col:]
+            continue
+        lines[row - 1] = lines[row - 1][:col]
+        lines[row : end_row - 1] = [""] * (end_row - 1 - row)
+        lines[end_row - 1] = lines[end_row - 1][end_col:]
     kept = [line.rstrip() for line in lines if line.strip()]
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()
+
+
+def _docstrings(tokens: list[tokenize.TokenInfo]) -> list[tuple[Any, Any]]:
+    """The spans of the statements that are one string alone (a module's,
+    class's or function's docstring, or a string used as a comment)."""
+    skip = (tokenize.NL, tokenize.COMMENT)
+    sig = [t for t in tokens if t.type not in skip]
+    starts = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+    return [
+        (t.start, t.end)
+        for i, t in enumerate(sig)
+        if t.type == tokenize.STRING
+        and (i == 0 or sig[i - 1].type in starts)
+        and i + 1 < len(sig)
+        and sig[i + 1].type in (tokenize.NEWLINE, tokenize.ENDMARKER)
+    ]
 
 
 def read_record(root: Path = ROOT) -> dict[str, dict[str, Any]]:

@@ -84,6 +84,22 @@ def test_code_digest_leaves_out_comments_and_blank_lines(tmp_path: Path) -> None
     assert code.code_digest(a) != code.code_digest(c)  # a string is code
 
 
+def test_code_digest_leaves_out_docstrings_not_strings(tmp_path: Path) -> None:
+    files = {
+        "plain": "def f(x):\n    return x + 1\n\n\nclass C:\n    y = 2\n",
+        "documented": '"""Module."""\n\n\ndef f(x):\n    """One\n    line.\n    """\n'
+        '    return x + 1\n\n\nclass C:\n    """A class."""\n\n    y = 2\n',
+        "assigned": 'def f(x):\n    return x + 1\n\n\nclass C:\n    y = """2"""\n',
+        "returned": 'def f(x):\n    return """x"""\n\n\nclass C:\n    y = 2\n',
+    }
+    digests = {}
+    for name, text in files.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        digests[name] = code.code_digest(tmp_path / f"{name}.py")
+    assert digests["plain"] == digests["documented"]
+    assert len({digests["plain"], digests["assigned"], digests["returned"]}) == 3
+
+
 def _copy(tmp_path: Path) -> Path:
     """The project's packages and contract files, copied."""
     for package in ("palcore", "pipeline", "solver"):
