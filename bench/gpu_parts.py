@@ -245,8 +245,7 @@ def contracts_check(
     twice (does the card repeat its bytes?) and, given `baseline` (an older
     tree: `git archive COMMIT palcore pipeline solver params.yaml
     contracts.yaml | tar -x -C DIR`), the older code once on the same inputs.
-    Where bytes differ, the largest absolute difference of each differing
-    file's floats: the tolerance that holds."""
+    Each job judged by the rule for the same output (`_compared`)."""
     from pipeline.stages import contract_runs as runs
 
     start = time.perf_counter()
@@ -278,27 +277,21 @@ def contracts_check(
 
 
 def _compared(jobs: list[Any], a: Path, b: Path) -> dict[str, Any]:
-    """Jobs whose outputs are byte-identical, and per differing file the
-    largest absolute difference of its floats."""
-    from pipeline.stages.contract_runs import differences
+    """The jobs whose outputs are the same by the CPU's rule
+    (`pipeline.sameness.RTOL`), those within the card's (`GPU_RTOL`: bf16
+    autocast and CUDA graphs), and per job beyond it each file that is not
+    the same with the key that moved most."""
+    from pipeline.sameness import GPU_RTOL, compare_folders
 
-    same, differ = [], {}
+    same, within, differ = [], [], {}
     for job in jobs:
-        files = differences(a / job.name, b / job.name)
-        if not files:
+        if not compare_folders(a / job.name, b / job.name):
             same.append(job.name)
-            continue
-        differ[job.name] = {
-            f: _max_abs(a / job.name / f, b / job.name / f) for f in files
-        }
-    return {"identical": same, "differ": differ}
-
-
-def _max_abs(a: Path, b: Path) -> float | None:
-    """max |a − b| over the float arrays of two .h5 or .pt files (None: not
-    comparable as floats, e.g. a file only one side has)."""
-    if not (a.is_file() and b.is_file()):
-        return None
+        elif not (files := compare_folders(a / job.name, b / job.name, GPU_RTOL)):
+            within.append(job.name)
+        else:
+            differ[job.name] = [str(d) for d in files]
+    return {"identical": same, "within_gpu_rtol": within, "differ": differ}
     if a.suffix == ".h5":
         import h5py
         import numpy as np

@@ -14,6 +14,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import gpu_pace  # noqa: E402
 import gpu_paths  # noqa: E402
 
+from pipeline.sameness import GPU_RTOL, RTOL  # noqa: E402
+
 
 def render(report: dict[str, Any]) -> str:
     """report.json's content as Markdown."""
@@ -93,11 +95,10 @@ def contracts_lines(c: dict[str, Any]) -> list[str]:
             continue
         r = c[key]
         lines.append(
-            f"- {title}: {len(r['identical'])} of {c['jobs']} jobs byte-identical"
-            + "".join(
-                f"; {job}: " + ", ".join(f"{f} max |Δ| {d}" for f, d in files.items())
-                for job, files in r["differ"].items()
-            )
+            f"- {title}: {len(r['identical'])} of {c['jobs']} jobs the same "
+            f"(floats within {RTOL:g} of their scale), "
+            f"{len(r['within_gpu_rtol'])} within the card's {GPU_RTOL:g}"
+            + "".join(f"; {job}: {', '.join(fs)}" for job, fs in r["differ"].items())
         )
     return [*lines, "", f"{c['wall_s']:.0f} s in all."]
 

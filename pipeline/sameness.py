@@ -33,6 +33,11 @@ from typing import Any
 import numpy as np
 
 RTOL = 1e-4
+# On a GPU (bench/gpu_check.py --parts contracts): bf16 autocast keeps 8 bits
+# of mantissa (3.9e-3 a rounding), and cuBLAS's algorithm choice differs per
+# card and library version. Provisional, from bf16's rounding over a few
+# layers, until a card measures it; the CPU's rule is not relaxed by it.
+GPU_RTOL = 2e-2
 # Environments that take other CPU kinds' code paths on this one (at or below
 # the host's instruction set): torch's own kernels, MKL's GEMM, oneDNN's
 # convolutions. bench/float_paths.py and tests/test_sameness.py run under them.
