@@ -157,14 +157,30 @@ def read_record(root: Path = ROOT) -> dict[str, dict[str, Any]]:
 def current_record(
     root: Path = ROOT, units: list[str] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """The record of the code as it is now, for `units` (default: all)."""
+    """The record of the code as it is now, for `units` (default: all): each
+    unit's version, its files' code digests and, for a version set by a
+    raise (`drafted`), `made_by`: the digest of the code that made it."""
     versions = read_versions(root)
     files = unit_files(root)
     digests = {f: code_digest(root / f) for fs in files.values() for f in fs}
-    return {
-        u: {"version": versions.of(u), "code": {f: digests[f] for f in files[u]}}
-        for u in (sorted(files) if units is None else units)
-    }
+    held = read_record(root)
+    out = {}
+    for u in sorted(files) if units is None else units:
+        code = {f: digests[f] for f in files[u]}
+        entry: dict[str, Any] = {"version": versions.of(u), "code": code}
+        before = held.get(u, {})
+        if before.get("version") != entry["version"]:
+            entry["made_by"] = unit_digest(code)
+        elif "made_by" in before:
+            entry["made_by"] = before["made_by"]
+        out[u] = entry
+    return out
+
+
+def unit_digest(code: Mapping[str, str]) -> str:
+    """12 hex digits of a unit's code ({file: code digest})."""
+    text = json.dumps(dict(code), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def changed_units(root: Path = ROOT) -> dict[str, list[str]]:
@@ -181,20 +197,68 @@ def changed_units(root: Path = ROOT) -> dict[str, list[str]]:
     return out
 
 
+def drafted(root: Path = ROOT) -> dict[str, str]:
+    """The units raised above contracts.lock's version and not yet proven →
+    the digest of their code now. Their outputs are made again (the stamps
+    name the version and this digest, so each further edit makes them
+    again too); the proof runs once the change is committed."""
+    record = read_record(root)
+    return {
+        unit: unit_digest(entry["code"])
+        for unit, entry in current_record(root).items()
+        if entry["version"] > record.get(unit, {}).get("version", 0)
+    }
+
+
+def made_by(root: Path = ROOT) -> dict[str, str]:
+    """Per unit whose version was set by a raise since contracts.lock kept
+    `made_by`: the digest of the code that makes its outputs (drafts: now)."""
+    record = read_record(root)
+    held = {u: e["made_by"] for u, e in record.items() if "made_by" in e}
+    return held | drafted(root)
+
+
 def guard_problem(root: Path = ROOT) -> str | None:
-    """One line when the code of some unit differs from contracts.lock (the
-    features in the cache were not made by it), else None."""
-    changed = changed_units(root)
+    """One line when the code of some unit differs from contracts.lock and
+    its version was not raised (the features in the cache were not made by
+    it), else None."""
+    raised = drafted(root)
+    changed = {u: f for u, f in changed_units(root).items() if u not in raised}
     if not changed:
         return None
     files = sorted({f for fs in changed.values() for f in fs})
-    where = ", ".join(files) if files else f"versions in {VERSIONS_FILE}"
+    if not files:
+        units = ", ".join(sorted(changed))
+        return (
+            f"{VERSIONS_FILE}: the versions of {units} are below {RECORD_FILE}'s: "
+            f"`git checkout {VERSIONS_FILE}`, or raise them above it"
+        )
+    units = sorted(changed)
     return (
-        f"the code of {', '.join(sorted(changed))} differs from what its output "
-        f"contract was verified with ({where}): `pal contracts verify` proves "
-        f"the outputs unchanged and records it; a change meant to move outputs "
-        f"raises those versions in {VERSIONS_FILE} first (DESIGN §2)"
+        f"{', '.join(files)} changed: code of {_covered(changed, root)}. A "
+        "refactor: `pal contracts verify` (proves the outputs the same, records "
+        f"it). A change of outputs: `pal contracts raise {' '.join(units)}`, "
+        'then `dvc repro` (docs/USAGE.md, "Output contracts")'
     )
+
+
+def _covered(changed: Mapping[str, list[str]], root: Path) -> str:
+    """Why each unit covers the changed files: 'tune.pal, extract.pal (pal.py
+    is its module), tune.rebq, extract.rebq (rebq.py imports pal.py), tune
+    (in its import closure)'."""
+    groups: dict[str, list[str]] = {}
+    for unit in sorted(changed, key=lambda u: (u.split(".")[-1], u)):
+        stage, _, method = unit.partition(".")
+        files = changed[unit]
+        if not method:
+            why = "in its stage's import closure"
+        elif files == [method_file(method)]:
+            why = f"{method}.py is its module"
+        else:
+            used = ", ".join(Path(f).name for f in files if f != method_file(method))
+            why = f"{method}.py imports {used}"
+        groups.setdefault(why, []).append(unit)
+    return ", ".join(f"{', '.join(us)} ({why})" for why, us in groups.items())
 
 
 def write_record(record: Mapping[str, Any], root: Path = ROOT) -> None:

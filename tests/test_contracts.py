@@ -46,10 +46,12 @@ GIT = dict(
 
 def test_the_record_holds_the_code_of_this_tree() -> None:
     """contracts.lock is what `pal contracts verify` wrote for this code: no
-    unit differs (else the guard stops every `dvc repro`)."""
-    assert code.changed_units() == {}
+    unit differs (else the guard stops every `dvc repro`) but one raised above
+    it and not yet proven (a draft: test_code_is_verified_against_each_contract
+    proves it)."""
+    assert set(code.changed_units()) <= set(code.drafted())
     record = code.read_record()
-    assert set(record) == set(read_versions().versions)
+    assert set(record) <= set(read_versions().versions)
     files = {f for entry in record.values() for f in entry["code"]}
     assert files == set(code.watched_files())
 
@@ -119,16 +121,71 @@ def test_the_guard_names_changed_code_and_passes_comments(tmp_path: Path) -> Non
     assert JOINT in pal.read_text()
     pal.write_text(pal.read_text().replace(JOINT, JOINT + " * 1.001"))
     assert code.guard_problem(root) == (
-        "the code of extract.pal, extract.rebq, tune.pal, tune.rebq differs from "
-        "what its output contract was verified with (pipeline/methods/pal.py): "
-        "`pal contracts verify` proves the outputs unchanged and records it; a "
-        "change meant to move outputs raises those versions in contracts.yaml "
-        "first (DESIGN §2)"
+        "pipeline/methods/pal.py changed: code of extract.pal, tune.pal (pal.py "
+        "is its module), extract.rebq, tune.rebq (rebq.py imports pal.py). A "
+        "refactor: `pal contracts verify` (proves the outputs the same, records "
+        "it). A change of outputs: `pal contracts raise extract.pal extract.rebq "
+        'tune.pal tune.rebq`, then `dvc repro` (docs/USAGE.md, "Output contracts")'
     )
     errors = root / "palcore" / "errors.py"
     errors.write_text(errors.read_text() + "\nX = 1\n")
     pal_units = {"tune.pal", "tune.rebq", "extract.pal", "extract.rebq"}
     assert set(code.changed_units(root)) == set(STAGES) | pal_units  # not map's
+
+
+def test_a_raise_runs_without_a_proof_and_each_edit_moves_its_stamps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The edit loop: edit, `pal contracts raise`, `dvc repro`. A raised unit
+    passes the guard with no proof; its stamps name the code's digest, so a
+    further edit makes its outputs again, and other variants' stamps keep
+    their bytes. A docstring edit changes nothing."""
+    from click.testing import CliRunner
+
+    root = _copy(tmp_path / "root")
+    monkeypatch.setattr(guard.con, "ROOT", root)  # where `raise` edits
+    params = str(root / "params.yaml")
+
+    def stamps() -> dict[str, bytes]:
+        out = tmp_path / "stamps"
+        guard.write_stamps(params, out, root)
+        return {
+            p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*.json")
+        }
+
+    before = stamps()
+    pal = root / "pipeline" / "methods" / "pal.py"
+    text = pal.read_text()
+    pal.write_text(text.replace('"""', '"""Edited. ', 1))  # a docstring
+    assert code.guard_problem(root) is None and stamps() == before
+    pal.write_text(text.replace(JOINT, JOINT + " * 1.001"))
+    assert code.guard_problem(root) is not None
+    units = ["tune.pal", "extract.pal", "tune.rebq", "extract.rebq"]
+    done = CliRunner().invoke(guard.cli, ["raise", *units, "tune.pal"])
+    assert done.exit_code == 0, done.output
+    assert done.stdout.splitlines() == [
+        "tune.pal: 1 -> 2",
+        "extract.pal: 1 -> 2",
+        "tune.rebq: 2 -> 3",
+        "extract.rebq: 1 -> 2",
+        "tune.pal: already 2, above contracts.lock's",
+    ]
+    assert code.guard_problem(root) is None  # raised: no proof asked
+    first = stamps()
+    moved = sorted(k for k in before if first[k] != before[k])
+    pal_or_rebq = sorted(
+        k for k, v in before.items() if json.loads(v).get("method") in ("pal", "rebq")
+    )
+    assert moved == pal_or_rebq and "tune/map.json" not in moved
+    assert {"tune/pal.json", "extract/rebq.json", "tune/init.json"} <= set(moved)
+    pal_stamp = json.loads(first["tune/pal.json"])
+    assert pal_stamp["method_version"] == 2 and set(pal_stamp["code"]) == {"tune.pal"}
+    pal.write_text(text.replace(JOINT, JOINT + " * 1.002"))  # edited again
+    again = stamps()
+    assert sorted(k for k in first if again[k] != first[k]) == moved
+    done = CliRunner().invoke(guard.cli, ["raise", "tune.pall"])
+    assert done.exit_code == 1
+    assert done.stderr.startswith("Error: unknown unit tune.pall (known: extract, ")
 
 
 def test_stamps_name_each_variants_contract(tmp_path: Path) -> None:
@@ -374,11 +431,12 @@ def test_a_change_of_output_without_a_raised_version_fails(tmp_path: Path) -> No
     done = _verify(repo, env)
     assert done.returncode == 1
     # each file named with the key that moved most, by how much of its scale
+    # (the losses in log.jsonl move by 1e-4 of theirs: within the rule)
     size = r"\(\d\.\de-0\d\)"
     assert re.fullmatch(
         "Error: tune.pal: the outputs of the working tree differ from "
-        f"{before[:10]}'s \\(tune/pal: log.jsonl:\\S+ {size}, "
-        f"step_01.pt:\\S+ {size}, step_02.pt:\\S+ {size}\\) under the "
+        f"{before[:10]}'s \\(tune/pal: step_01.pt:\\S+ {size}, "
+        f"step_02.pt:\\S+ {size}\\) under the "
         "same contract: raise versions.tune.pal in contracts.yaml",
         done.stderr.strip().splitlines()[-1],
     ), done.stderr

@@ -13,6 +13,7 @@ the tests hold in any order.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -140,6 +141,8 @@ def test_comment_edits_rerun_no_gpu_stage_nor_a_grid_cell(
     for rel in COMMENTED:
         with (path / rel).open("a") as f:
             f.write("\n# a note that changes no code\n")
+    pal = path / "pipeline/methods/pal.py"  # and a docstring: no code either
+    pal.write_text(pal.read_text().replace('"""', '"""A docstring edited. ', 1))
     dry = _run([dvc, "repro", "--dry"], path, env)
     assert _ran(dry) == {"demo", "prepare", "contracts", "solve", "evaluate"}, dry
     out = _run([dvc, "repro"], path, env)
@@ -151,31 +154,44 @@ def test_comment_edits_rerun_no_gpu_stage_nor_a_grid_cell(
     assert _ran(out) == {"solve", "evaluate"}, out
 
 
-def test_an_edit_of_pal_stops_repro_before_any_gpu_stage(
+def test_an_edit_of_pal_stops_repro_then_a_raise_retunes_its_chains(
     work: tuple[Path, dict[str, str]],
 ) -> None:
     """What a method researcher meets: never the old features reused silently
-    for new code, but one line naming the files and the two ways on."""
+    for new code, but one line naming the file, the units and the commands;
+    `dvc status` then names the contracts stage only. After `pal contracts
+    raise`, `dvc repro` retunes the chains of PAL's and RebQ's method (here
+    pal and init) and nothing else, with no proof run."""
     path, env = work
+    dvc = str(BIN / "dvc")
     pal = path / "pipeline/methods/pal.py"
     assert PAL_JOINT in pal.read_text()
     pal.write_text(pal.read_text().replace(PAL_JOINT, PAL_JOINT + " * 1.001"))
-    proc = subprocess.run(
-        [str(BIN / "dvc"), "repro"], cwd=path, env=env, capture_output=True, text=True
-    )
-    out = proc.stdout + proc.stderr
+    proc = subprocess.run([dvc, "repro"], cwd=path, env=env, capture_output=True)
+    out = (proc.stdout + proc.stderr).decode()
     assert proc.returncode != 0, out
     assert _ran(out) == {"contracts"}, out
+    units = "extract.pal extract.rebq tune.pal tune.rebq"
     assert (
-        "the code of extract.pal, extract.rebq, tune.pal, tune.rebq differs from "
-        "what its output contract was verified with (pipeline/methods/pal.py): "
+        "pipeline/methods/pal.py changed: code of extract.pal, tune.pal (pal.py is "
+        "its module), extract.rebq, tune.rebq (rebq.py imports pal.py). A refactor: "
         "`pal contracts verify`" in out
     ), out
+    assert f"`pal contracts raise {units}`, then `dvc repro`" in out, out
     check = subprocess.run(
         [str(BIN / "pal"), "check"], cwd=path, env=env, capture_output=True, text=True
     )
     assert check.returncode == 1
-    assert "Error: contracts: the code of extract.pal" in check.stderr
+    assert "Error: contracts: pipeline/methods/pal.py changed" in check.stderr
+    status = _run([dvc, "status"], path, env)
+    assert re.findall(r"^(\S+):$", status, re.M) == ["contracts"], status
+
+    _run([str(BIN / "pal"), "contracts", "raise", *units.split()], path, env)
+    out = _run([dvc, "repro"], path, env)
+    chains = set(re.findall(r"Running stage '((?:tune|extract)@[a-z]+)-\d'", out))
+    assert chains == {"tune@pal", "tune@init", "extract@pal", "extract@init"}, out
+    assert not _ran(out) & {"pixels", "frozen", "prepare", "demo"}, out
+    assert "Data and pipelines are up to date." in _run([dvc, "status"], path, env)
 
 
 def test_a_flipped_bit_behind_a_hard_link_is_found_and_repaired(

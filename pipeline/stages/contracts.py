@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -36,31 +37,36 @@ from pipeline.stages.contract_proof import Outcome, coverage_report, verify
 log = logging.getLogger(__name__)
 
 
-def write_stamps(params_file: str, out: Path) -> list[Path]:
+def write_stamps(params_file: str, out: Path, root: Path = con.ROOT) -> list[Path]:
     """The stamps of pixels and frozen, and of tune and extract per variant
-    (each row of params' `ablation`), in `out`."""
+    (each row of params' `ablation`), in `out`. A unit whose version was set
+    by a raise adds the digest of the code that makes it (`code.made_by`):
+    while the raise is unproven, each edit of that code makes its outputs
+    again."""
     from palcore.paramsfile import read_params_file
 
-    versions = con.read_versions()
+    versions = con.read_versions(root)
     rows = read_params_file(params_file).get("ablation") or {}
+    made_by = code.made_by(root)
     written = []
     for stage in con.STAGES:
-        if stage not in con.METHOD_STAGES:
-            written.append(out / f"{stage}.json")
-            write_bytes_atomic(
-                written[-1], con.stamp_bytes(con.stamp(stage, None, versions))
-            )
-            continue
-        for variant in sorted(rows):
-            source = Source(Path(params_file), variant=variant)
-            enabled = section_value(source, "prompt", "enabled")
-            method = section_value(source, "prompt", "method")
-            record = con.stamp(
-                stage, method if enabled is not False else None, versions
-            )
-            if stage == "tune" and (keys := tune_keys_set(source)):
-                record["tune"] = keys
-            written.append(out / stage / f"{variant}.json")
+        variants = sorted(rows) if stage in con.METHOD_STAGES else [None]
+        for variant in variants:
+            record = con.stamp(stage, None, versions)  # pixels, frozen
+            if variant is not None:
+                source = Source(Path(params_file), variant=variant)
+                enabled = section_value(source, "prompt", "enabled")
+                method = section_value(source, "prompt", "method")
+                method = method if enabled is not False else None
+                record = con.stamp(stage, method, versions)
+                if stage == "tune" and (keys := tune_keys_set(source)):
+                    record["tune"] = keys
+            method = record.get("method")
+            units = [stage, f"{stage}.{method}"] if method else [stage]
+            if drafts := {u: made_by[u] for u in units if u in made_by}:
+                record["code"] = drafts
+            name = f"{stage}.json" if variant is None else f"{stage}/{variant}.json"
+            written.append(out / name)
             write_bytes_atomic(written[-1], con.stamp_bytes(record))
     return written
 
@@ -146,6 +152,43 @@ def stamp_cmd(params_file: str, out: str) -> None:
     for path in set(former) - set(written):  # a variant's row gone from params
         path.unlink()
     log.info("contracts: %d stamps in %s", len(written), out_dir)
+
+
+@cli.command("raise")
+@click.argument("units", nargs=-1, required=True, metavar="UNIT...")
+@clean_errors
+def raise_cmd(units: tuple[str, ...]) -> None:
+    """Raise UNITs' versions in contracts.yaml: their outputs are made again.
+
+    For an edit meant to change outputs (the guard's line names the units):
+    each UNIT goes to one above contracts.lock's version, once however
+    often it is raised before the proof. `dvc repro` then remakes their
+    outputs with no proof run, and again after each further edit of their
+    code; the proof (`pal contracts verify`, and the test suite) runs once
+    the change is committed.
+    """
+    path = con.ROOT / con.VERSIONS_FILE
+    known = con.read_versions(con.ROOT).versions
+    unknown = [u for u in units if u not in known]
+    if unknown:
+        raise con.ContractError(
+            f"unknown unit {unknown[0]} (known: {', '.join(sorted(known))})"
+        )
+    record = code.read_record(con.ROOT)
+    text = path.read_text(encoding="utf-8")
+    for unit in units:
+        target = record.get(unit, {}).get("version", 0) + 1
+        if known[unit] >= target:
+            click.echo(f"{unit}: already {known[unit]}, above contracts.lock's")
+            continue
+        line = re.compile(rf"^(\s+{re.escape(unit)}:\s*){known[unit]}\b", re.M)
+        text, n = line.subn(rf"\g<1>{target}", text, count=1)
+        if n != 1:
+            raise con.ContractError(f"{path}: no line '{unit}: {known[unit]}'")
+        click.echo(f"{unit}: {known[unit]} -> {target}")
+        known[unit] = target
+    con.parse_versions(text, str(path))
+    write_bytes_atomic(path, text.encode())
 
 
 @cli.command("verify")
