@@ -192,3 +192,78 @@ def remove_partials(root: Path, rec: Recorded) -> list[str]:
             rec.stage,
         )
     return removed
+
+
+# --- features that travel: a seal beside them ----------------------------------
+
+SEAL = "MD5SUMS"  # at the root of a copied features folder: "<md5>  <relpath>"
+REQUIRE_VERIFIED = False  # `--verified-only`: refuse what nothing records
+_WARNED: set[Path] = set()  # folders already named as unverifiable
+
+
+class UnverifiedError(PalError):
+    """A file that no lock and no seal records, read under `--verified-only`."""
+
+
+def sealed_md5(path: Path) -> tuple[Path, str] | None:
+    """(the seal file, the md5 it lists for `path`) from the nearest `SEAL`
+    in a folder above `path` that lists it; None when none does."""
+    path = Path(path).resolve()
+    for folder in path.parents:
+        seal = folder / SEAL
+        if seal.is_file():
+            listed = _read_seal(seal, *(_stamp(seal) or (0, 0)))
+            md5 = listed.get(path.relative_to(folder).as_posix())
+            if md5 is not None:
+                return seal, md5
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _read_seal(seal: Path, *_: object) -> dict[str, str]:
+    """(cached while the seal file is unchanged)"""
+    out = {}
+    for line in seal.read_text(encoding="utf-8", errors="replace").splitlines():
+        md5, sep, rel = line.partition("  ")
+        if sep and len(md5) == 32:
+            out[rel] = md5
+    return out
+
+
+def check_features(path: Path) -> None:
+    """`check_content` for a features file, which may have travelled out of
+    the project that made it: no lock records it there, so the `SEAL` that
+    `pal-solver export` writes beside the copy is checked instead. With
+    neither, one warning per folder says it cannot be verified (an error
+    under `REQUIRE_VERIFIED`)."""
+    if recorded_md5(Path(path)) is not None:
+        check_content(path)
+        return
+    sealed = sealed_md5(path)
+    if sealed is not None:
+        seal, md5 = sealed
+        if md5_of(Path(path)) != md5:
+            raise DamagedError(
+                f"{path}: its bytes differ from the md5 that {seal} lists "
+                "(damaged since it was sealed): copy it again from its source"
+            )
+        return
+    line = (
+        f"{Path(path).parent}: cannot verify its shards: no {LOCK} records them "
+        f"and no {SEAL} lists them (`pal-solver export` copies features with one)"
+    )
+    if REQUIRE_VERIFIED:
+        raise UnverifiedError(f"{line}; --verified-only refuses them")
+    if Path(path).parent not in _WARNED:
+        _WARNED.add(Path(path).parent)
+        log.warning(line)
+
+
+def write_seal(folder: Path, files: dict[str, str]) -> Path:
+    """`SEAL` in `folder`: {path relative to folder: md5}, written atomically."""
+    text = "".join(f"{md5}  {rel}\n" for rel, md5 in sorted(files.items()))
+    seal = Path(folder) / SEAL
+    tmp = seal.with_name(f".{SEAL}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(seal)
+    return seal

@@ -25,6 +25,10 @@ COMMANDS = {
         "solver.report:cli",
         "Mean ± std over the protocol's runs, per variant: tables and plots.",
     ),
+    "export": (
+        "solver.export:cli",
+        "Copy a features folder out of the project, sealed (MD5SUMS).",
+    ),
     "compare": (
         "solver.compare:cli",
         "Compare a report with the committed one, by the rule for results.",

@@ -47,7 +47,7 @@ from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.classifier import Classifier
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
-from solver.options import apply_overrides, metavar
+from solver.options import apply_overrides, metavar, verified_option
 from solver.params import EvaluateParams, SolveParams
 from solver.plots import step_plot_png
 from solver.shard_readers import StepShards, open_features
@@ -312,6 +312,7 @@ _report_option = click.option(
     "--device", metavar=metavar("device"), help="Backend for scoring [evaluate.device]."
 )
 @_report_option
+@verified_option
 @pipeline_option
 @run_params_option
 @clean_errors

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from palcore import recorded
 from palcore.errors import ParamsError
 from solver.params import SolveParams, check_etas
 
@@ -122,3 +123,21 @@ def override_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(_OVERRIDES):
         fn = option(fn)
     return fn
+
+
+def _require_verified(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        recorded.REQUIRE_VERIFIED = True
+
+
+def verified_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--verified-only`: refuse shards that no dvc.lock and no MD5SUMS (a
+    copy made by `pal-solver export`) records."""
+    return click.option(
+        "--verified-only",
+        is_flag=True,
+        expose_value=False,
+        callback=_require_verified,
+        help="Refuse shards that neither a dvc.lock nor an MD5SUMS seal "
+        "(pal-solver export) records; default: read them with a warning.",
+    )(fn)

@@ -20,7 +20,7 @@ import numpy as np
 
 from palcore.errors import ShardError
 from palcore.outputs import step_dir_name, task_group_name
-from palcore.recorded import check_content
+from palcore.recorded import check_features
 from solver.shards import (
     FEATURE_DTYPES,
     FORMAT_VERSION,
@@ -195,7 +195,7 @@ def open_step(folder: str | Path, step: int) -> StepShards:
     train_files = _shard_files(folder, "train")
     test_files = _shard_files(folder, "test")
     for path in (*train_files, *test_files):  # the bytes DVC recorded, if any
-        check_content(path)
+        check_features(path)
     train = _block_reader(train_files, "", step)
     tasks = {}
     for task in range(1, step + 1):

@@ -29,7 +29,7 @@ from palcore.params import Source, load_section
 from palcore.progress import tqdm
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
-from solver.options import apply_overrides, override_options
+from solver.options import apply_overrides, override_options, verified_option
 from solver.params import SolveParams, check_memory
 from solver.rls import Expander, RidgeRLS, make_expander, make_rls
 from solver.select import EtaSelector
@@ -301,6 +301,7 @@ def solve_pipeline(
     "out", "data/solve", "Output folder for weights.h5 (weights-eta<η>.h5 for a sweep)."
 )
 @override_options
+@verified_option
 @file_option(
     "state",
     None,
