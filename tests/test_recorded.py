@@ -137,7 +137,8 @@ def test_a_shard_rewritten_as_float16_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_copy_outside_the_project_is_not_checked(tmp_path: Path) -> None:
-    """Only what a lock records is checked: a copy elsewhere reads as before."""
+    """Only what a lock records is checked by check_content: a copy elsewhere
+    is the readers' seal check (below)."""
     root = _project(tmp_path)
     copy = tmp_path / "copy"
     shutil.copytree(root / OUT, copy)
@@ -168,3 +169,47 @@ def test_a_partial_beside_a_complete_output_goes_with_its_first_good_read(
         f"removed {OUT}.partial: the unfinished work of an earlier run of stage "
         "extract@pal-0, whose output is complete (DVC restored it from its cache)"
     ]
+
+
+def test_a_copy_is_checked_by_the_readers_seal_or_named_unverifiable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The readers' check of a copy with no lock above it: the seal of
+    `pal-solver export`, else unverifiable (an error under --verified-only)."""
+    from palcore import recorded
+
+    root = _project(tmp_path)
+    copy = tmp_path / "copy"
+    shutil.copytree(root / OUT, copy)
+    monkeypatch.setattr(recorded, "REQUIRE_VERIFIED", True)
+    with pytest.raises(recorded.UnverifiedError, match="cannot verify its shards"):
+        recorded.check_features(copy / "step_01" / "test.h5")
+
+
+def test_pal_verify_says_what_it_cannot_check(tmp_path: Path) -> None:
+    """A folder output whose manifest left the cache is a damage with its
+    repair (never a silent skip); no lock, or one that is not YAML, is one
+    line naming it."""
+    from palcore.errors import PalError
+    from pipeline.stages.verify import read_lock, unlisted
+
+    root = _project(tmp_path)
+    stages = {"extract@pal-0": set()}
+    assert unlisted(root, stages) == []
+    md5 = read_lock(root)["extract@pal-0"]["outs"][0]["md5"]
+    (cache_dir(root) / "files" / "md5" / md5[:2] / md5[2:]).unlink()
+    (damage,) = unlisted(root, stages)
+    assert damage.line() == (
+        f"{OUT} (stage extract@pal-0): its manifest {md5} is not in DVC's cache, "
+        "so none of its files can be checked: `dvc fetch extract@pal-0` from a "
+        "remote, or `dvc repro -f -s extract@pal-0`"
+    )
+    (root / "dvc.lock").write_text("stages: [\n")
+    with pytest.raises(PalError) as err:
+        read_lock(root)
+    assert str(err.value) == (
+        f"{root / 'dvc.lock'}: not a lock DVC wrote (line 2): `git checkout dvc.lock`"
+    )
+    (root / "dvc.lock").unlink()
+    with pytest.raises(PalError, match="dvc.lock: not found: no output is recorded"):
+        read_lock(root)

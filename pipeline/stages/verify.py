@@ -27,6 +27,7 @@ import click
 from palcore.cliutil import clean_errors
 from palcore.errors import PalError
 from palcore.recorded import (
+    LOCK,
     Recorded,
     cache_dir,
     cache_object,
@@ -65,6 +66,52 @@ def verify(root: Path, stages: dict[str, set[str]], progress=None) -> list[Damag
     return found
 
 
+def read_lock(root: Path) -> dict[str, dict]:
+    """dvc.lock's stages; a PalError naming the file when there is none or it
+    is not the YAML DVC writes (nothing would be checked)."""
+    import yaml
+
+    path = root / LOCK
+    if not path.is_file():
+        raise PalError(
+            f"{path}: not found: no output is recorded, so nothing can be "
+            "verified (`dvc repro` records them)"
+        )
+    try:
+        stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {})["stages"]
+    except (yaml.YAMLError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise PalError(
+            f"{path}: not a lock DVC wrote{at}: `git checkout {LOCK}`"
+        ) from None
+    if not isinstance(stages, dict):
+        raise PalError(f"{path}: not a lock DVC wrote: `git checkout {LOCK}`")
+    return stages
+
+
+def unlisted(root: Path, stages: dict[str, set[str]]) -> list[Damage]:
+    """The folder outputs of `stages` whose manifest (`….dir`) is not in DVC's
+    cache: their files cannot be listed, so none of them can be checked."""
+    cache = cache_dir(root)
+    found = []
+    for name, entry in sorted(read_lock(root).items()):
+        if name not in stages:
+            continue
+        for out in entry.get("outs") or []:
+            md5 = str(out.get("md5", ""))
+            if md5.endswith(".dir") and not cache_object(cache, md5).is_file():
+                what = (
+                    f"its manifest {md5} is not in DVC's cache, so none of its "
+                    "files can be checked"
+                )
+                repair = (
+                    f"`dvc fetch {name}` from a remote, or `dvc repro -f -s {name}`"
+                )
+                found.append(Damage(str(out.get("path")), name, what, repair))
+    return found
+
+
 def checked(root: Path, stages: dict[str, set[str]]) -> list[Recorded]:
     """The output files dvc.lock records for `stages`."""
     return [r for r in recorded_outputs(root).values() if r.stage in stages]
@@ -81,6 +128,10 @@ def _check(root: Path, cache: Path, rec: Recorded, cached: bool) -> Damage | Non
     bytes_wrong = (
         "missing" if not work.exists() else "its bytes differ from the lock's md5"
     )
+    if work_ok and obj.is_dir():  # not a file: `dvc commit -f` cannot write it
+        what = f"its cache object {_shown(obj, root)} is a folder"
+        repair = f"`rm -r {_shown(obj, root)} && dvc commit -f {rec.stage}`"
+        return Damage(rec.path, rec.stage, what, repair)
     if work_ok:  # a cached output whose object is gone: its write failed, or gc
         what = "not in DVC's cache (its write there failed, or `dvc gc` removed it)"
         return Damage(rec.path, rec.stage, what, f"`dvc commit -f {rec.stage}`")
@@ -170,6 +221,7 @@ def cli(stages: tuple[str, ...]) -> None:
     root = project_root(Path.cwd() / "x")
     if root is None:
         raise PalError(f"{Path.cwd()}: not in a DVC project (no .dvc/ above it)")
+    read_lock(root)
     live = live_stages(root)
     unknown = sorted(set(stages) - set(live))
     if unknown:
@@ -177,7 +229,8 @@ def cli(stages: tuple[str, ...]) -> None:
     chosen = {k: v for k, v in live.items() if not stages or k in stages}
     total = len(checked(root, chosen))
     with tqdm(total=total, desc="verify", unit="file") as bar:
-        found = verify(root, chosen, progress=lambda _: bar.update())
+        found = unlisted(root, chosen)
+        found += verify(root, chosen, progress=lambda _: bar.update())
     for partial in clear_partials(root, chosen, found):
         click.echo(f"removed {partial}: unfinished work beside a complete output")
     for damage in found:
