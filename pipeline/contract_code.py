@@ -222,6 +222,17 @@ def guard_problem(root: Path = ROOT) -> str | None:
     """One line when the code of some unit differs from contracts.lock and
     its version was not raised (the features in the cache were not made by
     it), else None."""
+    if not (root / RECORD_FILE).is_file():
+        return (
+            f"{root / RECORD_FILE}: not found (the code each contract was proven "
+            f"with): `git checkout {RECORD_FILE}`"
+        )
+    stray = sorted(set(read_versions(root).versions) - set(unit_files(root)))
+    if stray:
+        return (
+            f"{root / VERSIONS_FILE}: versions.{stray[0]} is no unit (known: "
+            f"{', '.join(sorted(unit_files(root)))}): a misspelt raise?"
+        )
     raised = drafted(root)
     changed = {u: f for u, f in changed_units(root).items() if u not in raised}
     if not changed:

@@ -72,7 +72,9 @@ def parse_versions(text: str, where: str = VERSIONS_FILE) -> Versions:
     for unit, value in versions.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ContractError(f"{where}: versions.{unit} must be a whole number ≥ 1")
-    reasons = dict(raw.get("reasons") or {})
+    reasons = raw.get("reasons") or {}
+    if not isinstance(reasons, Mapping):
+        raise ContractError(f"{where}: expected a mapping 'reasons: {{unit@N: why}}'")
     return Versions(versions, {str(k): str(v) for k, v in reasons.items()})
 
 
@@ -80,7 +82,11 @@ def read_versions(root: Path = ROOT) -> Versions:
     path = root / VERSIONS_FILE
     if not path.is_file():
         raise ContractError(f"{path}: not found (the output contracts, DESIGN §2)")
-    return parse_versions(path.read_text(encoding="utf-8"), str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ContractError(f"{path}: not UTF-8 text: `git checkout` it") from None
+    return parse_versions(text, str(path))
 
 
 def stamp(stage: str, method: str | None, versions: Versions) -> dict[str, Any]:

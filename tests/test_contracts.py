@@ -514,3 +514,25 @@ def test_the_fixture_params_do_not_follow_a_new_tune_default(tmp_path) -> None:
         0.1,
         0.01,
     )
+
+
+def test_a_missing_lock_or_an_unknown_method_is_named(tmp_path: Path) -> None:
+    """A deleted contracts.lock is named as missing (not as every unit's code
+    changed); a variant whose prompt.method is no method is named by its key
+    (not told to add a contract for it)."""
+    root = _copy(tmp_path / "root")
+    (root / "contracts.lock").unlink()
+    assert code.guard_problem(root) == (
+        f"{root / 'contracts.lock'}: not found (the code each contract was proven "
+        "with): `git checkout contracts.lock`"
+    )
+    params = tmp_path / "params.yaml"
+    raw = committed_params()
+    raw["ablation"]["pal"]["changes"] = {"prompt": {"method": "pall"}}
+    params.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ContractError) as err:
+        guard.write_stamps(str(params), tmp_path / "out")
+    assert str(err.value).startswith(
+        "ablation.pal: prompt.method 'pall' is no method (known: pal, "
+    )
+    assert not (tmp_path / "out" / "tune" / "pal.json").exists()

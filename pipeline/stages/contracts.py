@@ -58,6 +58,12 @@ def write_stamps(params_file: str, out: Path, root: Path = con.ROOT) -> list[Pat
                 enabled = section_value(source, "prompt", "enabled")
                 method = section_value(source, "prompt", "method")
                 method = method if enabled is not False else None
+                if method is not None and method not in code.method_names():
+                    raise con.ContractError(
+                        f"ablation.{variant}: prompt.method '{method}' is no method "
+                        f"(known: {', '.join(code.method_names())}); `pal check` "
+                        "names every such key"
+                    )
                 record = con.stamp(stage, method, versions)
                 if stage == "tune" and (keys := tune_keys_set(source)):
                     record["tune"] = keys
