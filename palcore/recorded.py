@@ -198,7 +198,7 @@ def remove_partials(root: Path, rec: Recorded) -> list[str]:
 
 SEAL = "MD5SUMS"  # at the root of a copied features folder: "<md5>  <relpath>"
 REQUIRE_VERIFIED = False  # `--verified-only`: refuse what nothing records
-_WARNED: set[Path] = set()  # folders already named as unverifiable
+_WARNED: set[Path] = set()  # the folder named as unverifiable (once a process)
 
 
 class UnverifiedError(PalError):
@@ -234,8 +234,8 @@ def check_features(path: Path) -> None:
     """`check_content` for a features file, which may have travelled out of
     the project that made it: no lock records it there, so the `SEAL` that
     `pal-solver export` writes beside the copy is checked instead. With
-    neither, one warning per folder says it cannot be verified (an error
-    under `REQUIRE_VERIFIED`)."""
+    neither, one warning in the process says it cannot be verified (an
+    error under `REQUIRE_VERIFIED`)."""
     if recorded_md5(Path(path)) is not None:
         check_content(path)
         return
@@ -254,9 +254,9 @@ def check_features(path: Path) -> None:
     )
     if REQUIRE_VERIFIED:
         raise UnverifiedError(f"{line}; --verified-only refuses them")
-    if Path(path).parent not in _WARNED:
+    if not _WARNED:  # once a process: the first such folder stands for all
         _WARNED.add(Path(path).parent)
-        log.warning(line)
+        log.warning(f"{line}; so are any others read unsealed")
 
 
 def write_seal(folder: Path, files: dict[str, str]) -> Path:

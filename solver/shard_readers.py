@@ -45,6 +45,7 @@ class BlockReader:
     feature_dim: int
     classes_seen: int
     has_bp_logits: bool
+    made_under: str = ""  # attr `params`: the outcome params of its chain
 
     @property
     def where(self) -> str:
@@ -180,6 +181,13 @@ def open_features(features_dir: str | Path, first: int = 1) -> list[StepShards]:
                     f"{shards.train.where}: feature_dim {shards.feature_dim} differs "
                     f"from step {prev.step}'s {prev.feature_dim}"
                 )
+            first_made, made = steps[0].train.made_under, shards.train.made_under
+            if first_made and made and made != first_made:
+                raise ShardError(
+                    f"{shards.folder}: made under other params than step "
+                    f"{steps[0].step}'s ({_first_difference(first_made, made)}): "
+                    "the folder mixes runs or variants; keep one chain's steps"
+                )
             if shards.classes_seen < prev.classes_seen:
                 raise ShardError(
                     f"{shards.train.where}: classes_seen {shards.classes_seen} is "
@@ -264,7 +272,32 @@ def _block_reader(files: tuple[Path, ...], group: str, step: int) -> BlockReader
                 raise ShardError(f"{where}: bp_logits present in some parts only")
             has_bp = bp
             n_rows += n
-    return BlockReader(files, group, n_rows, dim, classes, bool(has_bp))
+    with _open(files[0]) as f:
+        made_under = _text(f.attrs.get("params", ""))
+    return BlockReader(files, group, n_rows, dim, classes, bool(has_bp), made_under)
+
+
+def _first_difference(a: str, b: str) -> str:
+    """The first key whose value differs between two JSON objects, shown as
+    'key: a against b'."""
+    import json
+
+    def leaves(obj: object, key: str = "") -> dict[str, object]:
+        if isinstance(obj, dict):
+            out: dict[str, object] = {}
+            for k in sorted(obj):
+                out.update(leaves(obj[k], f"{key}.{k}" if key else str(k)))
+            return out
+        return {key: obj}
+
+    try:
+        la, lb = leaves(json.loads(a)), leaves(json.loads(b))
+    except ValueError:
+        return "attr params"
+    for key in sorted(set(la) | set(lb)):
+        if la.get(key) != lb.get(key):
+            return f"{key}: {lb.get(key)} against {la.get(key)}"
+    return "attr params"
 
 
 def _text(value: object) -> str:

@@ -1,7 +1,8 @@
 """Features that travel (DESIGN §3, "Features out of their project"): a copy
 made by `pal-solver export` carries MD5SUMS and is verified wherever it is
 read; a plain copy is read with one warning, or refused with
---verified-only; a bit flipped in a sealed copy is one line naming it."""
+--verified-only; a bit flipped in a sealed copy is one line naming it; a
+folder whose steps were made under other params (two runs) is refused."""
 
 from __future__ import annotations
 
@@ -38,17 +39,17 @@ def _fresh_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recorded, "_WARNED", set())
 
 
-def test_an_unsealed_copy_warns_once_per_folder_or_is_refused(
+def test_an_unsealed_copy_warns_once_or_is_refused(
     tmp_path: Path, features: Path
 ) -> None:
     done = _solve(tmp_path, features)
     assert done.exit_code == 0, done.output
     warned = [line for line in done.stderr.splitlines() if "WARNING" in line]
     assert warned == [
-        f"WARNING palcore.recorded: {features / f'step_0{k}'}: cannot verify "
+        f"WARNING palcore.recorded: {features / 'step_01'}: cannot verify "
         "its shards: no dvc.lock records them and no MD5SUMS lists them "
-        "(`pal-solver export` copies features with one)"
-        for k in (1, 2)
+        "(`pal-solver export` copies features with one); so are any others read "
+        "unsealed"
     ]
     done = _solve(tmp_path, features, "--verified-only")
     assert done.exit_code == 1
@@ -104,3 +105,29 @@ def test_export_refuses_an_existing_destination_and_a_damaged_source(
     assert done.exit_code == 1
     assert done.stderr.startswith(f"Error: {sealed / 'step_01' / 'test.h5'}: its bytes")
     assert not again.exists()
+
+
+def test_a_folder_mixing_chains_is_refused_naming_the_step(tmp_path: Path) -> None:
+    """Steps of two runs (other seeds in their recorded params) in one
+    features folder: solve names the first step that differs and the key."""
+    import shutil
+
+    import h5py
+
+    a = make_features(tmp_path / "a", [40, 30], [2, 2], feature_dim=8, seed=0)
+    b = make_features(tmp_path / "b", [40, 30], [2, 2], feature_dim=8, seed=0)
+    for folder, seed in ((a, 0), (b, 1)):
+        for shard in folder.rglob("*.h5"):
+            with h5py.File(shard, "r+") as f:
+                f.attrs["params"] = f'{{"tune": {{"lr": 0.001, "seed": {seed}}}}}'
+    mixed = tmp_path / "mixed"
+    shutil.copytree(a / "step_01", mixed / "step_01")
+    shutil.copytree(b / "step_02", mixed / "step_02")
+    assert _solve(tmp_path, a).exit_code == 0
+    done = _solve(tmp_path, mixed)
+    assert done.exit_code == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"Error: {mixed / 'step_02'}: made under other params than step 1's "
+        "(tune.seed: 1 against 0): the folder mixes runs or variants; keep one "
+        "chain's steps"
+    )
