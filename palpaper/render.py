@@ -51,6 +51,11 @@ def row_name(data: Mapping[str, Any], row: str, rid: str) -> str:
     return paper_name(data, row, rid) or _row_entry(data, row).get("label") or row
 
 
+def _cell(text: str) -> str:
+    """A label as one Markdown cell: `|` escaped, line breaks as spaces."""
+    return " ".join(str(text).replace("|", "\\|").split())
+
+
 @dataclass
 class Table:
     """A rendered result: its caption, headers and lines."""
@@ -73,7 +78,7 @@ class Table:
         ]
         for i, (labels, values) in enumerate(self.lines):
             mark = self.notes.line_mark(i) if self.notes else ""
-            cells = [*labels[:-1], labels[-1] + mark]
+            cells = [_cell(t) for t in labels[:-1]] + [_cell(labels[-1]) + mark]
             cells += [self._text(i, j, s, p) for j, (s, p) in enumerate(values)]
             out.append("| " + " | ".join(cells) + " |")
         out += self.notes.markdown() if self.notes else []

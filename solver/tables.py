@@ -70,6 +70,12 @@ def caption(report: dict[str, Any]) -> str:
     return f"mean ± sample std over {n} runs ({runs}); {seeds}."
 
 
+def md_cell(text: str) -> str:
+    """`text` as one Markdown table cell: `|` escaped, line breaks as spaces
+    (a label may hold either; the CSVs keep it as written)."""
+    return " ".join(str(text).replace("|", "\\|").split())
+
+
 def table_md(report: dict[str, Any]) -> str:
     """The rows as a Markdown table, accuracies in %."""
     header = ["", *COLUMNS.values()]
@@ -80,7 +86,8 @@ def table_md(report: dict[str, Any]) -> str:
         "|" + "---|" * len(header),
     ]
     for name, row in report["rows"].items():
-        lines.append(f"| {report['labels'][name]} | " + " | ".join(_cells(row)) + " |")
+        label = md_cell(report["labels"][name])
+        lines.append(f"| {label} | " + " | ".join(_cells(row)) + " |")
     return "\n".join(lines) + "\n"
 
 
