@@ -22,7 +22,7 @@ from palcore.outputs import write_bytes_atomic
 from palcore.variants import variant_row
 from palpaper import figures, render
 from palpaper.departures import departures, prepared_classes
-from palpaper.experiments import ExperimentError, Repo
+from palpaper.experiments import ExperimentError, QueueDamaged, Repo
 from palpaper.grids import RESULTS, Cell, Column, cited_variants, get
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def collect(
     methods from the paper (never from a cell's metrics)."""
     columns, cells = grid(ids, params, runs, cite)
     dataset = str(get(params, "data.dataset"))
-    finished = repo.finished()
+    finished = repo.finished(cells)  # refs whose params are the cells'
     metrics: dict[str, dict[str, Any]] = {}
     commits: dict[str, str] = {}
     classes = None
@@ -149,7 +149,11 @@ def _warn_lacking(
 ) -> None:
     """One line per result that lacks cells: which, why, the command that
     runs them (and the --rev where they finished on another commit)."""
-    status = repo.queue_status()
+    try:
+        status = repo.queue_status()
+    except QueueDamaged as exc:  # the finished cells still render
+        log.warning("%s", exc)
+        status = {}
     moved = _moved_hint(repo, ids, lacking, cite)
     for rid in ids:
         mine = [c for c in lacking if any(x.cell == c for x in columns[rid])]

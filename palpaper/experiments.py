@@ -26,7 +26,7 @@ from typing import Any
 
 from palcore.errors import PalError
 from palpaper import workers
-from palpaper.grids import Cell
+from palpaper.grids import Cell, GridError, get
 from palpaper.workers import alive
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,10 @@ def _message(output: str) -> str:
     return " ".join(lines[start:])
 
 
+class QueueDamaged(ExperimentError):
+    """A file of DVC's queue that DVC cannot read: every queue command fails."""
+
+
 class Repo:
     """The project's git repository, its DVC experiments and DVC's queue."""
 
@@ -140,8 +144,35 @@ class Repo:
         )
         return [line[3:] for line in out.splitlines() if line.strip()]
 
-    def finished(self) -> dict[str, str]:
-        """Experiment name -> commit, for the experiments on the baseline."""
+    def finished(self, cells: Sequence[Cell] | None = None) -> dict[str, str]:
+        """Experiment name -> commit, for the experiments on the baseline;
+        with `cells`, only those whose commit holds the cell's params (a ref
+        is trusted by its content, never its name alone: `holds`)."""
+        done = self._refs()
+        if cells is None:
+            return done
+        named = {self.exp_name(c): c for c in cells}
+        return {
+            n: sha
+            for n, sha in done.items()
+            if n not in named or self.holds(sha, named[n])
+        }
+
+    def holds(self, commit: str, cell: Cell) -> bool:
+        """Whether `commit`'s params.yaml sets each of the cell's overrides."""
+        import yaml
+
+        def plain(value: Any) -> Any:
+            return [plain(v) for v in value] if isinstance(value, tuple) else value
+
+        text = self.show(commit, "params.yaml")
+        try:
+            params = yaml.safe_load(text or "") or {}
+            return all(get(params, k) == plain(v) for k, v in cell.overrides)
+        except (yaml.YAMLError, GridError, TypeError):
+            return False
+
+    def _refs(self) -> dict[str, str]:
         b = self.baseline
         out = _run(
             [
@@ -188,8 +219,18 @@ class Repo:
         return proc.stdout if proc.returncode == 0 else None
 
     def queue_status(self) -> dict[str, str]:
-        """Task name -> status (Queued, Running, Success, Failed) in DVC's queue."""
-        out = _run([_tool("dvc"), "queue", "status"], self.root)
+        """Task name -> status (Queued, Running, Success, Failed) in DVC's queue;
+        a damaged file in the queue is a QueueDamaged naming it."""
+        try:
+            out = _run([_tool("dvc"), "queue", "status"], self.root)
+        except ExperimentError as exc:
+            damaged = self.damaged_queue_file()
+            if damaged is None:
+                raise
+            raise QueueDamaged(
+                f"{damaged}: a damaged file in DVC's queue ({exc}): `rm {damaged}` "
+                "(finished cells are kept: they are experiments, not queue files)"
+            ) from None
         status: dict[str, str] = {}
         lines = out.splitlines()
         for line in lines[1:]:
@@ -199,6 +240,19 @@ class Repo:
             if len(parts) >= 4:
                 status[parts[1]] = parts[-1]
         return status
+
+    def damaged_queue_file(self) -> Path | None:
+        """The first file of DVC's celery queue that is not the JSON it
+        writes (a write cut short), relative to the project."""
+        celery = self.root / ".dvc" / "tmp" / "exps" / "celery"
+        for path in sorted(p for p in celery.rglob("*") if p.is_file()):
+            if path.suffix not in (".msg", ".json"):
+                continue
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError):
+                return path.relative_to(self.root)
+        return None
 
     def stale(self, name: str) -> bool:
         """Whether the task `name`, which DVC's queue lists as Running, lost

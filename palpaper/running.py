@@ -68,7 +68,7 @@ def run_grid(repo: Repo, run: GridRun, params: dict[str, Any]) -> None:
     """`pal-paper run`'s work: check, queue, start workers, wait, render."""
     ids, jobs, cards = run.ids, run.jobs, run.cards
     todo = select_cells(ids, params, run.runs, run.cells, run.shard, run.cite)
-    finished = repo.finished()
+    finished = repo.finished(todo)
     check_cells(
         repo.root, params, [c for c in todo if repo.exp_name(c) not in finished]
     )

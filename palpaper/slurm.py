@@ -288,7 +288,7 @@ def cell_states(
             where[c["exp"]] = (sub, rec, i)
     ids = [r[k] for _, r in records for k in ("array", "collect") if r.get(k)]
     queued = _queue(ids, repo.root)
-    finished = repo.finished()
+    finished = repo.finished(cells)
     states = {
         c.name: _cell_state(
             repo.exp_name(c), finished, where.get(repo.exp_name(c)), queued

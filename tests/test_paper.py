@@ -254,28 +254,45 @@ def git(repo: Path, *args: str, stdin: str | None = None) -> str:
 def fake_experiment(
     repo: Path,
     base: str,
-    name: str,
+    cell: Cell,
     m: dict,
     files: dict[str, bytes] | None = None,
     dataset: str = "demo",
+    params: bool = True,
 ) -> None:
     """A commit holding results/<dataset>/metrics.json (and `files` beside
-    it), under DVC's ref for `name`."""
+    it) and, as DVC commits it, params.yaml with the cell's overrides (none
+    with `params=False`: a ref that only bears the cell's name), under DVC's
+    ref for the cell."""
     blobs = {"metrics.json": json.dumps(m).encode(), **(files or {})}
     entries = ""
     for file, data in sorted(blobs.items()):
-        path = repo / ".git" / "blob"
-        path.write_bytes(data)  # a file, so that binary bytes go in whole
-        blob = git(repo, "hash-object", "-w", str(path))
-        entries += f"100644 blob {blob}\t{file}\n"
+        entries += f"100644 blob {_blob(repo, data)}\t{file}\n"
     # a folder below the report (the committed ablation copy) is not the report
     sub = git(repo, "mktree", stdin=entries.split("\n")[0] + "\n")
     tree = git(repo, "mktree", stdin=entries + f"040000 tree {sub}\tablation\n")
     for folder in (dataset, "results"):
         tree = git(repo, "mktree", stdin=f"040000 tree {tree}\t{folder}\n")
-    commit = git(repo, "commit-tree", tree, "-p", base, "-m", name)
-    ref = f"refs/exps/{base[:2]}/{base[2:]}/{base[:7]}-{name}"
+    if params:
+        raw = yaml.safe_load(git(repo, "show", f"{base}:params.yaml"))
+        for key, value in cell.overrides:
+            *path, last = key.split(".")
+            node = raw
+            for part in path:
+                node = node[part]
+            node[last] = list(value) if isinstance(value, tuple) else value
+        blob = _blob(repo, yaml.safe_dump(raw).encode())
+        listing = git(repo, "ls-tree", tree) + f"\n100644 blob {blob}\tparams.yaml\n"
+        tree = git(repo, "mktree", stdin=listing)
+    commit = git(repo, "commit-tree", tree, "-p", base, "-m", cell.name)
+    ref = f"refs/exps/{base[:2]}/{base[2:]}/{base[:7]}-{cell.name}"
     git(repo, "update-ref", ref, commit)
+
+
+def _blob(repo: Path, data: bytes) -> str:
+    path = repo / ".git" / "blob"
+    path.write_bytes(data)  # a file, so that binary bytes go in whole
+    return git(repo, "hash-object", "-w", str(path))
 
 
 @pytest.fixture
@@ -305,7 +322,7 @@ def test_a_missing_cell_is_one_line_naming_it_and_the_rerun(
     cols = RESULTS["upsampling"].columns(PARAMS, None)
     for i, c in enumerate(cols):
         if c.cell.name != "eta=0.1":
-            fake_experiment(repo, base, c.cell.name, metrics(50.0 + i, [0, 1, 2]))
+            fake_experiment(repo, base, c.cell, metrics(50.0 + i, [0, 1, 2]))
     out = paper(repo, "collect", "upsampling")
     assert out.returncode == 0, out.stderr  # a partial grid, its missing cell marked
     assert out.stderr.splitlines()[0] == (
@@ -316,7 +333,8 @@ def test_a_missing_cell_is_one_line_naming_it_and_the_rerun(
     md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
     assert "Partial: 1 cell not run yet (marked –)." in md[0]
     assert md[7] == "| 1024 (15k), η 0.1 | – | – |"
-    fake_experiment(repo, base, "eta=0.1", metrics(60.0, [0, 1, 2]))
+    (eta01,) = [c.cell for c in cols if c.cell.name == "eta=0.1"]
+    fake_experiment(repo, base, eta01, metrics(60.0, [0, 1, 2]))
     out = paper(repo, "collect", "upsampling")
     assert out.returncode == 0, out.stderr
     md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
@@ -333,10 +351,56 @@ def test_a_missing_cell_is_one_line_naming_it_and_the_rerun(
     ]
 
 
+def test_a_ref_named_for_a_cell_without_its_params_is_not_that_cell(
+    project: tuple[Path, str],
+) -> None:
+    """A ref bearing a cell's name whose commit lacks the cell's params (a
+    copied or hand-made ref) is never rendered as that cell: it is marked –
+    and named with its rerun, and status does not call it finished."""
+    repo, base = project
+    cols = RESULTS["upsampling"].columns(PARAMS, None)
+    for i, c in enumerate(cols):
+        fake_experiment(repo, base, c.cell, metrics(50.0 + i, [0, 1, 2]), params=i != 4)
+    out = paper(repo, "collect", "upsampling")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines()[0].startswith(
+        "WARNING palpaper.collect: upsampling: 1 of 5 cells marked – (no finished "
+        f"experiment on {base[:7]}: {cols[4].cell.name})"
+    )
+    md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
+    assert md[8] == "| 1365 (20k), η 1 | – | – |"
+
+
+def test_a_damaged_queue_file_is_named_and_finished_cells_still_render(
+    project: tuple[Path, str],
+) -> None:
+    repo, base = project
+    cols = RESULTS["upsampling"].columns(PARAMS, None)
+    for i, c in enumerate(cols[:4]):
+        fake_experiment(repo, base, c.cell, metrics(50.0 + i, [0, 1, 2]))
+    damaged = Path(".dvc/tmp/exps/celery/broker/in/task.msg")
+    (repo / damaged).parent.mkdir(parents=True)
+    (repo / damaged).write_text('{"body": "cut')
+    out = paper(repo, "collect", "upsampling")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines()[0].startswith(
+        f"WARNING palpaper.collect: {damaged}: a damaged file in DVC's queue ("
+    )
+    assert out.stderr.splitlines()[0].endswith(
+        f"`rm {damaged}` (finished cells are kept: they are experiments, not "
+        "queue files)"
+    )
+    md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
+    assert md[4] == "| 546 (8k), η 1 | 50.00 ± 1.50 | 5.00 ± 1.50 |"
+    (repo / damaged).unlink()  # the repair the line names
+    out = paper(repo, "collect", "upsampling")
+    assert out.returncode == 0 and "damaged" not in out.stderr, out.stderr
+
+
 def test_figures_are_written_as_png(project: tuple[Path, str]) -> None:
     repo, base = project
     for c in RESULTS["steps"].columns(PARAMS, [0]):
-        fake_experiment(repo, base, c.cell.name, metrics(40.0, [0]))
+        fake_experiment(repo, base, c.cell, metrics(40.0, [0]))
     out = paper(repo, "collect", "steps", "--runs", "0")
     assert out.returncode == 0, out.stderr
     folder = repo / "results/paper/demo"
@@ -545,7 +609,7 @@ def test_collect_names_the_rev_the_cells_ran_on(project: tuple[Path, str]) -> No
     repo, base = project
     for i, c in enumerate(RESULTS["upsampling"].columns(PARAMS, None)):
         if i != 4:
-            fake_experiment(repo, base, c.cell.name, metrics(50.0, [0, 1, 2]))
+            fake_experiment(repo, base, c.cell, metrics(50.0, [0, 1, 2]))
     (repo / "notes.txt").write_text("a later commit\n")
     git(repo, "add", "notes.txt")
     git(repo, "commit", "-qm", "later")
@@ -586,7 +650,7 @@ def test_table_3s_cell_runs_the_whole_ablation_and_its_report_is_kept(
     m["shared"] = m["vector"] = m["pal"]
     png = b"\x89PNG\r\n\x1a\n\x00\xff\r\n"  # bytes a text read would mangle
     report = {"table.md": b"| the cell's table |\n", "step_accuracy.png": png}
-    fake_experiment(repo, base, col.cell.name, m, report)
+    fake_experiment(repo, base, col.cell, m, report)
     out = paper(repo, "collect", "ablation")
     assert out.returncode == 0, out.stderr
     kept = repo / "results/demo/ablation"

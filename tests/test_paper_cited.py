@@ -296,12 +296,12 @@ def test_collect_renders_the_cited_route_from_its_own_cells(tmp_path: Path) -> N
     cited = RESULTS["missing"].columns(FOOD, None, cite=True)
     for c in cited[1:]:  # 10 % text missing not run yet
         m = metrics(60.0, [0, 1, 2])
-        fake_experiment(repo, base, c.cell.name, m, dataset="food101")
+        fake_experiment(repo, base, c.cell, m, dataset="food101")
     # the measured route's cell of 10 % text missing (its five measured at
     # 99.00): another experiment, which the cited route never reads
     measured = RESULTS["missing"].columns(FOOD, None)[0]
     m = metrics(99.0, [0, 1, 2])
-    fake_experiment(repo, base, measured.cell.name, m, dataset="food101")
+    fake_experiment(repo, base, measured.cell, m, dataset="food101")
     out = paper(repo, "collect", "missing", "steps", "--baselines", "cited")
     assert out.returncode == 0, out.stderr
     first = cited[0].cell.name
