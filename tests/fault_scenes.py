@@ -600,3 +600,77 @@ def predict_symlink_out(scene: Scene) -> Case:
     case = Case(pal, args(folder("input", link=True), out), recovered=(out, ref))
     case.repair = lambda: case.args.append("--allow-outside-paths")
     return case
+
+
+# ------------------------------------------------------------ round 3
+
+
+def stamp_into_a_data_folder(scene: Scene) -> Case:
+    """`pal contracts stamp --out data`, mistyped: data/raw is the user's."""
+    raw = scene.root / "data" / "raw" / "demo" / "captions.json"
+    raw.parent.mkdir(parents=True)
+    raw.write_text("{}")
+    params = scene.root / "params.yaml"
+    params.write_text(scene.tuned[0].read_text())
+    args = ["contracts", "stamp", "--params", params, "--out", scene.root / "data"]
+    return Case(pal, args, survive=[raw], absent=[scene.root / "data" / "pixels.json"])
+
+
+def _solve_args(scene: Scene, features: Path) -> list:
+    (scene.root / "params.yaml").write_text(SOLVE)
+    params = scene.root / "params.yaml"
+    return [
+        "solve",
+        "--features",
+        features,
+        "--params",
+        params,
+        "--out",
+        scene.root / "solve",
+    ]
+
+
+def sealed_copy_bit_rot(scene: Scene) -> Case:
+    """A features folder taken out by `pal-solver export`, one bit flipped
+    there (mtime kept); the repair copies it again from its source."""
+    from solver.export import export
+
+    copy = scene.root / "elsewhere" / "features"
+    export(scene.features, copy)
+    flip_keeping_mtime(copy / "step_02" / "train.h5")
+
+    def repair() -> None:
+        shutil.rmtree(copy)
+        export(scene.features, copy)
+
+    held = sorted(scene.features.rglob("*.h5"))
+    return Case(
+        pal_solver,
+        _solve_args(scene, copy),
+        survive=held,
+        absent=[scene.root / "solve"],
+        repair=repair,
+    )
+
+
+def mixed_chains(scene: Scene) -> Case:
+    """Step 2 of another run (its recorded params name another seed) in one
+    chain's features folder; the repair puts the chain's own step back."""
+    mixed = scene.root / "mixed"
+    shutil.copytree(scene.features, mixed)
+    for shard in mixed.rglob("*.h5"):
+        seed = 1 if shard.parent.name == "step_02" else 0
+        with h5py.File(shard, "r+") as f:
+            f.attrs["params"] = json.dumps({"tune": {"seed": seed}})
+
+    def repair() -> None:
+        for shard in (mixed / "step_02").glob("*.h5"):
+            with h5py.File(shard, "r+") as f:
+                f.attrs["params"] = json.dumps({"tune": {"seed": 0}})
+
+    return Case(
+        pal_solver,
+        _solve_args(scene, mixed),
+        absent=[scene.root / "solve"],
+        repair=repair,
+    )

@@ -536,3 +536,22 @@ def test_a_missing_lock_or_an_unknown_method_is_named(tmp_path: Path) -> None:
         "ablation.pal: prompt.method 'pall' is no method (known: pal, "
     )
     assert not (tmp_path / "out" / "tune" / "pal.json").exists()
+
+
+def test_ctrl_c_of_verify_records_nothing_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from click.testing import CliRunner
+
+    def interrupted(**_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(guard, "verify", interrupted)
+    before = (ROOT / "contracts.lock").read_bytes()
+    done = CliRunner().invoke(guard.cli, ["verify", "--unit", "tune.pal"])
+    assert done.exit_code == 1
+    assert done.stderr == (
+        "Error: interrupted: nothing recorded, contracts.lock unchanged and the "
+        "fixture's temporary files removed; rerun `pal contracts verify`\n"
+    )
+    assert (ROOT / "contracts.lock").read_bytes() == before

@@ -9,7 +9,8 @@ fault a rerun recovers from, that the recovered output has the bytes of an
 uninterrupted run.
 
 Classes covered: truncation, corruption, wrong shape, missing step, killed
-process, hostile params, hostile text, stale temporary files.
+process, hostile params, hostile text, hostile paths, stale temporary files,
+wrong provenance (a features folder mixing chains).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from fault_scenes import (
     flip_byte,
     hostile_params,
     missing_step,
+    mixed_chains,
     other_class_name,
     other_width,
     oversized_width,
@@ -45,10 +47,12 @@ from fault_scenes import (
     partial_shard,
     predict_symlink_out,
     samples_line,
+    sealed_copy_bit_rot,
     shard_bit_rot,
     shard_float16,
     shard_truncated,
     stale_temp,
+    stamp_into_a_data_folder,
     state_corrupted,
     truncate,
     tune_partial_corrupted,
@@ -256,6 +260,33 @@ FAULTS = [
         r"outside the input's folder \(--allow-outside-paths reads it\) \(not "
         r"predicted\)$",
         0,
+    ),
+    Fault(
+        "contracts stamp --out naming a folder of the user's (data)",
+        "hostile path",
+        stamp_into_a_data_folder,
+        r"^Error: .*/data: holds raw and 2 more that are not contract stamps; "
+        r"nothing was deleted: --out names the stamps' own folder \(default "
+        r"data/contracts\)$",
+        1,
+    ),
+    Fault(
+        "a sealed copy of features, one bit flipped with its mtime kept",
+        "corruption",
+        sealed_copy_bit_rot,
+        r"^Error: .*/elsewhere/features/step_02/train\.h5: its bytes differ from "
+        r"the md5 that .*/MD5SUMS lists \(damaged since it was sealed\): copy it "
+        r"again from its source$",
+        1,
+    ),
+    Fault(
+        "a features folder mixing two runs' steps",
+        "wrong provenance",
+        mixed_chains,
+        r"^Error: .*/mixed/step_02: made under other params than step 1's "
+        r"\(tune\.seed: 1 against 0\): the folder mixes runs or variants; keep "
+        r"one chain's steps$",
+        1,
     ),
 ]
 

@@ -252,9 +252,18 @@ def verify_cmd(
         cover = Path(tmp) / ".coverage" if coverage_file else None
         work_dir = Path(work) if work else None
         every = everything or bool(coverage_file)
-        outcome = verify(
-            units=set(units) or None, everything=every, coverage=cover, work=work_dir
-        )
+        try:
+            outcome = verify(
+                units=set(units) or None,
+                everything=every,
+                coverage=cover,
+                work=work_dir,
+            )
+        except KeyboardInterrupt:
+            raise con.ContractError(
+                f"interrupted: nothing recorded, {code.RECORD_FILE} unchanged and "
+                "the fixture's temporary files removed; rerun `pal contracts verify`"
+            ) from None
         _report(outcome, cover, coverage_file)
     record = code.current_record(units=sorted(units) if units else None)
     code.write_record({**code.read_record(), **record} if units else record)
