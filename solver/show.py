@@ -49,7 +49,42 @@ def _read(path: Path) -> dict[str, Any]:
         raise ShowError(f"{path}: not JSON ({exc})") from None
     if not isinstance(metrics, dict) or "runs" not in metrics:
         raise ShowError(f"{path}: not a report's metrics.json (no 'runs')")
+    runs = metrics["runs"]
+    if not isinstance(runs, list) or not all(_whole(r) for r in runs):
+        raise ShowError(f"{path}: 'runs' is {runs!r}, not a list of run numbers")
+    for name, row in metrics.items():
+        if name not in ("runs", "vary"):
+            _check_row(path, name, row)
     return metrics
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_row(path: Path, name: str, row: Any) -> None:
+    """A row of the report: its shown statistics each {"mean": x, "std": x
+    or None}; anything else is a ShowError naming the key (never a row that
+    silently leaves the table)."""
+    if not isinstance(row, dict) or "acc" not in row:
+        raise ShowError(f"{path}: '{name}' is not a report row (no 'acc')")
+    for key, group in SHOWN:
+        holder = row.get(group) if group else row
+        if holder is not None and not isinstance(holder, dict):
+            raise ShowError(f"{path}: '{name}.{group}' is {holder!r}, not a mapping")
+        stat = (holder or {}).get(key)
+        where = f"{name}.{group}.{key}" if group else f"{name}.{key}"
+        if stat is None:
+            continue
+        ok = isinstance(stat, dict) and _number(stat.get("mean"))
+        if not ok or not (stat.get("std") is None or _number(stat.get("std"))):
+            raise ShowError(
+                f'{path}: \'{where}\' is {stat!r}, not {{"mean": x, "std": x}}'
+            )
 
 
 def _stat(row: dict[str, Any], key: str, group: str | None) -> dict | None:

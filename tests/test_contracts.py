@@ -555,3 +555,23 @@ def test_ctrl_c_of_verify_records_nothing_and_says_so(
         "fixture's temporary files removed; rerun `pal contracts verify`\n"
     )
     assert (ROOT / "contracts.lock").read_bytes() == before
+
+
+def test_a_damaged_contracts_yaml_is_one_line(tmp_path: Path) -> None:
+    """A misspelt unit stops the guard naming it; `reasons` that is not a
+    mapping and a file that is not UTF-8 are one line, not a traceback."""
+    root = _copy(tmp_path / "root")
+    path = root / "contracts.yaml"
+    text = path.read_text()
+    path.write_text(text.replace("  tune.pal: 1\n", "  tune.pal: 1\n  tune.pall: 2\n"))
+    assert code.guard_problem(root).startswith(
+        f"{path}: versions.tune.pall is no unit (known: extract, extract.dualprompt,"
+    )
+    path.write_text(text.replace("reasons: {}", "reasons: [one]"))
+    with pytest.raises(ContractError) as err:
+        read_versions(root)
+    assert str(err.value) == (f"{path}: expected a mapping 'reasons: {{unit@N: why}}'")
+    path.write_bytes(text.encode().replace(b"versions:", b"versions:\xff"))
+    with pytest.raises(ContractError) as err:
+        read_versions(root)
+    assert str(err.value) == f"{path}: not UTF-8 text: `git checkout` it"

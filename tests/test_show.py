@@ -54,3 +54,27 @@ def test_a_file_that_is_no_report_is_one_line(tmp_path):
     )
     r = CliRunner().invoke(main, ["show", str(tmp_path / "none.json")])
     assert r.output == f"Error: {tmp_path / 'none.json'}: no such metrics file\n"
+
+
+def test_a_row_of_the_wrong_shape_is_one_line_naming_its_key(tmp_path):
+    """A value of the wrong type, a row that is not one, `runs` as a string:
+    each one line naming the key, never a traceback or a row left out."""
+    import json
+
+    good = json.loads(committed("results/demo/metrics.json"))
+    path = tmp_path / "metrics.json"
+    cases = {
+        "pal.acc": ({"pal": {**good["pal"], "acc": "53.0"}}, "'pal.acc' is '53.0'"),
+        "row": ({"extra": {"label": "x"}}, "'extra' is not a report row (no 'acc')"),
+        "group": (
+            {"pal": {**good["pal"], "acc_by_missing": [1]}},
+            "'pal.acc_by_missing' is [1], not a mapping",
+        ),
+        "runs": ({"runs": "0,1,2"}, "'runs' is '0,1,2', not a list of run numbers"),
+    }
+    for name, (change, line) in cases.items():
+        path.write_text(json.dumps({**good, **change}), encoding="utf-8")
+        r = CliRunner().invoke(main, ["show", str(path)])
+        assert r.exit_code == 1, name
+        assert r.output.startswith(f"Error: {path}: {line}"), (name, r.output)
+        assert "Traceback" not in r.output and len(r.output.splitlines()) == 1
