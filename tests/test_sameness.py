@@ -103,7 +103,8 @@ def test_the_fixture_is_the_same_on_every_path_and_an_edit_is_not(
     edited = tmp_path / "edited"
     for rel in ("palcore", "pipeline", "solver"):
         shutil.copytree(ROOT / rel, edited / rel)
-    shutil.copy(ROOT / "params.yaml", edited / "params.yaml")
+    for name in ("params.yaml", "contracts.yaml", "contracts.lock"):
+        shutil.copy(ROOT / name, edited / name)
     pal = edited / "pipeline/methods/pal.py"
     assert PAL_JOINT in pal.read_text()
     pal.write_text(pal.read_text().replace(PAL_JOINT, PAL_JOINT + " * 1.001"))
