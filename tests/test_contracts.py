@@ -575,3 +575,28 @@ def test_a_damaged_contracts_yaml_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ContractError) as err:
         read_versions(root)
     assert str(err.value) == f"{path}: not UTF-8 text: `git checkout` it"
+
+
+def test_verify_coverage_leaves_no_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from pipeline.stages.contract_proof import Outcome
+
+    seen: list[Path] = []
+
+    def fake_verify(coverage: Path | None = None, **_: object) -> Outcome:
+        assert coverage is not None
+        coverage.write_text("data")
+        seen.append(coverage)
+        return Outcome([], {}, [])
+
+    monkeypatch.setattr(guard, "verify", fake_verify)
+    monkeypatch.setattr(guard, "coverage_report", lambda data: f"read {data.name}\n")
+    monkeypatch.setattr(guard.code, "write_record", lambda record: None)
+    report = tmp_path / "coverage.txt"
+    done = CliRunner().invoke(guard.cli, ["verify", "--coverage", str(report)])
+    assert done.exit_code == 0, done.output
+    assert report.read_text() == "read .coverage\n"
+    assert not seen[0].parent.exists()  # the temporary folder is gone
