@@ -221,16 +221,7 @@ class Repo:
     def queue_status(self) -> dict[str, str]:
         """Task name -> status (Queued, Running, Success, Failed) in DVC's queue;
         a damaged file in the queue is a QueueDamaged naming it."""
-        try:
-            out = _run([_tool("dvc"), "queue", "status"], self.root)
-        except ExperimentError as exc:
-            damaged = self.damaged_queue_file()
-            if damaged is None:
-                raise
-            raise QueueDamaged(
-                f"{damaged}: a damaged file in DVC's queue ({exc}): `rm {damaged}` "
-                "(finished cells are kept: they are experiments, not queue files)"
-            ) from None
+        out = self._dvc("queue", "status")
         status: dict[str, str] = {}
         lines = out.splitlines()
         for line in lines[1:]:
@@ -240,6 +231,21 @@ class Repo:
             if len(parts) >= 4:
                 status[parts[1]] = parts[-1]
         return status
+
+    def _dvc(self, *args: str, detached: bool = False) -> str:
+        """A DVC command in the project; when it fails over a damaged file of
+        DVC's queue (which fails every queue command), a QueueDamaged naming
+        that file and its repair."""
+        try:
+            return _run([_tool("dvc"), *args], self.root, detached=detached)
+        except ExperimentError as exc:
+            damaged = self.damaged_queue_file()
+            if damaged is None:
+                raise
+            raise QueueDamaged(
+                f"{damaged}: a damaged file in DVC's queue ({exc}): `rm {damaged}` "
+                "(finished cells are kept: they are experiments, not queue files)"
+            ) from None
 
     def damaged_queue_file(self) -> Path | None:
         """The first file of DVC's celery queue that is not the JSON it
@@ -284,7 +290,7 @@ class Repo:
         remove its temporary copy of the project; a task that is no longer
         running needs nothing."""
         try:
-            _run([_tool("dvc"), "queue", "kill", name], self.root)
+            self._dvc("queue", "kill", name)
         except ExperimentError as exc:
             if "not a valid running experiment" not in str(exc):
                 raise
@@ -315,19 +321,15 @@ class Repo:
         (never the demo's unless the data is the demo's); `copy_paths` go
         into its temporary copy (`cells.untracked_inputs`)."""
         copies = [a for p in copy_paths for a in ("--copy-paths", p)]
-        _run(
-            [
-                _tool("dvc"),
-                "exp",
-                "run",
-                "--queue",
-                "-n",
-                self.exp_name(cell),
-                *copies,
-                *cell.set_args,
-                TARGET,
-            ],
-            self.root,
+        self._dvc(
+            "exp",
+            "run",
+            "--queue",
+            "-n",
+            self.exp_name(cell),
+            *copies,
+            *cell.set_args,
+            TARGET,
         )
 
     def requeue(self, cell: Cell, copy_paths: Sequence[str] = ()) -> None:
@@ -338,7 +340,7 @@ class Repo:
 
     def forget(self, name: str) -> None:
         """Drop a failed task of this name from DVC's queue."""
-        _run([_tool("dvc"), "queue", "remove", name], self.root)
+        self._dvc("queue", "remove", name)
 
     def start(self, jobs: int, gpus: Sequence[str] | None = None) -> None:
         """Start `jobs` queue workers, or one pinned to each of `gpus`
@@ -346,14 +348,12 @@ class Repo:
         if gpus:
             workers.start(self.root, gpus, _tool("dvc"), _env())
             return
-        _run(
-            [_tool("dvc"), "queue", "start", "-j", str(jobs)], self.root, detached=True
-        )
+        self._dvc("queue", "start", "-j", str(jobs), detached=True)
 
     def stop(self) -> None:
         """End the workers and the cells they run (`dvc queue stop --kill`, and
         the pinned workers); a killed cell is queued again by the next run."""
-        _run([_tool("dvc"), "queue", "stop", "--kill"], self.root)
+        self._dvc("queue", "stop", "--kill")
         workers.stop(self.root)
 
     def report(self, commit: str, dataset: str) -> dict[str, bytes]:

@@ -268,6 +268,58 @@ def test_a_flipped_bit_behind_a_hard_link_is_found_and_repaired(
     assert not left.exists()
 
 
+def test_pal_verify_fails_on_what_it_cannot_check_and_its_repairs_work(
+    repo: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """A folder output whose manifest left the cache (a partial copy, `dvc
+    gc`) and a cache object whose path is a folder: each one line with its
+    repair and exit 1, never "files match"; each repair, run as named, makes
+    `pal verify` pass."""
+    path, env = repo
+    dvc, pal = str(BIN / "dvc"), str(BIN / "pal")
+    clone = tmp_path / "clone"
+    _run(["git", "clone", "-q", str(path), str(clone)], tmp_path, env)
+    env = dict(env, PYTHONPATH=str(clone))
+    cache = tmp_path / "cache"
+    shutil.copytree(path / ".dvc" / "cache", cache)
+    _run([dvc, "cache", "dir", "--local", str(cache)], clone, env)
+    _run([dvc, "checkout", "-q", "dvc.yaml"], clone, env)
+    lock = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
+
+    def verify(stage: str) -> subprocess.CompletedProcess:
+        cmd = [pal, "verify", "--stage", stage]
+        return subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True)
+
+    md5 = lock["extract@pal-0"]["outs"][0]["md5"]
+    (cache / "files" / "md5" / md5[:2] / md5[2:]).unlink()
+    done = verify("extract@pal-0")
+    assert done.returncode == 1 and "files match" not in done.stdout
+    repair = "dvc repro -f -s extract@pal-0"
+    assert [x for x in done.stderr.splitlines() if x.startswith("Error")] == [
+        "Error: data/extract/pal/0 (stage extract@pal-0): its manifest "
+        f"{md5} is not in DVC's cache, so none of its files can be checked: "
+        f"`dvc fetch extract@pal-0` from a remote, or `{repair}`"
+    ]
+    _run([dvc, "repro", "-f", "-s", "extract@pal-0"], clone, env)  # the repair
+    assert verify("extract@pal-0").returncode == 0
+
+    from palcore.recorded import recorded_outputs
+
+    rec = recorded_outputs(clone)["data/solve/pal/0/weights.h5"]
+    obj = cache / "files" / "md5" / rec.md5[:2] / rec.md5[2:]
+    obj.unlink()
+    obj.mkdir()
+    done = verify("solve")
+    assert done.returncode == 1
+    assert (
+        f"Error: data/solve/pal/0/weights.h5 (stage solve): its cache object "
+        f"{obj} is a folder: `rm -r {obj} && dvc commit -f solve`"
+    ) in done.stderr
+    obj.rmdir()  # the repair it names
+    _run([dvc, "commit", "-f", "solve"], clone, env)
+    assert verify("solve").returncode == 0
+
+
 def test_eta_change_reruns_only_the_analytic_stages(
     work: tuple[Path, dict[str, str]],
 ) -> None:

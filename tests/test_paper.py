@@ -392,6 +392,10 @@ def test_a_damaged_queue_file_is_named_and_finished_cells_still_render(
     )
     md = (repo / "results/paper/demo/upsampling.md").read_text().splitlines()
     assert md[4] == "| 546 (8k), η 1 | 50.00 ± 1.50 | 5.00 ± 1.50 |"
+    out = paper(repo, "run", "upsampling", "--no-wait")
+    assert out.returncode == 1
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("Error")]
+    assert line.startswith(f"Error: {damaged}: a damaged file in DVC's queue ("), line
     (repo / damaged).unlink()  # the repair the line names
     out = paper(repo, "collect", "upsampling")
     assert out.returncode == 0 and "damaged" not in out.stderr, out.stderr
