@@ -194,6 +194,26 @@ def test_an_edit_of_pal_stops_repro_then_a_raise_retunes_its_chains(
     assert "Data and pipelines are up to date." in _run([dvc, "status"], path, env)
 
 
+def _clone_with_own_cache(
+    repo: tuple[Path, dict[str, str]], tmp_path: Path, link: str | None = None
+) -> tuple[Path, Path, dict[str, str]]:
+    """A clone of the reproduced project with a copy of its cache of its own
+    (cache.type `link` when given), every output checked out: (the clone,
+    its cache, its env)."""
+    path, env = repo
+    dvc = str(BIN / "dvc")
+    clone = tmp_path / "clone"
+    _run(["git", "clone", "-q", str(path), str(clone)], tmp_path, env)
+    env = dict(env, PYTHONPATH=str(clone))
+    cache = tmp_path / "cache"
+    shutil.copytree(path / ".dvc" / "cache", cache)
+    _run([dvc, "cache", "dir", "--local", str(cache)], clone, env)
+    if link is not None:
+        _run([dvc, "config", "--local", "cache.type", link], clone, env)
+    _run([dvc, "checkout", "-q", "dvc.yaml"], clone, env)
+    return clone, cache, env
+
+
 def test_a_flipped_bit_behind_a_hard_link_is_found_and_repaired(
     repo: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
@@ -204,16 +224,8 @@ def test_a_flipped_bit_behind_a_hard_link_is_found_and_repaired(
     the stage to rerun, and that repair restores the shard byte for byte."""
     import os
 
-    path, env = repo
     dvc = str(BIN / "dvc")
-    clone = tmp_path / "clone"
-    _run(["git", "clone", "-q", str(path), str(clone)], tmp_path, env)
-    env = dict(env, PYTHONPATH=str(clone))
-    cache = tmp_path / "cache"
-    shutil.copytree(path / ".dvc" / "cache", cache)
-    _run([dvc, "cache", "dir", "--local", str(cache)], clone, env)
-    _run([dvc, "config", "--local", "cache.type", "hardlink"], clone, env)
-    _run([dvc, "checkout", "-q", "dvc.yaml"], clone, env)
+    clone, cache, env = _clone_with_own_cache(repo, tmp_path, "hardlink")
     shard = clone / "data/extract/pal/0/step_02/train.h5"
     assert shard.stat().st_nlink == 2  # the workspace's name and the cache's
     good, st, lock = shard.read_bytes(), shard.stat(), (clone / "dvc.lock").read_text()
@@ -275,15 +287,8 @@ def test_pal_verify_fails_on_what_it_cannot_check_and_its_repairs_work(
     gc`) and a cache object whose path is a folder: each one line with its
     repair and exit 1, never "files match"; each repair, run as named, makes
     `pal verify` pass."""
-    path, env = repo
     dvc, pal = str(BIN / "dvc"), str(BIN / "pal")
-    clone = tmp_path / "clone"
-    _run(["git", "clone", "-q", str(path), str(clone)], tmp_path, env)
-    env = dict(env, PYTHONPATH=str(clone))
-    cache = tmp_path / "cache"
-    shutil.copytree(path / ".dvc" / "cache", cache)
-    _run([dvc, "cache", "dir", "--local", str(cache)], clone, env)
-    _run([dvc, "checkout", "-q", "dvc.yaml"], clone, env)
+    clone, cache, env = _clone_with_own_cache(repo, tmp_path)
     lock = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
 
     def verify(stage: str) -> subprocess.CompletedProcess:
