@@ -183,12 +183,15 @@ def unit_digest(code: Mapping[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def changed_units(root: Path = ROOT) -> dict[str, list[str]]:
+def changed_units(
+    root: Path = ROOT, now: dict[str, dict[str, Any]] | None = None
+) -> dict[str, list[str]]:
     """Units whose code or version differs from contracts.lock → the files
-    that differ (new, changed or gone; [] when only the version moved)."""
+    that differ (new, changed or gone; [] when only the version moved);
+    `now`: `current_record(root)`, when the caller has it."""
     record = read_record(root)
     out = {}
-    for unit, entry in current_record(root).items():
+    for unit, entry in (now or current_record(root)).items():
         held = record.get(unit, {"version": None, "code": {}})
         now, then = entry["code"], held["code"]
         moved = sorted(f for f in set(now) | set(then) if now.get(f) != then.get(f))
@@ -197,7 +200,9 @@ def changed_units(root: Path = ROOT) -> dict[str, list[str]]:
     return out
 
 
-def drafted(root: Path = ROOT) -> dict[str, str]:
+def drafted(
+    root: Path = ROOT, now: dict[str, dict[str, Any]] | None = None
+) -> dict[str, str]:
     """The units raised above contracts.lock's version and not yet proven →
     the digest of their code now. Their outputs are made again (the stamps
     name the version and this digest, so each further edit makes them
@@ -205,7 +210,7 @@ def drafted(root: Path = ROOT) -> dict[str, str]:
     record = read_record(root)
     return {
         unit: unit_digest(entry["code"])
-        for unit, entry in current_record(root).items()
+        for unit, entry in (now or current_record(root)).items()
         if entry["version"] > record.get(unit, {}).get("version", 0)
     }
 
@@ -227,14 +232,15 @@ def guard_problem(root: Path = ROOT) -> str | None:
             f"{root / RECORD_FILE}: not found (the code each contract was proven "
             f"with): `git checkout {RECORD_FILE}`"
         )
-    stray = sorted(set(read_versions(root).versions) - set(unit_files(root)))
+    now = current_record(root)  # the closures are computed once
+    stray = sorted(set(read_versions(root).versions) - set(now))
     if stray:
         return (
             f"{root / VERSIONS_FILE}: versions.{stray[0]} is no unit (known: "
-            f"{', '.join(sorted(unit_files(root)))}): a misspelt raise?"
+            f"{', '.join(sorted(now))}): a misspelt raise?"
         )
-    raised = drafted(root)
-    changed = {u: f for u, f in changed_units(root).items() if u not in raised}
+    raised = drafted(root, now)
+    changed = {u: f for u, f in changed_units(root, now).items() if u not in raised}
     if not changed:
         return None
     files = sorted({f for fs in changed.values() for f in fs})
@@ -246,14 +252,14 @@ def guard_problem(root: Path = ROOT) -> str | None:
         )
     units = sorted(changed)
     return (
-        f"{', '.join(files)} changed: code of {_covered(changed, root)}. A "
+        f"{', '.join(files)} changed: code of {_covered(changed)}. A "
         "refactor: `pal contracts verify` (proves the outputs the same, records "
         f"it). A change of outputs: `pal contracts raise {' '.join(units)}`, "
         'then `dvc repro` (docs/USAGE.md, "Output contracts")'
     )
 
 
-def _covered(changed: Mapping[str, list[str]], root: Path) -> str:
+def _covered(changed: Mapping[str, list[str]]) -> str:
     """Why each unit covers the changed files: 'tune.pal, extract.pal (pal.py
     is its module), tune.rebq, extract.rebq (rebq.py imports pal.py), tune
     (in its import closure)'."""

@@ -31,33 +31,23 @@ class CompareError(PalError):
     """A report that cannot be compared (no committed copy, not a report)."""
 
 
-def committed_bytes(path: Path, commit: str = "HEAD") -> bytes | None:
-    """The bytes of `path` (in a git work tree) at `commit`; None when the
-    commit has no such file."""
-    path = path.resolve()
-    top = subprocess.run(
-        ["git", "-C", str(path.parent), "rev-parse", "--show-toplevel"],
-        capture_output=True,
-        text=True,
-    )
-    if top.returncode:
-        raise CompareError(f"{path.parent}: not in a git work tree")
-    rel = path.relative_to(Path(top.stdout.strip()).resolve()).as_posix()
-    shown = subprocess.run(
-        ["git", "-C", top.stdout.strip(), "show", f"{commit}:{rel}"],
-        capture_output=True,
-    )
-    return shown.stdout if shown.returncode == 0 else None
+def committed_report(folder: Path, commit: str = "HEAD") -> dict[str, bytes]:
+    """The files committed directly in `folder` at `commit`: {name: bytes}
+    (sub-folders, such as the ablation's report, are reports of their own)."""
 
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True)
 
-def _committed_files(folder: Path, commit: str) -> list[Path]:
-    listed = subprocess.run(
-        ["git", "-C", str(folder), "ls-tree", "--name-only", commit, "./"],
-        capture_output=True,
-        text=True,
-    )
-    names = listed.stdout.split() if listed.returncode == 0 else []
-    return [folder / Path(n).name for n in names if (folder / Path(n).name).is_file()]
+    if not folder.is_dir() or git("rev-parse", "--git-dir").returncode:
+        raise CompareError(f"{folder}: not a folder in a git work tree")
+    listed = git("ls-tree", "-z", commit, "./")
+    out = {}
+    for entry in listed.stdout.split(b"\0") if listed.returncode == 0 else []:
+        meta, _, name = entry.partition(b"\t")
+        if meta.split()[1:2] == [b"blob"]:
+            sha = meta.split()[2].decode()
+            out[Path(name.decode()).name] = git("cat-file", "blob", sha).stdout
+    return out
 
 
 def headline_gaps(
@@ -85,20 +75,29 @@ def headline_gaps(
 def compare_line(folder: Path, commit: str = "HEAD", tolerance: float = TOLERANCE):
     """(one line saying how `folder`'s report compares with the committed
     one, whether it is within the tolerance)."""
-    files = _committed_files(folder, commit)
+    files = committed_report(folder, commit)
     if not files:
         raise CompareError(f"{folder}: no committed report at {commit}")
-    moved = [f for f in files if f.read_bytes() != committed_bytes(f, commit)]
+    moved = [
+        n
+        for n, data in files.items()
+        if not (folder / n).is_file() or (folder / n).read_bytes() != data
+    ]
     if not moved:
         return f"{folder}: the same bytes as committed ({len(files)} files)", True
     metrics = folder / "metrics.json"
-    theirs = committed_bytes(metrics, commit)
-    if theirs is None or not metrics.is_file():
+    if "metrics.json" not in files or not metrics.is_file():
         raise CompareError(f"{metrics}: no metrics.json here and committed")
     try:
-        gaps = headline_gaps(json.loads(metrics.read_text()), json.loads(theirs))
+        ours = json.loads(metrics.read_text(encoding="utf-8"))
+        gaps = headline_gaps(ours, json.loads(files["metrics.json"]))
     except ValueError as exc:
         raise CompareError(f"{metrics}: not JSON ({exc})") from None
+    except (KeyError, TypeError, AttributeError):
+        raise CompareError(
+            f"{metrics}: not a report's metrics.json (a row without "
+            "{'mean': x} under acc, fg, fg_diag, aia or last)"
+        ) from None
     gap, where = max(gaps, default=(0.0, "none"))
     within = gap <= tolerance
     verdict = "within" if within else "beyond"

@@ -87,3 +87,20 @@ def test_a_missing_row_or_committed_report_is_one_line(tmp_path: Path) -> None:
     done = _compare(elsewhere)
     assert done.exit_code == 1
     assert done.stderr == f"Error: {elsewhere}: no committed report at HEAD\n"
+
+
+def test_a_deleted_file_moves_and_a_malformed_row_is_one_line(tmp_path: Path) -> None:
+    folder = _repo(tmp_path)
+    (folder / "table.md").unlink()
+    done = _compare(folder)
+    assert done.exit_code == 0
+    assert done.stdout.startswith(f"{folder}: 1 of 2 files differ from the committed")
+    metrics = json.loads((folder / "metrics.json").read_text())
+    metrics["pal"]["acc"] = 53.0  # a number where {"mean": …} belongs
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    done = _compare(folder)
+    assert done.exit_code == 1
+    assert done.stderr == (
+        f"Error: {folder / 'metrics.json'}: not a report's metrics.json (a row "
+        "without {'mean': x} under acc, fg, fg_diag, aia or last)\n"
+    )
