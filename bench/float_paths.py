@@ -24,8 +24,8 @@ from pathlib import Path
 import click
 
 from pipeline.sameness import CPU_PATHS, DERIVED, compare_files, largest
-from pipeline.stages import contract_proof as proof
 from pipeline.stages import contract_runs as runs
+from pipeline.stages.contract_proof import REFERENCE, WEIGHTS
 
 ROOT = Path(__file__).resolve().parent.parent
 PATHS = {"native": {}} | CPU_PATHS  # name → the environment of its code paths
@@ -35,15 +35,15 @@ SCALED = "scaled x1.001"
 
 def _edited_tree(where: Path) -> Path:
     """The working tree's code with PAL's joint embedding scaled by 1.001."""
-    tree = proof.archive_tree(ROOT, "HEAD", where)
-    for rel in ("palcore", "pipeline", "solver"):  # the working tree's code
-        shutil.rmtree(tree / rel)
-        shutil.copytree(ROOT / rel, tree / rel)
-    pal = tree / "pipeline/methods/pal.py"
+    for rel in ("palcore", "pipeline", "solver"):
+        shutil.copytree(ROOT / rel, where / rel)
+    for name in ("params.yaml", "contracts.yaml", "contracts.lock"):
+        shutil.copy(ROOT / name, where / name)
+    pal = where / "pipeline/methods/pal.py"
     text = pal.read_text()
     assert JOINT in text, "pal.py no longer has the joint line this edits"
     pal.write_text(text.replace(JOINT, JOINT + " * 1.001"))
-    return tree
+    return where
 
 
 def _kind(name: str) -> str:
@@ -61,12 +61,10 @@ def _kind(name: str) -> str:
 def main(names: tuple[str, ...], keep: str | None) -> None:
     """Print, per fixture job and file kind, the largest relative difference
     from the native path's outputs under each emulated path and the edit."""
-    todo = [j for j in runs.jobs() if not names or j.name in names]
-    needed = {n for j in todo for n in j.needs}
-    todo = [j for j in runs.jobs() if j in todo or j.name in needed]
+    todo = runs.with_needs(j for j in runs.jobs() if not names or j.name in names)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(keep or tmp)
-        runs.build_inputs(ROOT, base / "inputs")
+        runs.build_inputs(ROOT, base / "inputs", ROOT / REFERENCE / WEIGHTS)
         outs: dict[str, runs.Version] = {}
         trees = {name: ROOT for name in PATHS} | {SCALED: _edited_tree(base / "edit")}
         for name, tree in trees.items():
@@ -75,7 +73,7 @@ def main(names: tuple[str, ...], keep: str | None) -> None:
             try:
                 version = runs.Version(tree, base / "out" / name)
                 ref = outs.get("native", version)
-                runs.run_version(version, todo, base / "inputs", ref, None)
+                runs.run_version(version, todo, base / "inputs", ref)
             finally:
                 os.environ.clear()
                 os.environ.update(saved)

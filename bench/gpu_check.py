@@ -23,9 +23,10 @@ no dvc, no dev extras, no tests/ helpers. In order:
    minutes.
 6. (`--parts contracts`) the output contracts' fixture (DESIGN §2,
    `pipeline/stages/contract_runs.py`) on the card: the same code twice,
-   then the `--baseline` tree on the same inputs, with the largest absolute
-   difference of each file that differs: whether bf16 and CUDA graphs repeat
-   their bytes, and what tolerance holds where they do not.
+   then each job against the reference the CPU recorded (`reference/`),
+   with the key that moved most in each file that differs: whether bf16
+   and CUDA graphs repeat themselves, and what tolerance holds against the
+   CPU's outputs.
 
 Before and after are two trees of the project, never a switch in its code:
 `--baseline` names a folder holding an older tree (`git archive COMMIT
@@ -175,12 +176,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated subset of tests, solver, paths, rehearsal, cells "
         "(N tunes side by side on one card, after this tree's rehearsal), "
         "contracts (the output contracts' fixture on the card, twice, and "
-        "against --baseline), pace (each method's steady step before and "
+        "against reference/), pace (each method's steady step before and "
         "after, J tunings side by side; writes card.yaml for pal-paper plan)",
     )
     ap.add_argument(
         "--baseline",
-        help="the before of paths, rehearsal and contracts: a folder holding an "
+        help="the before of paths and rehearsal: a folder holding an "
         "older tree of the project (git archive COMMIT palcore pipeline solver "
         "params.yaml contracts.yaml), or a commit to archive",
     )
@@ -350,9 +351,7 @@ def run_parts(
         if device == "auto":
             device = "cuda" if info_has_gpu() else "cpu"
         units = a.units.split(",") if a.units else None
-        report["contracts"] = contracts_check(
-            a.out, work / "contracts", device, baseline, units
-        )
+        report["contracts"] = contracts_check(a.out, work / "contracts", device, units)
         r = report["contracts"]
         print(f"gpu_check: contracts: exit {r['exit']}, {r['wall_s']} s", flush=True)
         write_report(a.out, report)

@@ -239,13 +239,13 @@ def _tune_copy(tune: list[str], name: str) -> list[str]:
 
 
 def contracts_check(
-    out: Path, work: Path, device: str, baseline: Path | None, units: list[str] | None
+    out: Path, work: Path, device: str, units: list[str] | None
 ) -> dict[str, Any]:
     """The output contracts' fixture on `device` (DESIGN §2): the same code
-    twice (does the card repeat its bytes?) and, given `baseline` (an older
-    tree: `git archive COMMIT palcore pipeline solver params.yaml
-    contracts.yaml | tar -x -C DIR`), the older code once on the same inputs.
-    Each job judged by the rule for the same output (`_compared`)."""
+    twice (does the card repeat itself?), then each job against the
+    reference the CPU recorded (`reference/`), judged by the rule for the
+    same output (`_compared`)."""
+    from pipeline.stages import contract_proof as proof
     from pipeline.stages import contract_runs as runs
 
     start = time.perf_counter()
@@ -255,20 +255,13 @@ def contracts_check(
     inputs = work / "inputs"
     report: dict[str, Any] = {"exit": 0, "device": device, "jobs": len(jobs)}
     try:
-        runs.build_inputs(ROOT, inputs)
+        runs.build_inputs(ROOT, inputs, ROOT / proof.REFERENCE / proof.WEIGHTS)
         first = runs.Version(ROOT, work / "first", device)
-        needed = {n for j in jobs for n in j.needs}
-        todo = [j for j in runs.jobs() if j in jobs or j.name in needed]
-        runs.run_version(first, todo, inputs, first, None)
+        runs.run_version(first, runs.with_needs(jobs), inputs)
         again = runs.Version(ROOT, work / "again", device)
-        runs.run_version(again, jobs, inputs, first, None)
+        runs.run_version(again, jobs, inputs, first)
         report["repeat"] = _compared(jobs, first.work, again.work)
-        if baseline is not None:
-            older = runs.Version(baseline, work / "older", device)
-            # a job the older code cannot run (a checkpoint of a raised
-            # format) leaves FAILED: a file only one side has
-            runs.run_version(older, jobs, inputs, first, None, keep_going=True)
-            report["baseline"] = _compared(jobs, older.work, first.work)
+        report["reference"] = _compared(jobs, first.work, None)
     except RuntimeError as exc:
         report.update(exit=1, error=str(exc))
     report["wall_s"] = round(time.perf_counter() - start, 1)
@@ -276,18 +269,21 @@ def contracts_check(
     return report
 
 
-def _compared(jobs: list[Any], a: Path, b: Path) -> dict[str, Any]:
-    """The jobs whose outputs are the same by the CPU's rule
-    (`pipeline.sameness.RTOL`), those within the card's (`GPU_RTOL`: bf16
-    autocast and CUDA graphs), and per job beyond it each file that is not
-    the same with the key that moved most."""
-    from pipeline.sameness import GPU_RTOL, compare_folders
+def _compared(jobs: list[Any], a: Path, b: Path | None) -> dict[str, Any]:
+    """The jobs whose outputs in `a` and `b` (None: the reference) are the
+    same by the CPU's rule (`pipeline.sameness.RTOL`), those within the
+    card's (`GPU_RTOL`: bf16 autocast and CUDA graphs), and per job beyond
+    it each file that is not the same with the key that moved most."""
+    from pipeline.sameness import GPU_RTOL, compare_leaves, folder_leaves
+    from pipeline.stages.contract_proof import reference_leaves
 
     same, within, differ = [], [], {}
     for job in jobs:
-        if not compare_folders(a / job.name, b / job.name):
+        mine = folder_leaves(a / job.name)
+        other = reference_leaves(job.name) if b is None else folder_leaves(b / job.name)
+        if not compare_leaves(mine, other):
             same.append(job.name)
-        elif not (files := compare_folders(a / job.name, b / job.name, GPU_RTOL)):
+        elif not (files := compare_leaves(mine, other, GPU_RTOL)):
             within.append(job.name)
         else:
             differ[job.name] = [str(d) for d in files]

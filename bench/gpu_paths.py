@@ -37,9 +37,16 @@ def baseline_tree(spec: str | None, work: Path) -> Path | None:
         return None
     if Path(spec).is_dir():
         return Path(spec).resolve()
-    from pipeline.stages.contract_proof import archive_tree  # ROOT on sys.path
-
-    return archive_tree(ROOT, spec, work / "baseline")
+    where = work / "baseline"
+    where.mkdir(parents=True, exist_ok=True)
+    paths = ["palcore", "pipeline", "solver", "params.yaml", "contracts.yaml"]
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", spec, *paths],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    return where
 
 
 def paths_check(

@@ -90,7 +90,8 @@ def contracts_lines(c: dict[str, Any]) -> list[str]:
     lines = ["", f"## Output contracts' fixture on `{c['device']}` (DESIGN §2)", ""]
     if c["exit"]:
         return [*lines, f"Failed: {c['error']} (see contracts.log)."]
-    for key, title in (("repeat", "the same code twice"), ("baseline", "--baseline")):
+    pairs = (("repeat", "the same code twice"), ("reference", "against reference/"))
+    for key, title in pairs:
         if key not in c:
             continue
         r = c[key]

@@ -42,14 +42,6 @@ def method_names() -> tuple[str, ...]:
     return get_args(MethodName)
 
 
-def stage_module(stage: str) -> str:
-    return f"pipeline.stages.{stage}"
-
-
-def method_module(method: str) -> str:
-    return f"pipeline.methods.{method}"
-
-
 def method_file(method: str) -> str:
     return f"pipeline/methods/{method}.py"
 
@@ -66,7 +58,7 @@ def unit_files(root: Path = ROOT) -> dict[str, list[str]]:
     own = {method_file(m) for m in method_names()}
     units: dict[str, list[str]] = {}
     for stage in STAGES:
-        files = _closure(stage_module(stage), root)
+        files = _closure(f"pipeline.stages.{stage}", root)
         if stage not in METHOD_STAGES:
             units[stage] = files
             continue
@@ -87,7 +79,7 @@ def _method_closure(method: str, root: Path) -> list[str]:
             continue
         seen.add(name)
         path = root / method_file(name)
-        found = imported_modules(path, method_module(name), root)
+        found = imported_modules(path, f"pipeline.methods.{name}", root)
         todo.extend(names[m] for m in found if m in names)
     return sorted(method_file(m) for m in seen)
 

@@ -2,20 +2,14 @@
 
 `pixels`, `frozen`, `tune` and `extract` take hours on a GPU for a real
 dataset. dvc.yaml keys them on their data, the backbone, the params that can
-change their output and a *contract*, not on the bytes of their code: a version
-number per stage and, for tune and extract, one per prompt method
-(`contracts.yaml`). A refactor that moves no output byte keeps every version,
-so no researcher's features are discarded for it; a change that moves output
-bytes raises the versions of exactly the stages and methods it changes.
-
-The code each contract covers and its record (`contracts.lock`) are
-`pipeline.contract_code`'s; `pal contracts verify` proves a change of code
-on a tiny fixture (`pipeline.stages.contract_runs`). The `contracts` stage
-(`pal contracts stamp`, upstream of the four) stops `dvc repro` with one
-line when the workspace's code differs from the record, and writes one
-stamp per stage and variant (`data/contracts/tune/pal.json`): the versions
-that variant's output is made under. The contracted stages depend on their
-stamp, and write the same record into their output folder (`contract.json`).
+change their output and a *contract*: a version per stage and, for tune and
+extract, one per prompt method (`contracts.yaml`), not the bytes of their
+code. A refactor that makes the same outputs (`pipeline.sameness`) keeps
+every version, so no researcher's features are discarded for it; a change of
+outputs raises exactly the stages and methods it changes. The code a unit
+covers and its record are `contract_code`'s; the guard and the stamps each
+contracted output depends on (and keeps as `contract.json`),
+`stages.contracts`'; the proof, `stages.contract_proof`'s.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.stages import contract_runs as runs
 
@@ -45,8 +46,19 @@ def make(root: Path) -> Made:
     runs.build_inputs(ROOT, inputs)
     ref = runs.Version(ROOT, root / "ref")
     jobs = [j for j in runs.jobs() if j.name in REF_JOBS]
-    runs.run_version(ref, jobs, inputs, ref, None)
-    return Made(inputs, ref.work, ref.params)
+    runs.run_version(ref, jobs, inputs)
+    return Made(inputs, ref.work, _absolute(ref.params))
+
+
+def _absolute(params: dict[str, Path]) -> dict[str, Path]:
+    """The fixture's params with their paths absolute: they are relative to
+    the folder its jobs run in, and the fault commands run elsewhere."""
+    for path in params.values():
+        raw = yaml.safe_load(path.read_text())
+        for section, key in (("data", "root"), ("model", "backbone")):
+            raw[section][key] = str((path.parent.parent / raw[section][key]).resolve())
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return params
 
 
 @dataclass

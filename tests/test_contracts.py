@@ -4,12 +4,13 @@ The record: contracts.lock holds the code that every unit's contract was
 verified with, and equals the code of the tree. The guard: a code edit that
 the record does not hold stops `pal contracts stamp` (the dvc.yaml stage) and
 `pal check` with one line; a comment edit does not. The proof: `pal contracts
-verify` runs each unit whose code differs from the commit that set its
-version on a tiny fixture, with both versions of the code, and compares the
-outputs by the rule for the same output (pipeline.sameness); on scratch
-clones of the project, a change of output without a raised version fails,
-with it passes, a pure refactor passes, and a raised version whose outputs
-are the same fails.
+verify` runs the jobs of each unit whose code or version moved on a tiny
+fixture and compares each job's outputs with its reference (reference/,
+recorded when its contract was set) by the rule for the same output
+(pipeline.sameness); on copies of the project, a change of output without a
+raised version fails, with it passes and is recorded, a pure refactor
+passes, steps within the rule cannot add up past it, and a raised version
+whose outputs are the same fails.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from helpers import PAL_JOINT, committed, committed_params
@@ -36,12 +38,6 @@ from pipeline.stages import contracts as guard
 ROOT = Path(__file__).resolve().parents[1]
 PAL = ROOT / "pipeline" / "methods" / "pal.py"
 JOINT = PAL_JOINT
-GIT = dict(
-    GIT_AUTHOR_NAME="t",
-    GIT_AUTHOR_EMAIL="t@example.com",
-    GIT_COMMITTER_NAME="t",
-    GIT_COMMITTER_EMAIL="t@example.com",
-)
 
 
 def test_the_record_holds_the_code_of_this_tree() -> None:
@@ -110,6 +106,7 @@ def _copy(tmp_path: Path) -> Path:
         )
     for name in ("contracts.yaml", "contracts.lock", "params.yaml"):
         shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / proof.REFERENCE, tmp_path / proof.REFERENCE)
     return tmp_path
 
 
@@ -286,202 +283,223 @@ def test_the_fixture_reaches_every_unit() -> None:
     assert {"tune/pal-resume", "tune/pal-decode", "extract/pal-2rank"} <= names
     assert {f"tune/{v}" for v in runs.VARIANTS} <= names
     assert [j.name for j in runs.selected(["tune.l2p"])] == ["tune/l2p", "tune/l2p_pp"]
-    # a variant a tree's params lack (a row added since) is not run there
-    assert runs.variants_of(ROOT) >= set(runs.VARIANTS)
-    kept = runs.runnable(runs.selected(["extract.l2p"]), {"pal", "l2p"})
-    assert [j.name for j in kept] == ["extract/l2p"]
-    frozen = runs.selected(["frozen"])
-    assert runs.runnable(frozen, set()) == frozen  # no variant: always run
     assert set(STAGES) == {j.name.split("/")[0] for j in jobs}
-
-
-def test_a_raised_method_excuses_its_jobs_from_its_stages_equality() -> None:
-    """`tune` stays judged equal on PAL's jobs while `tune.map`'s raise lets
-    tune/map's outputs move; the raised unit's own check keeps its job."""
-    old = {"tune": 1, "tune.map": 1, "tune.pal": 1}
-    raised = proof.raised_units(old, {"tune": 1, "tune.map": 2, "tune.pal": 1})
-    assert raised == {"tune.map"}
-    jobs = runs.jobs()
-    stage = proof.Check("tune", "a" * 40, None, equal=True)
-    names = {j.name for j in proof.judged_by(stage, jobs, raised)}
-    assert "tune/map" not in names and "extract/map" not in names
-    assert {"tune/pal", "tune/pal-resume", "tune/frozen", "tune/msp"} <= names
-    assert names == {j.name for j in jobs if "tune" in j.units} - {"tune/map"}
-    own = proof.Check("tune.map", "a" * 40, None, equal=False)
-    assert [j.name for j in proof.judged_by(own, jobs, raised)] == ["tune/map"]
-    assert proof.judged_by(stage, jobs, set()) == [j for j in jobs if "tune" in j.units]
-    # L2P and L2P++ are both the l2p method's: its raise excuses both
-    l2p = proof.Check("tune.l2p", "a" * 40, None, equal=False)
-    got = [j.name for j in proof.judged_by(l2p, jobs, {"tune.l2p"})]
-    assert got == ["tune/l2p", "tune/l2p_pp"]
-    kept = {j.name for j in proof.judged_by(stage, jobs, {"tune.l2p"})}
-    assert not {"tune/l2p", "tune/l2p_pp"} & kept and "tune/map" in kept
-
-
-def test_the_older_codes_failed_job_is_an_output_that_differs(tmp_path) -> None:
-    """The older code may not read what the newer wrote (a checkpoint of a
-    raised format): its failed job leaves FAILED, the fixture goes on."""
-    bad = runs.Job("tune/x", ("tune", "--variant", "nosuch"), frozenset({"tune"}))
-    fine = runs.Job("frozen/x", ("frozen", "--help"), frozenset({"frozen"}))
-    version = runs.Version(ROOT, tmp_path / "old")
-    runs.run_version(version, [bad, fine], tmp_path, version, None, keep_going=True)
-    why = (tmp_path / "old" / "tune/x" / runs.FAILED).read_text()
-    assert "unknown variant 'ablation.nosuch'" in why
-    assert runs.differences(tmp_path / "old" / "tune/x", tmp_path / "y") == [
-        runs.FAILED
+    # a job's contract holds the units of the jobs whose outputs it reads
+    (extract,) = [j for j in jobs if j.name == "extract/rebq"]
+    assert runs.contract_units(extract) == {
+        "pixels",
+        "frozen",
+        "tune",
+        "tune.rebq",
+        "extract",
+        "extract.rebq",
+    }
+    assert [j.name for j in runs.with_needs([extract])] == [
+        "pixels/demo",
+        "frozen/demo",
+        "tune/rebq",
+        "extract/rebq",
     ]
+    # every job has a reference, recorded under its contract of today
+    index = proof.read_index(ROOT)
+    versions = read_versions().versions
+    assert sorted(index["jobs"]) == sorted(j.name for j in jobs)
+    for job in jobs:
+        held = {u: versions[u] for u in runs.contract_units(job)}
+        assert index["jobs"][job.name] == held, job.name
+
+
+def test_a_raise_selects_its_jobs_and_those_downstream(tmp_path: Path) -> None:
+    """With nothing moved, no job runs; a raised tune.map makes its tuning
+    and the extract reading it stale, and only those; a moved line of MAP's
+    module (which MSP's imports) runs both methods' jobs, the extracts that
+    judge what their checkpoints compute included."""
+    root = _copy(tmp_path)
+    versions = read_versions(root).versions
+
+    def todo(**changes: int) -> list[str]:
+        state = proof._Proof(root)
+        state.versions.versions.update(changes)
+        return [j.name for j in state.todo(None, False)]
+
+    assert todo() == []
+    assert todo(**{"tune.map": versions["tune.map"] + 1}) == ["tune/map", "extract/map"]
+    frozen = todo(frozen=versions["frozen"] + 1)
+    assert "frozen/demo" in frozen and "pixels/demo" not in frozen
+    assert "extract/pal-2rank" in frozen and "frozen/demo-decode" in frozen
+    source = root / "pipeline" / "methods" / "map.py"
+    source.write_text(source.read_text() + "\nX = 1\n")  # MSP builds on MAP
+    assert todo() == ["tune/map", "tune/msp", "extract/map", "extract/msp"]
+    every = proof._Proof(root).todo({"tune.l2p"}, True)
+    assert [j.name for j in every] == [  # L2P++ is the l2p method's too
+        "tune/l2p",
+        "tune/l2p_pp",
+        "extract/l2p",
+        "extract/l2p_pp",
+    ]
+
+
+def test_a_failing_job_stops_the_fixture_naming_it(tmp_path) -> None:
+    bad = runs.Job("tune/x", ("tune", "--variant", "nosuch"), frozenset({"tune"}))
     with pytest.raises(ContractError, match=r"the fixture failed: tune/x: .*nosuch"):
-        runs.run_version(
-            runs.Version(ROOT, tmp_path / "new"), [bad], tmp_path, version, None
-        )
+        runs.run_version(runs.Version(ROOT, tmp_path / "new"), [bad], tmp_path)
+
+
+def test_the_reference_keeps_its_bytes_and_reads_back(tmp_path: Path) -> None:
+    """A job's leaves written and read back are the leaves; the same leaves
+    make the same bytes (no timestamps), so a job recorded anew with the
+    same outputs leaves git clean."""
+    leaves = proof.reference_leaves("tune/pal")
+    path = tmp_path / proof.REFERENCE / "tune" / "pal.npz"
+    proof.write_leaves(path, leaves)
+    assert path.read_bytes() == (ROOT / proof.REFERENCE / "tune/pal.npz").read_bytes()
+    back = proof.reference_leaves("tune/pal", tmp_path)
+    assert back.keys() == leaves.keys() == {"log.jsonl", "step_01.pt", "step_02.pt"}
+    for name in leaves:
+        assert back[name].keys() == leaves[name].keys()
+        for key, leaf in leaves[name].items():
+            got = back[name][key]
+            assert type(got) is type(leaf) and np.array_equal(got, leaf), key
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(
+        ContractError, match=r"pal.npz: unreadable \(.*`git checkout` it"
+    ):
+        proof.reference_leaves("tune/pal", tmp_path)
 
 
 @pytest.mark.slow
 def test_code_is_verified_against_each_contract() -> None:
-    """The guard of the project's own history: every unit whose code differs
-    from the commit that set its version makes the same outputs on the fixture
-    (and a raised version, other outputs): what `pal contracts verify` checks."""
-    outcome = proof.verify(ROOT)
+    """Every job of the fixture makes the same outputs as its reference, on
+    this machine's CPU kind, and every reference is its contract's: what
+    `pal contracts verify --all` checks, recording nothing."""
+    outcome = proof.verify(ROOT, everything=True, record=False)
     assert outcome.problems == []
+    assert len(outcome.ran) == len(runs.jobs()) and outcome.recorded == []
 
 
-# --- on scratch clones: what a developer meets ---------------------------------
+# --- on copies of the project: what a developer meets --------------------------
 
 
-def _clone(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    repo = tmp_path / "repo"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
-    env = dict(os.environ, PYTHONPATH=str(repo), HF_HUB_OFFLINE="1", **GIT)
-    return repo, env
-
-
-def _set_at(repo: Path, unit: str) -> str:
-    """The commit that set `unit`'s current version in contracts.yaml."""
-    log = subprocess.run(
-        ["git", "log", "--format=%H", "--", "contracts.yaml"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    shown = [
-        yaml.safe_load(
-            subprocess.run(
-                ["git", "show", f"{c}:contracts.yaml"], cwd=repo, capture_output=True
-            ).stdout
-        )["versions"][unit]
-        for c in log
-    ]
-    same = [c for c, v in zip(log, shown, strict=True) if v == shown[0]]
-    return same[-1]
-
-
-def _held_to(repo: Path, unit: str) -> str:
-    """The commit `unit`'s outputs are held to: the later of the commits that
-    set its version and its stage's (`tune.pal`'s outputs hold `tune`'s too)."""
-    ours, stage = _set_at(repo, unit), _set_at(repo, unit.split(".")[0])
-    order = subprocess.run(
-        ["git", "rev-list", "--count", f"{ours}..{stage}"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    return stage if int(order) > 0 else ours
-
-
-def _head(repo: Path) -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True)
-    return out.stdout.decode().strip()
-
-
-def _commit(repo: Path, env: dict[str, str], message: str) -> None:
-    subprocess.run(["git", "commit", "-qam", message], cwd=repo, env=env, check=True)
-
-
-def _verify(repo: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _verify(root: Path, *args: str, env: dict[str, str] | None = None):
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", "contracts", "verify", "--unit", "tune.pal"],
-        cwd=repo,
-        env=env,
+        [sys.executable, "-m", "pipeline", "contracts", "verify", *args],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", **(env or {})),
         capture_output=True,
         text=True,
     )
 
 
-def _edit(repo: Path, old: str, new: str) -> None:
-    pal = repo / "pipeline" / "methods" / "pal.py"
+def _edit(root: Path, old: str, new: str) -> None:
+    pal = root / "pipeline" / "methods" / "pal.py"
     text = pal.read_text()
     assert old in text
     pal.write_text(text.replace(old, new))
 
 
-def _bump(repo: Path, unit: str) -> None:
-    path = repo / "contracts.yaml"
-    text = path.read_text()
-    assert f"  {unit}: 1\n" in text
-    path.write_text(text.replace(f"  {unit}: 1\n", f"  {unit}: 2\n"))
+def _raise(root: Path, *units: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "contracts", "raise", *units],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _bytes(root: Path) -> dict[str, bytes]:
+    folder = root / proof.REFERENCE
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*.npz")
+    }
+
+
+SIZE = r"\(\d\.\de-0\d\)"
+DIFFERS = (
+    "{unit}: the outputs of the working tree differ from the reference of "
+    f"{{unit}} 1 \\(extract/pal: step_01/test.h5:\\S+ {SIZE}, "
+    f"step_01/train.h5:\\S+ {SIZE}, step_02/test.h5:\\S+ {SIZE}\\) under the "
+    "same contract: raise versions.{unit} in contracts.yaml"
+)
 
 
 @pytest.mark.slow
-def test_a_change_of_output_without_a_raised_version_fails(tmp_path: Path) -> None:
-    repo, env = _clone(tmp_path)
-    before = _held_to(repo, "tune.pal")
-    assert before == _set_at(repo, "tune") != _set_at(repo, "tune.pal")
-    _edit(repo, JOINT, JOINT + " * 1.001")  # PAL's features scaled: other bytes
-    _commit(repo, env, "scale PAL's joint embedding")
-    done = _verify(repo, env)
+def test_a_change_of_output_is_refused_until_raised_then_recorded(
+    tmp_path: Path,
+) -> None:
+    """PAL's joint embedding × 1.001: its features move by 1e-3 of their
+    scale, so the proof refuses it, blaming the units whose code moved; raised,
+    it passes and records PAL's jobs anew, and no other reference moves."""
+    root = _copy(tmp_path)
+    before = _bytes(root)
+    _edit(root, JOINT, JOINT + " * 1.001")
+    done = _verify(root, "--unit", "tune.pal")
     assert done.returncode == 1
-    # each file named with the key that moved most, by how much of its scale
-    # (the losses in log.jsonl move by 1e-4 of theirs: within the rule)
-    size = r"\(\d\.\de-0\d\)"
-    assert re.fullmatch(
-        "Error: tune.pal: the outputs of the working tree differ from "
-        f"{before[:10]}'s \\(tune/pal: step_01.pt:\\S+ {size}, "
-        f"step_02.pt:\\S+ {size}\\) under the "
-        "same contract: raise versions.tune.pal in contracts.yaml",
-        done.stderr.strip().splitlines()[-1],
-    ), done.stderr
-    # the same change with the version raised: the new outputs are version 2's
-    _bump(repo, "tune.pal")
-    _commit(repo, env, "tune.pal 2")
-    done = _verify(repo, env)
+    lines = done.stderr.strip().splitlines()
+    assert lines[0].startswith("Error: ")
+    lines[0] = lines[0].removeprefix("Error: ")
+    assert len(lines) == 2, done.stderr
+    for line, unit in zip(lines, ("extract.pal", "tune.pal"), strict=True):
+        assert re.fullmatch(DIFFERS.format(unit=unit), line), line
+    assert _bytes(root) == before  # nothing recorded
+    _raise(root, "tune.pal")
+    done = _verify(root, "--unit", "tune.pal")
     assert done.returncode == 0, done.stderr
-    assert "tune.pal: compared on 3 jobs" in done.stdout
-    record = json.loads((repo / "contracts.lock").read_text())
-    assert record["tune.pal"]["version"] == 2
-    assert code.changed_units(repo) == {
-        u: ["pipeline/methods/pal.py"] for u in ("extract.pal", "extract.rebq")
-    } | {"tune.rebq": ["pipeline/methods/pal.py"]}  # verified tune.pal alone
+    pal_jobs = ["tune/pal", "tune/pal-decode", "tune/pal-resume"]
+    pal_jobs += ["extract/pal", "extract/pal-2rank"]
+    assert f"recorded anew: 5 jobs ({', '.join(pal_jobs)})" in done.stdout
+    index = proof.read_index(root)
+    assert {index["jobs"][j]["tune.pal"] for j in pal_jobs} == {2}
+    after = _bytes(root)
+    moved = sorted(k for k in before if after[k] != before[k])
+    assert set(moved) <= {f"{j}.npz" for j in pal_jobs}
+    assert {"extract/pal.npz", "extract/pal-2rank.npz"} <= set(moved)
+    assert json.loads((root / "contracts.lock").read_text())["tune.pal"]["version"] == 2
+
+
+@pytest.mark.slow
+def test_steps_within_the_rule_cannot_add_up_past_it(tmp_path: Path) -> None:
+    """Drift is bounded by the reference, not by the previous step: two
+    refactors that each move PAL's features by about 6e-5 of their scale
+    pass one by one against their parent, but the second is judged against
+    the reference, 1.2e-4 away, and refused."""
+    root = _copy(tmp_path)
+    _edit(root, JOINT, JOINT + " * 1.00006")
+    done = _verify(root, "--unit", "extract.pal")
+    assert done.returncode == 0, done.stderr
+    assert proof.read_index(root) == proof.read_index(ROOT)  # nothing recorded
+    _edit(root, JOINT + " * 1.00006", JOINT + " * 1.00006 * 1.00006")
+    done = _verify(root, "--unit", "extract.pal")
+    assert done.returncode == 1
+    assert "extract.pal: the outputs of the working tree differ" in done.stderr
 
 
 @pytest.mark.slow
 def test_a_pure_refactor_passes_and_an_empty_bump_fails(tmp_path: Path) -> None:
-    repo, env = _clone(tmp_path)
-    before = _held_to(repo, "tune.pal")
+    root = _copy(tmp_path)
     _edit(
-        repo,
+        root,
         "prompts = self(q_t, q_v, text_on=on, image_on=on)\n",
         "chosen = self(q_t, q_v, text_on=on, image_on=on)\n",
     )
-    _edit(repo, JOINT, JOINT.replace("prompts", "chosen"))
-    _commit(repo, env, "rename a local")
-    done = _verify(repo, env)
+    _edit(root, JOINT, JOINT.replace("prompts", "chosen"))
+    done = _verify(root, "--unit", "tune.pal")
     assert done.returncode == 0, done.stderr
-    assert "tune.pal: compared on 3 jobs" in done.stdout
+    assert "compared with their reference: 5 jobs (tune/pal, " in done.stdout
     # a raised version whose outputs are the same is no contract change
-    _bump(repo, "tune.pal")
-    _commit(repo, env, "tune.pal 2 for a rename")
-    done = _verify(repo, env)
+    _raise(root, "tune.pal")
+    done = _verify(root, "--unit", "tune.pal")
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
-        f"Error: tune.pal: version raised to 2 at {_head(repo)[:10]} but its "
-        f"outputs are the same as {before[:10]}'s: state why under reasons "
-        "('tune.pal@2: ...') in contracts.yaml, or keep the version"
+        "Error: tune.pal: version raised to 2 but its outputs are the same as "
+        "its reference's: state why under reasons ('tune.pal@2: ...') in "
+        "contracts.yaml, or keep the version"
     )
-    path = repo / "contracts.yaml"
+    path = root / "contracts.yaml"
     why = 'reasons:\n  "tune.pal@2": the checkpoints gain a field a later reader needs'
     path.write_text(path.read_text().replace("reasons: {}", why))
-    _commit(repo, env, "state why")
-    done = _verify(repo, env)
+    done = _verify(root, "--unit", "tune.pal")
     assert done.returncode == 0, done.stderr
 
 
@@ -580,23 +598,28 @@ def test_a_damaged_contracts_yaml_is_one_line(tmp_path: Path) -> None:
 def test_verify_coverage_leaves_no_temporary_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from click.testing import CliRunner
-
-    from pipeline.stages.contract_proof import Outcome
-
+    """The fixture's coverage data lives in verify's temporary folder: the
+    report is written, the folder is gone (the runs faked here)."""
     seen: list[Path] = []
 
-    def fake_verify(coverage: Path | None = None, **_: object) -> Outcome:
-        assert coverage is not None
-        coverage.write_text("data")
-        seen.append(coverage)
-        return Outcome([], {}, [])
+    def fake_run(version, todo, inputs, upstream=None, cover=None) -> None:
+        assert cover is not None
+        cover.write_text("data")
+        seen.append(cover)
 
-    monkeypatch.setattr(guard, "verify", fake_verify)
-    monkeypatch.setattr(guard, "coverage_report", lambda data: f"read {data.name}\n")
-    monkeypatch.setattr(guard.code, "write_record", lambda record: None)
+    monkeypatch.setattr(proof.runs, "build_inputs", lambda *a, **k: None)
+    monkeypatch.setattr(proof.runs, "run_version", fake_run)
+    monkeypatch.setattr(proof, "coverage_report", lambda data, root: f"{data.name}\n")
     report = tmp_path / "coverage.txt"
-    done = CliRunner().invoke(guard.cli, ["verify", "--coverage", str(report)])
-    assert done.exit_code == 0, done.output
-    assert report.read_text() == "read .coverage\n"
-    assert not seen[0].parent.exists()  # the temporary folder is gone
+    outcome = proof.verify(ROOT, {"pixels"}, True, report, record=False)
+    assert report.read_text() == ".coverage\n"
+    assert seen and not seen[0].parent.exists()  # the temporary folder is gone
+    # every job that reads a pixel cache: all but the two decoding the images
+    decode = {"frozen/demo-decode", "tune/pal-decode"}
+    assert outcome.ran == [j.name for j in runs.jobs() if j.name not in decode]
+    assert outcome.problems[0] == (
+        "pixels/demo: its outputs differ from its reference (pixels.h5) though "
+        "no code of its units moved: a library or the fixture's inputs (the "
+        "demo, prepare, the fake trees) moved them beyond the rule; if so, "
+        "`pal contracts verify --new-inputs` records every job anew"
+    )

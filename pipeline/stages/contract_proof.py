@@ -1,147 +1,106 @@
-"""The proof of an output contract (DESIGN §2): which code each unit's
-outputs are compared against, and the comparison.
+"""The proof of an output contract (DESIGN §2): the fixture's outputs against
+those recorded when each unit's version was set.
 
-A unit's outputs must be the same (`pipeline.sameness`: exact values equal,
-floats within `RTOL` of their scale, on any CPU kind) as those of the code of
-the commit that set its version (`checks`); a version raised (at a commit, or in the
-working tree) must instead change them, unless `reasons` in contracts.yaml
-says why not. `verify` runs the fixture (`contract_runs`) with both
-versions of the code where they differ, and `coverage_report` says which
-lines of each unit the fixture reached.
+`reference/` holds, per job of the fixture (`contract_runs`), the leaves of
+its outputs (`pipeline.sameness`: floats whole, exact values as digests) in
+`<job>.npz`, and in `index.json` the versions of the units its outputs depend
+on; `vilt.safetensors` is the tiny ViLT's weights that every run reads, so
+the inputs are the same floats on every machine. `verify` runs the fixture
+once, with the working tree's code:
+
+* a job made under its recorded contract (every version as recorded) must
+  make the same outputs as its reference, however many refactors came since:
+  drift stays bounded by the rule, never summed over steps;
+* a unit raised since its jobs were recorded must make other outputs on at
+  least one of them, unless `reasons` in contracts.yaml says why not;
+* the jobs whose contract moved (and new jobs) are then recorded anew.
 """
 
 from __future__ import annotations
 
-import subprocess
+import io
+import json
+import shutil
 import tempfile
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from palcore.outputs import write_bytes_atomic
 from pipeline import contract_code as code
 from pipeline import contracts as con
+from pipeline.sameness import Leaves, compare_leaves, folder_leaves
+from pipeline.stages import contract_runs as runs
 
-# --- baselines: which code each unit's outputs are proven against ----------
-
-
-def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True
-    )
-    if done.returncode:
-        raise con.ContractError(
-            f"git {' '.join(args[:2])}: {done.stderr.strip() or 'failed'} "
-            "(pal contracts verify needs the project's git history)"
-        )
-    return done.stdout
+REFERENCE = "reference"  # under the project's root
+INDEX = "index.json"
+WEIGHTS = "vilt.safetensors"
+EXACT = "__exact__"  # the .npz entry holding the exact leaves' digests
+RECORD_HINT = "`pal contracts verify` records it; commit reference/ and contracts.lock"
 
 
-def _versions_at(root: Path, commit: str) -> dict[str, int]:
+def read_index(root: Path = con.ROOT) -> dict[str, Any]:
+    """reference/index.json: {"jobs": {job: {unit: version}}}."""
+    path = root / REFERENCE / INDEX
     try:
-        text = _git(root, "show", f"{commit}:{con.VERSIONS_FILE}")
-    except con.ContractError:
-        return {}
-    return con.parse_versions(text, f"{commit}:{con.VERSIONS_FILE}").versions
+        index = json.loads(path.read_text(encoding="utf-8"))
+        assert isinstance(index["jobs"], dict)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        why = "damaged" if path.is_file() else "not found"
+        raise con.ContractError(f"{path}: {why}; `git checkout {REFERENCE}`") from None
+    return index
 
 
-@dataclass(frozen=True)
-class Check:
-    """A comparison to make: `unit`'s outputs with the code of `old` (a
-    commit) and `new` (a commit, or None: the working tree); `equal`: what
-    its version says they must be."""
-
-    unit: str
-    old: str
-    new: str | None
-    equal: bool
-
-
-def checks(root: Path = con.ROOT) -> list[Check]:
-    """Per unit: equality with the code its outputs' contract was set by (none
-    when its version was raised in the working tree), and, when it was
-    raised, a difference from the code of the commit that set the version
-    before.
-
-    A method's outputs (`tune.pal`'s) hold its stage's version too (`tune`),
-    so their contract was set by the newer of the two commits that set them:
-    after `tune` is raised, `tune.pal`'s code is held to the raise's commit,
-    not to the older one that set `tune.pal` (between those two every job of
-    `tune.pal` had its contract changed, and none would judge it)."""
-    now = con.read_versions(root).versions
-    history = _git(root, "log", "--format=%H", "--", con.VERSIONS_FILE).split()
-    held = [(c, _versions_at(root, c)) for c in history]  # newest first
-    runs = {unit: _runs(unit, held) for unit in now}  # newest first
-    set_by = {u: r[0][1] for u, r in runs.items() if r and r[0][0] == now[u]}
-    out = []
-    for unit in sorted(now):
-        earlier, stage = runs[unit], set_by.get(unit.split(".")[0])
-        if unit in set_by:
-            out.append(Check(unit, _newer(history, set_by[unit], stage), None, True))
-            earlier = earlier[1:]
-            new = set_by[unit]
-        else:
-            new = None  # raised in the working tree
-        if earlier:  # the stage's version counts where it was set before `new`
-            before = stage if new is None or _older(history, stage, new) else None
-            out.append(Check(unit, _newer(history, earlier[0][1], before), new, False))
+def reference_leaves(job: str, root: Path = con.ROOT) -> Leaves:
+    """The recorded leaves of `job`'s outputs."""
+    path = root / REFERENCE / f"{job}.npz"
+    try:
+        with np.load(path) as held:
+            flat: dict[str, Any] = {k: held[k] for k in held.files if k != EXACT}
+            flat |= json.loads(str(held[EXACT]))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        raise con.ContractError(
+            f"{path}: unreadable ({err}); `git checkout` it"
+        ) from None
+    out: Leaves = {}
+    for name, leaf in flat.items():
+        file, _, key = name.partition(":")
+        out.setdefault(file, {})[key] = leaf
     return out
 
 
-def _older(history: list[str], a: str | None, b: str) -> bool:
-    """Whether commit `a` comes before commit `b` (`history`: newest first)."""
-    return a is not None and history.index(a) > history.index(b)
+def write_leaves(path: Path, leaves: Leaves) -> None:
+    """`leaves` as an .npz of the same bytes for the same leaves (entries in
+    order, no timestamps): floats as arrays, the digests as one JSON entry."""
+    floats, exact = {}, {}
+    for file, keys in leaves.items():
+        for key, leaf in keys.items():
+            (floats if isinstance(leaf, np.ndarray) else exact)[f"{file}:{key}"] = leaf
+    floats[EXACT] = np.array(json.dumps(exact, sort_keys=True))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(floats):
+            entry = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            with archive.open(entry, "w") as f:
+                np.lib.format.write_array(f, floats[name])
+    write_bytes_atomic(path, buffer.getvalue())
 
 
-def _newer(history: list[str], a: str, b: str | None) -> str:
-    """The later of commits `a` and `b` (None: `a`)."""
-    return a if b is None or not _older(history, a, b) else b
-
-
-def _runs(unit: str, held: list[tuple[str, dict[str, int]]]) -> list[tuple[int, str]]:
-    """The versions `unit` had, newest first, each with the oldest commit of
-    its run (the one that set it); stops where the unit was not yet there."""
-    out: list[tuple[int, str]] = []
-    for commit, versions in held:
-        if unit not in versions:
-            break
-        if out and out[-1][0] == versions[unit]:
-            out[-1] = (versions[unit], commit)
-        else:
-            out.append((versions[unit], commit))
-    return out
-
-
-def archive_tree(root: Path, commit: str | None, where: Path) -> Path:
-    """The project's packages and params at `commit` (None: the working tree),
-    archived from git into `where` (bench/gpu_check.py's `--baseline COMMIT` too)."""
-    if commit is None:
-        return root
-    where.mkdir(parents=True, exist_ok=True)
-    paths = ["palcore", "pipeline", "solver", "params.yaml", con.VERSIONS_FILE]
-    archive = subprocess.run(
-        ["git", "-C", str(root), "archive", commit, *paths],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
-    return where
-
-
-def _code_of(tree: Path, unit: str) -> dict[str, str]:
-    files = code.unit_files(tree).get(unit, [])
-    return {f: code.code_digest(tree / f) for f in files}
-
-
-# --- verify: run the fixture with both versions, compare, record -----------
+# --- verify: run the fixture once, judge each job against its reference -------
 
 
 @dataclass
 class Outcome:
-    """What `verify` found: a line per unit that failed, per unit checked."""
+    """What `verify` found: a line per failure, the jobs judged, the jobs
+    whose reference is recorded anew (or would be, when not recording)."""
 
-    problems: list[str]
-    ran: dict[str, list[str]]  # unit → the jobs that compared it
-    skipped: list[str]  # units whose code equals their baseline's
+    problems: list[str] = field(default_factory=list)
+    ran: list[str] = field(default_factory=list)
+    recorded: list[str] = field(default_factory=list)
 
 
 def verify(
@@ -150,131 +109,154 @@ def verify(
     everything: bool = False,
     coverage: Path | None = None,
     work: Path | None = None,
+    record: bool = True,
+    new_inputs: bool = False,
 ) -> Outcome:
-    """Make every check of `checks(root)` (for `units`, default all): on the
-    fixture when the two versions' code differ (or, `everything`, always);
-    `coverage`: a coverage.py data file for the working tree's runs."""
-    from pipeline.stages import contract_runs as runs
-
-    todo = [c for c in checks(root) if units is None or c.unit in units]
-    outcome = Outcome([], {}, [])
-    versions = con.read_versions(root)
+    """Run the fixture's jobs that `units` (default: those whose code or
+    version moved; `everything`: all) reach, and judge each against its
+    reference; with `record` and no problem, record the jobs whose contract
+    moved. `new_inputs`: the inputs changed (the demo, prepare, the fake
+    trees, a library), so every job is recorded anew, with the code as
+    contracts.lock records it. `coverage`: where to write which lines of
+    each unit the runs reached (`coverage_report`)."""
+    proof, outcome = _Proof(root), Outcome()
+    if new_inputs and proof.moved:
+        outcome.problems.append(
+            f"--new-inputs records every job anew, so it takes the code as "
+            f"{con.RECORD_FILE} records it: {', '.join(sorted(proof.moved))} "
+            "moved; prove or raise them first"
+        )
+        return outcome
+    todo = proof.todo(units, everything or new_inputs)
+    if not todo:
+        return outcome
+    weights = root / REFERENCE / WEIGHTS
     with tempfile.TemporaryDirectory(dir=work) as tmp:
-        trees: dict[str | None, Path] = {None: root}
-        groups: dict[tuple[str, str | None], list[Check]] = {}
-        for check in todo:
-            for commit in (check.old, check.new):
-                if commit not in trees:
-                    trees[commit] = archive_tree(
-                        root, commit, Path(tmp) / "trees" / commit
-                    )
-            if _code_of(trees[check.old], check.unit) != _code_of(
-                trees[check.new], check.unit
-            ) or (everything and check.equal):
-                groups.setdefault((check.old, check.new), []).append(check)
-            elif check.equal:
-                outcome.skipped.append(check.unit)
-            elif not _reason(check, versions):
-                outcome.problems.append(_raised_but_equal(check, versions))
-        if groups:
-            runs.build_inputs(root, Path(tmp) / "inputs")
-        for n, ((old, new), group) in enumerate(sorted(groups.items(), key=str)):
-            older = runs.Version(trees[old], Path(tmp) / f"run{n}" / "old")
-            newer = runs.Version(trees[new], Path(tmp) / f"run{n}" / "new")
-            cover = coverage if new is None else None
-            raised = raised_units(_versions_at(root, old), _versions_of(root, new))
-            _compare(group, older, newer, Path(tmp) / "inputs", cover, outcome, raised)
+        inputs, out = Path(tmp) / "inputs", runs.Version(root, Path(tmp) / "out")
+        runs.build_inputs(root, inputs, None if new_inputs else weights)
+        cover = Path(tmp) / ".coverage" if coverage else None
+        runs.run_version(out, runs.with_needs(todo), inputs, cover=cover)
+        if coverage is not None and cover is not None:
+            write_bytes_atomic(coverage, coverage_report(cover, root).encode())
+        proof.judge(todo, out.work, outcome)
+        if not record:
+            outcome.problems += [proof.unrecorded(n) for n in outcome.recorded]
+        elif not outcome.problems:
+            if new_inputs:
+                shutil.copyfile(inputs / runs.VILT_WEIGHTS, weights)
+            proof.record(outcome.recorded, out.work)
     return outcome
 
 
-def _versions_of(root: Path, commit: str | None) -> dict[str, int]:
-    """The versions at `commit` (None: the working tree's contracts.yaml)."""
-    if commit is None:
-        return con.read_versions(root).versions
-    return _versions_at(root, commit)
+@dataclass
+class _Proof:
+    """The record a proof judges by: the reference's index, the versions in
+    contracts.yaml, the units whose code moved from contracts.lock."""
 
+    root: Path
+    index: dict[str, Any] = field(init=False)
+    versions: con.Versions = field(init=False)
+    moved: set[str] = field(init=False)
 
-def raised_units(old: dict[str, int], new: dict[str, int]) -> set[str]:
-    """The units whose version differs between two contracts.yaml's."""
-    return {u for u in new if old.get(u) != new[u]}
+    def __post_init__(self) -> None:
+        self.index = read_index(self.root)
+        self.versions = con.read_versions(self.root)
+        self.moved = set(code.changed_units(self.root))
 
+    def contract(self, job: runs.Job) -> dict[str, int]:
+        return {u: self.versions.versions.get(u, 0) for u in runs.contract_units(job)}
 
-def judged_by(check: Check, jobs: list[Any], raised: set[str]) -> list[Any]:
-    """The jobs whose outputs judge `check`: those of its unit. A check that
-    its outputs are equal leaves out a job that also depends on a unit raised
-    between the two versions (`tune/map` for `tune` when `tune.map` was
-    raised): that job's contract, the versions of all its units, changed, so
-    its outputs are made again whatever moved them."""
-    mine = [j for j in jobs if check.unit in j.units]
-    if not check.equal:
-        return mine
-    return [j for j in mine if not (j.units - {check.unit}) & raised]
+    def todo(self, units: set[str] | None, everything: bool) -> list[runs.Job]:
+        """The jobs to judge: those whose outputs depend on a unit whose code
+        moved (downstream jobs too: they judge what a checkpoint computes),
+        and those whose contract is not their reference's (or that have
+        none); all of them with `everything`; of `units` when given."""
+        out = []
+        for job in runs.jobs():
+            mine = runs.contract_units(job)
+            stale = self.index["jobs"].get(job.name) != self.contract(job)
+            if (units is None or mine & units) and (
+                everything or stale or mine & self.moved
+            ):
+                out.append(job)
+        return out
 
+    def judge(self, todo: list[runs.Job], work: Path, outcome: Outcome) -> None:
+        """Each job against its reference: the same under the same contract;
+        a raised unit's jobs (downstream too) other, at least one of them,
+        or a stated reason."""
+        raised: dict[str, list[bool]] = {}  # unit → per job of it: differs?
+        blamed: set[str] = set()
+        for job in todo:
+            outcome.ran.append(job.name)
+            held, now = self.index["jobs"].get(job.name), self.contract(job)
+            if held is None:
+                outcome.recorded.append(job.name)
+                continue
+            diff = compare_leaves(
+                reference_leaves(job.name, self.root), folder_leaves(work / job.name)
+            )
+            if held == now:
+                outcome.problems += self.differs(job, diff, blamed) if diff else []
+                continue
+            outcome.recorded.append(job.name)
+            for unit in now:
+                if held.get(unit) != now[unit]:
+                    raised.setdefault(unit, []).append(bool(diff))
+        for unit, differs in sorted(raised.items()):
+            key = f"{unit}@{self.versions.of(unit)}"
+            if not any(differs) and key not in self.versions.reasons:
+                outcome.problems.append(
+                    f"{unit}: version raised to {self.versions.of(unit)} but its "
+                    "outputs are the same as its reference's: state why under "
+                    f"reasons ('{key}: ...') in {con.VERSIONS_FILE}, or keep the "
+                    "version"
+                )
 
-def _compare(
-    group: list[Check],
-    older: Any,
-    newer: Any,
-    inputs: Path,
-    cover: Path | None,
-    outcome: Outcome,
-    raised: set[str],
-) -> None:
-    """Run the jobs of the checks in `group` with both versions and judge
-    each check by the differences of its jobs' outputs (`judged_by`; `raised`:
-    the units whose version differs between the two)."""
-    from pipeline.stages import contract_runs as runs
+    def differs(self, job: runs.Job, diff: list[Any], blamed: set[str]) -> list[str]:
+        """One line per unit to blame for `job`'s outputs moving under the
+        same contract: the units it depends on whose code moved (each blamed
+        once), or, none moved, the job itself."""
+        files = ", ".join(str(d) for d in diff[:3])
+        suspects = runs.contract_units(job) & self.moved
+        if not suspects:
+            return [
+                f"{job.name}: its outputs differ from its reference ({files}) "
+                "though no code of its units moved: a library or the fixture's "
+                "inputs (the demo, prepare, the fake trees) moved them beyond the "
+                "rule; if so, `pal contracts verify --new-inputs` records every "
+                "job anew"
+            ]
+        units = sorted(suspects - blamed)
+        blamed.update(units)
+        return [
+            f"{unit}: the outputs of the working tree differ from the reference "
+            f"of {unit} {self.versions.of(unit)} ({job.name}: {files}) under "
+            f"the same contract: raise versions.{unit} in {con.VERSIONS_FILE}"
+            for unit in units
+        ]
 
-    jobs = runs.selected(c.unit for c in group)
-    needed = {n for j in jobs for n in j.needs}
-    inputs_too = [j for j in runs.jobs() if j in jobs or j.name in needed]
-    runs.run_version(newer, inputs_too, inputs, newer, cover)
-    # a job of a variant the older tree's params lack runs with the newer code only
-    older_jobs = runs.runnable(jobs, runs.variants_of(older.code))
-    runs.run_version(older, older_jobs, inputs, newer, None, keep_going=True)
-    versions = con.read_versions()
-    for check in group:
-        mine = [j for j in judged_by(check, jobs, raised) if j in older_jobs]
-        ran = outcome.ran.setdefault(check.unit, [])  # over its checks (old, new)
-        ran += [j.name for j in mine if j.name not in ran]
-        diff = {
-            j.name: runs.differences(older.work / j.name, newer.work / j.name)
-            for j in mine
-        }
-        diff = {k: v for k, v in diff.items() if v}
-        if check.equal and diff:
-            outcome.problems.append(_differs(check, diff))
-        if not check.equal and not diff and not _reason(check, versions):
-            outcome.problems.append(_raised_but_equal(check, versions))
+    def unrecorded(self, name: str) -> str:
+        """When not recording: why a job's reference is not its contract's
+        (a raise not yet recorded, a new job)."""
+        held = self.index["jobs"].get(name)
+        now = self.contract(next(j for j in runs.jobs() if j.name == name))
+        if held is None:
+            return f"{name}: no reference: {RECORD_HINT}"
+        raised = [f"{u} {v} → {now[u]}" for u, v in held.items() if now.get(u) != v]
+        return f"{name}: its reference is of {', '.join(raised)}: {RECORD_HINT}"
 
-
-def _reason(check: Check, versions: con.Versions) -> str | None:
-    """The stated reason of a raise whose outputs are identical, if any."""
-    return versions.reasons.get(f"{check.unit}@{versions.of(check.unit)}")
-
-
-def _where(commit: str | None) -> str:
-    return "the working tree" if commit is None else commit[:10]
-
-
-def _differs(check: Check, diff: dict[str, list[str]]) -> str:
-    job, files = next(iter(diff.items()))
-    return (
-        f"{check.unit}: the outputs of {_where(check.new)} differ from "
-        f"{_where(check.old)}'s ({job}: {', '.join(files[:3])}) under the same "
-        f"contract: raise versions.{check.unit} in {con.VERSIONS_FILE}"
-    )
-
-
-def _raised_but_equal(check: Check, versions: con.Versions) -> str:
-    version = versions.of(check.unit)
-    key = f"{check.unit}@{version}"
-    return (
-        f"{check.unit}: version raised to {version} at "
-        f"{_where(check.new)} but its outputs are the same as "
-        f"{_where(check.old)}'s: state why under reasons ('{key}: ...') in "
-        f"{con.VERSIONS_FILE}, or keep the version"
-    )
+    def record(self, names: list[str], work: Path) -> None:
+        """The references of jobs `names` from their outputs in `work`, and
+        the index."""
+        for job in runs.jobs():
+            if job.name in names:
+                leaves = folder_leaves(work / job.name)
+                write_leaves(self.root / REFERENCE / f"{job.name}.npz", leaves)
+                self.index["jobs"][job.name] = dict(sorted(self.contract(job).items()))
+        self.index["jobs"] = dict(sorted(self.index["jobs"].items()))
+        text = json.dumps(self.index, indent=1, sort_keys=True) + "\n"
+        write_bytes_atomic(self.root / REFERENCE / INDEX, text.encode())
 
 
 def coverage_report(data: Path, root: Path = con.ROOT) -> str:

@@ -1,26 +1,19 @@
-"""The fixture that proves a contract: the contracted stages run on tiny data
-with two versions of the code, outputs compared by the rule for "the same
-output" (`pipeline.sameness`, DESIGN §2).
+"""The fixture that proves a contract (`contract_proof`): the contracted
+stages run on tiny data, through the `pal` command group only, in a process
+of its own (`PYTHONPATH` at the code's tree).
 
-The inputs are built once, by the newer code: the demo's dataset and tiny
-ViLT, a UPMC-Food101 tree and an N24News tree (both readers of the paper's
-data), and each dataset's prepare folder. Then the newer code runs every
-selected job, its pixels, frozen and tune outputs becoming the inputs of the
-later jobs, and the older code runs the same jobs on those same inputs. Each
-version reads its own `params.yaml` with the fixture's sizes and tune knobs
-laid over it, in a process of its own (`PYTHONPATH` at its tree, through the
-`pal` command group only, not either version's internals).
-
-The jobs reach every method, the frozen variant, the pixel cache on and off
-(images decoded by the loader), a tune killed after its first step and
-resumed, and a 2-rank extract. `Job.units` names the contract units a job's
-output depends on, so a difference is blamed on the units that changed.
+The inputs come first: the demo's dataset and tiny ViLT (its weights the
+reference's), a UPMC-Food101 tree and an N24News tree (both readers of the
+paper's data), and each dataset's prepare folder. Every job reads the
+code's `params.yaml` with the fixture's sizes and tune knobs laid over it;
+the pixels, frozen and tune outputs of some jobs are the inputs of others.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -31,19 +24,12 @@ from typing import Any
 import yaml
 
 from pipeline.contracts import ContractError
-from pipeline.sameness import compare_folders
 
 DATASETS = ("demo", "food101", "n24news")
-VARIANTS = {  # variant (a row of params' `ablation`) → its prompt method
-    "pal": "pal",
-    "frozen": None,
-    "map": "map",
-    "msp": "msp",
-    "rebq": "rebq",
-    "l2p": "l2p",
-    "l2p_pp": "l2p",  # L2P++: the prefix form of the l2p method
-    "dualprompt": "dualprompt",
-}
+# variant (a row of params' `ablation`) → its prompt method (L2P++: the prefix
+# form of the l2p method)
+VARIANTS = {v: v for v in ("pal", "map", "msp", "rebq", "l2p", "dualprompt")}
+VARIANTS |= {"frozen": None, "l2p_pp": "l2p"}
 FIXTURE: dict[str, dict[str, Any]] = {  # laid over each version's params.yaml
     "demo": {
         "seed": 0,
@@ -71,134 +57,89 @@ DATA = {  # per dataset: its `data` keys (root relative to the inputs)
 
 @dataclass(frozen=True)
 class Job:
-    """One command of the fixture: `args` after `pal` ({in} and {out} and
-    {params:NAME} filled in per version), the units its output depends on."""
+    """One command of the fixture: `args` after `pal` ({job:NAME}: that job's
+    output folder; {prepare:DATASET}: a prepare folder), the units its own
+    output depends on."""
 
     name: str
     args: tuple[str, ...]
     units: frozenset[str]
-    needs: tuple[str, ...] = ()  # jobs whose newer-code output it reads
     kill_after: str | None = None  # a file in <out>.partial: kill, then rerun
     params: str = "demo"
 
+    @property
+    def needs(self) -> list[str]:
+        """The jobs whose outputs it reads."""
+        return [arg[5:-1] for arg in self.args if arg.startswith("{job:")]
 
+
+VILT_WEIGHTS = "demo/vilt/model.safetensors"  # in the inputs: the tiny ViLT's floats
 CACHED = ("--pixels", "{job:pixels/demo}", "--frozen", "{job:frozen/demo}")
-CACHED_FROM = ("pixels/demo", "frozen/demo")  # the jobs whose outputs CACHED names
+
+
+def _units(stage: str, method: str | None = None) -> frozenset[str]:
+    return frozenset({stage, f"{stage}.{method}"} if method else {stage})
 
 
 def jobs() -> list[Job]:
-    """Every job of the fixture, inputs before the jobs that read them."""
-    return [*_pixels_and_frozen(), *_tunes(), *_extracts()]
-
-
-def _pixels_and_frozen() -> list[Job]:
-    """Each dataset's pixel cache and frozen queries; the cache off, and the
-    frozen pass decoding the images itself, on the demo."""
-    pixels = [
-        Job(f"pixels/{ds}", ("pixels",), frozenset({"pixels"}), params=ds)
+    """Every job of the fixture, inputs before the jobs that read them: each
+    dataset's pixel cache and frozen queries (on the demo also the cache off,
+    and a frozen pass decoding the images itself); every variant's tune and
+    extract on the demo, PAL's tune also decoding its images and running its
+    own frozen pass, and killed after its first step, then resumed; PAL's
+    extract also as 2 ranks."""
+    out = [
+        Job(f"pixels/{ds}", ("pixels",), _units("pixels"), params=ds)
         for ds in (*DATASETS, "demo-off")
     ]
-    frozen = [
-        Job(
-            f"frozen/{ds}",
-            ("frozen", "--pixels", f"{{job:pixels/{ds}}}"),
-            frozenset({"frozen"}),
-            needs=(f"pixels/{ds}",),
-            params=ds,
-        )
-        for ds in DATASETS
-    ]
-    return [
-        *pixels,
-        *frozen,
-        Job("frozen/demo-decode", ("frozen",), frozenset({"frozen"})),
-    ]
-
-
-def _units(stage: str, method: str | None) -> frozenset[str]:
-    return frozenset({stage} | ({f"{stage}.{method}"} if method else set()))
-
-
-def _tunes() -> list[Job]:
-    """Every variant's tune on the demo; PAL's also decoding its images and
-    running its frozen pass, and killed after its first step, then resumed."""
-    pal = ("tune", "--run", "0", "--variant", "pal", "--prepare", "{prepare:demo}")
-    out = [
-        Job(
-            f"tune/{v}",
-            (*pal[:4], v, *pal[5:], *CACHED),
-            _units("tune", m),
-            CACHED_FROM,
-        )
-        for v, m in VARIANTS.items()
-    ]
-    out.append(Job("tune/pal-decode", pal, _units("tune", "pal")))
-    resumed = Job(
-        "tune/pal-resume",
-        (*pal, *CACHED),
-        _units("tune", "pal"),
-        CACHED_FROM,
-        kill_after="step_01.pt",
-    )
-    return [*out, resumed]
-
-
-def _extracts() -> list[Job]:
-    """Every variant's extract from its tune; PAL's also as 2 ranks."""
-
-    def args(v: str) -> tuple[str, ...]:
-        return (
-            "extract",
-            "--variant",
-            v,
-            "--prepare",
-            "{prepare:demo}",
-            "--tune",
-            f"{{job:tune/{v}}}",
-            *CACHED,
-        )
-
-    out = [
-        Job(f"extract/{v}", args(v), _units("extract", m), (*CACHED_FROM, f"tune/{v}"))
-        for v, m in VARIANTS.items()
-    ]
-    two = Job(
-        "extract/pal-2rank",
-        args("pal"),
-        _units("extract", "pal"),
-        (*CACHED_FROM, "tune/pal"),
-        params="demo-2rank",
-    )
+    for ds in DATASETS:
+        args = ("frozen", "--pixels", f"{{job:pixels/{ds}}}")
+        out.append(Job(f"frozen/{ds}", args, _units("frozen"), params=ds))
+    out.append(Job("frozen/demo-decode", ("frozen",), _units("frozen")))
+    tune = ("tune", "--run", "0", "--prepare", "{prepare:demo}", "--variant")
+    for v, m in VARIANTS.items():
+        out.append(Job(f"tune/{v}", (*tune, v, *CACHED), _units("tune", m)))
+    pal = _units("tune", "pal")
+    out.append(Job("tune/pal-decode", (*tune, "pal"), pal))
+    out.append(Job("tune/pal-resume", (*tune, "pal", *CACHED), pal, "step_01.pt"))
+    extract = ("extract", "--prepare", "{prepare:demo}", *CACHED, "--tune")
+    for v, m in VARIANTS.items():
+        args = (*extract, f"{{job:tune/{v}}}", "--variant", v)
+        out.append(Job(f"extract/{v}", args, _units("extract", m)))
+    args = (*extract, "{job:tune/pal}", "--variant", "pal")
+    two = Job("extract/pal-2rank", args, _units("extract", "pal"), params="demo-2rank")
     return [*out, two]
 
 
 def selected(units: Iterable[str]) -> list[Job]:
-    """The jobs whose output depends on one of `units`."""
+    """The jobs whose own output depends on one of `units`."""
     wanted = set(units)
     return [job for job in jobs() if job.units & wanted]
 
 
-def variants_of(code: Path) -> set[str]:
-    """The variants (rows of `ablation`) of `code`'s params.yaml."""
-    raw = yaml.safe_load((code / "params.yaml").read_text(encoding="utf-8"))
-    return set(raw.get("ablation") or {})
+def with_needs(todo: Iterable[Job]) -> list[Job]:
+    """`todo` and the jobs whose outputs they read, transitively, in order."""
+    by_name = {j.name: j for j in jobs()}
+    names: set[str] = set()
+    stack = [j.name for j in todo]
+    while stack:
+        name = stack.pop()
+        if name not in names:
+            names.add(name)
+            stack.extend(by_name[name].needs)
+    return [j for j in jobs() if j.name in names]
 
 
-def runnable(todo: Iterable[Job], variants: set[str]) -> list[Job]:
-    """The jobs of `todo` whose variant (`--variant`) is one of `variants`, and
-    those of no variant: a row added after a tree's commit cannot run there."""
-    out = []
-    for job in todo:
-        args = list(job.args)
-        variant = args[args.index("--variant") + 1] if "--variant" in args else None
-        if variant is None or variant in variants:
-            out.append(job)
-    return out
+def contract_units(job: Job) -> frozenset[str]:
+    """The units a job's output depends on: its own and, through the outputs
+    it reads, those of the jobs upstream (tune/pal: pixels and frozen too)."""
+    return frozenset().union(*(j.units for j in with_needs([job])))
 
 
-def build_inputs(code: Path, where: Path) -> None:
-    """The demo (through the newer code's `pal demo`), the two real layouts'
-    trees and every dataset's prepare folder, in `where`."""
+def build_inputs(code: Path, where: Path, weights: Path | None = None) -> None:
+    """The demo (through `code`'s `pal demo`; the tiny ViLT's weights then
+    replaced by `weights`, when given), the two real layouts' trees and
+    every dataset's prepare folder, in `where`."""
     from pipeline.fakes.trees import make_food101_tree, make_n24news_tree
 
     where.mkdir(parents=True, exist_ok=True)
@@ -206,6 +147,8 @@ def build_inputs(code: Path, where: Path) -> None:
     make_n24news_tree(where / "n24news", 4, {"train": 3, "dev": 1, "test": 2})
     params = write_params(code, where, where / "params")
     _pal(code, where, ["demo", "--params", str(params["demo"]), "--out", "demo"])
+    if weights is not None:
+        shutil.copyfile(weights, where / VILT_WEIGHTS)
     for ds in DATASETS:
         _pal(
             code,
@@ -226,7 +169,8 @@ def write_params(
     code: Path, inputs: Path, folder: Path, device: str = "cpu"
 ) -> dict[str, Path]:
     """One params file per dataset (and the pixel-cache-off and 2-rank
-    variants of the demo's): `code`'s params.yaml with the fixture laid over,
+    variants of the demo's), its paths relative to `folder`'s parent (where
+    the jobs run): `code`'s params.yaml with the fixture laid over,
     tune and extract on `device` (bench/gpu_check.py's `contracts` part runs
     the fixture on a GPU: bf16, CUDA graphs)."""
     base = yaml.safe_load((code / "params.yaml").read_text(encoding="utf-8"))
@@ -237,9 +181,10 @@ def write_params(
         raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
         for section, values in FIXTURE.items():
             raw[section] = {**raw.get(section, {}), **values}
-        data = dict(DATA[ds], root=str(inputs / DATA[ds]["root"]))
+        data = dict(DATA[ds], root=_relative(inputs / DATA[ds]["root"], folder.parent))
         raw["data"] = {**raw["data"], **data, "per_class": None}
-        raw["model"] = {**raw["model"], "backbone": str(inputs / "demo" / "vilt")}
+        backbone = _relative(inputs / "demo" / "vilt", folder.parent)
+        raw["model"] = {**raw["model"], "backbone": backbone}
         raw["tune"]["device"] = raw["extract"]["device"] = device
         if name == "demo-off":
             raw["pixels"]["enabled"] = False
@@ -266,43 +211,38 @@ def _pal(code: Path, cwd: Path, args: list[str]) -> None:
 
 @dataclass
 class Version:
-    """One version of the code: its tree and where its jobs write."""
+    """A tree of the code and where its jobs write (bench/float_paths.py and
+    bench/gpu_check.py run the fixture with more than one)."""
 
     code: Path
     work: Path
     device: str = "cpu"
     params: dict[str, Path] = field(default_factory=dict)
 
-    def resolve(self, job: Job, inputs: Path, newer: Version) -> list[str]:
-        """The job's command line for this version (inputs from `newer`)."""
+    def resolve(self, job: Job, inputs: Path, upstream: Version) -> list[str]:
+        """The job's command line (the outputs it reads from `upstream`)."""
         out = []
         for arg in job.args:
             if arg.startswith("{job:"):
-                arg = str(newer.work / arg[5:-1])
+                arg = _relative(upstream.work / arg[5:-1], self.work)
             elif arg.startswith("{prepare:"):
-                arg = str(inputs / "prepare" / arg[9:-1])
+                arg = _relative(inputs / "prepare" / arg[9:-1], self.work)
             out.append(arg)
-        return [
-            *out,
-            "--params",
-            str(self.params[job.params]),
-            "--out",
-            str(self.work / job.name),
-        ]
+        params = _relative(self.params[job.params], self.work)
+        return [*out, "--params", params, "--out", job.name]
+
+
+def _relative(path: Path, start: Path) -> str:
+    """`path` from `start` (the jobs' working folder): the paths an output
+    records (a checkpoint's params, a shard's backbone) are then the same
+    wherever the fixture runs."""
+    return os.path.relpath(path, start)
 
 
 DRIVER = r"""
-import json, os, signal, subprocess, sys, time
+import json, subprocess, sys, time
 from pathlib import Path
 from pipeline.cli import main
-
-def failed(job, why):
-    if not job["keep_going"]:
-        sys.exit(f"{job['name']}: {why}")
-    out = Path(job["args"][job["args"].index("--out") + 1])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / FAILED).write_text(f"{why}\n")
-
 
 for job in json.loads(Path(sys.argv[1]).read_text()):
     args, kill = job["args"], job["kill_after"]
@@ -318,26 +258,23 @@ for job in json.loads(Path(sys.argv[1]).read_text()):
         main(args, standalone_mode=False)
     except SystemExit as exc:
         if exc.code:
-            failed(job, f"exit {exc.code}")
+            sys.exit(f"{job['name']}: exit {exc.code}")
     except Exception as exc:
-        failed(job, str(exc))
+        sys.exit(f"{job['name']}: {exc}")
 """
-FAILED = "FAILED"  # in a job's output folder: why the older code's run of it failed
 
 
 def run_version(
     version: Version,
     todo: list[Job],
     inputs: Path,
-    newer: Version,
-    cover: Path | None,
-    keep_going: bool = False,
+    upstream: Version | None = None,
+    cover: Path | None = None,
 ) -> None:
     """Run `todo` with `version`'s code in one driver process (under
-    coverage.py, subprocesses too, when `cover` is a data file). A job that
-    fails stops the fixture, or with `keep_going` (the older code, which may
-    not read what the newer wrote: a raised checkpoint format) leaves its
-    reason in `FAILED` in its output folder, an output that differs."""
+    coverage.py, subprocesses too, when `cover` is a data file), reading the
+    outputs of earlier jobs from `upstream` (default: its own). A job that
+    fails stops the fixture: a ContractError with its last line."""
     version.work.mkdir(parents=True, exist_ok=True)
     version.params = write_params(
         version.code, inputs, version.work / "params", version.device
@@ -345,14 +282,13 @@ def run_version(
     listing = [
         {
             "name": j.name,
-            "args": version.resolve(j, inputs, newer),
+            "args": version.resolve(j, inputs, upstream or version),
             "kill_after": j.kill_after,
-            "keep_going": keep_going,
         }
         for j in todo
     ]
     (version.work / "jobs.json").write_text(json.dumps(listing))
-    (version.work / "driver.py").write_text(f"FAILED = {FAILED!r}\n{DRIVER}")
+    (version.work / "driver.py").write_text(DRIVER)
     cmd = [
         sys.executable,
         str(version.work / "driver.py"),
@@ -379,11 +315,3 @@ def run_version(
         raise ContractError(
             f"{version.code}: the fixture failed: {' '.join(last)} ({log})"
         )
-
-
-def differences(a: Path, b: Path) -> list[str]:
-    """Files of output folders `a` and `b` that are not the same by the
-    project's rule (`pipeline.sameness`: exact values equal, floats within
-    `RTOL` of their scale), as 'file:key (size)'; the contract stamps and
-    seals are left out (derived from the rest)."""
-    return [str(d) for d in compare_folders(a, b)]

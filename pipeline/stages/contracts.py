@@ -1,26 +1,12 @@
-"""`pal contracts`: the output contracts' guard and their proof (DESIGN §2).
-
-* `pal contracts stamp` is the dvc.yaml stage `contracts`, upstream of pixels,
-  frozen, tune and extract: it stops `dvc repro` with one line when the code
-  of a contracted stage differs from `contracts.lock` (features in the cache
-  were made by other code), and writes each stage's and variant's stamp
-  (`data/contracts/tune/pal.json`), which those stages depend on.
-* `pal contracts verify` proves it: each unit whose code differs from the
-  commit that set its version (or, for a version raised in the working tree,
-  from HEAD) runs on the tiny fixture (`contract_runs`) with both versions of
-  the code, outputs compared by the rule for "the same output"
-  (`pipeline.sameness`: exact values equal, floats within its RTOL). Equal
-  outputs under an unchanged version, or different outputs under a raised
-  one, are recorded in
-  `contracts.lock`; anything else is one line naming the unit and what to do.
-"""
+"""`pal contracts`: the output contracts' guard (`stamp`, the dvc.yaml stage
+`contracts`), the raise of a unit's version (`raise`) and the proof
+(`verify`, through `contract_proof`); DESIGN §2."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +18,7 @@ from palcore.params import Source, section_value
 from pipeline import contract_code as code
 from pipeline import contracts as con
 from pipeline.params import TuneParams
-from pipeline.stages.contract_proof import Outcome, coverage_report, verify
+from pipeline.stages.contract_proof import Outcome, verify
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +206,13 @@ def raise_cmd(units: tuple[str, ...]) -> None:
     "(the lines it does not reach, file by file).",
 )
 @click.option(
+    "--new-inputs",
+    is_flag=True,
+    help="Record every job's reference anew: after a change of the fixture's "
+    "inputs (the demo, prepare, the fake trees), with the code as "
+    "contracts.lock records it.",
+)
+@click.option(
     "--work",
     type=click.Path(file_okay=False),
     default=None,
@@ -230,17 +223,20 @@ def verify_cmd(
     units: tuple[str, ...],
     everything: bool,
     coverage_file: str | None,
+    new_inputs: bool,
     work: str | None,
 ) -> None:
     """Prove changed code makes the same outputs; record it in contracts.lock.
 
-    Each unit (a stage, or a stage's method: tune.pal) whose code differs from
-    the commit that set its version runs on a tiny fixture (every method, the
-    pixel cache on and off, a resumed tune, both real dataset layouts, a
-    2-rank extract) with both versions of the code: the same outputs (exact
-    values equal, floats within pipeline.sameness.RTOL), or (a version
-    raised in contracts.yaml) other ones, unless
-    `reasons` says why not. Exit 1 with one line per failing unit.
+    The jobs of each unit (a stage, or a stage's method: tune.pal) whose code
+    or version moved run on a tiny fixture (every method, the pixel cache on
+    and off, a resumed tune, both real dataset layouts, a 2-rank extract),
+    about a minute for all of them on 2 cores. Each job's outputs are
+    compared with its reference (reference/, recorded when its units'
+    versions were set): the same (exact values equal, floats within
+    pipeline.sameness.RTOL), or, for a version raised in contracts.yaml,
+    other ones unless `reasons` says why not; then the raised jobs are
+    recorded anew. Exit 1 with one line per failure.
     """
     known = set(con.read_versions().versions)
     unknown = sorted(set(units) - known)
@@ -248,38 +244,39 @@ def verify_cmd(
         raise con.ContractError(
             f"unknown unit {unknown[0]} (known: {', '.join(sorted(known))})"
         )
-    with tempfile.TemporaryDirectory(dir=work) as tmp:
-        cover = Path(tmp) / ".coverage" if coverage_file else None
-        work_dir = Path(work) if work else None
-        every = everything or bool(coverage_file)
-        try:
-            outcome = verify(
-                units=set(units) or None,
-                everything=every,
-                coverage=cover,
-                work=work_dir,
-            )
-        except KeyboardInterrupt:
-            raise con.ContractError(
-                f"interrupted: nothing recorded, {code.RECORD_FILE} unchanged and "
-                "the fixture's temporary files removed; rerun `pal contracts verify`"
-            ) from None
-        _report(outcome, cover, coverage_file)
+    try:
+        outcome = verify(
+            units=set(units) or None,
+            everything=everything or bool(coverage_file),
+            coverage=Path(coverage_file) if coverage_file else None,
+            work=Path(work) if work else None,
+            new_inputs=new_inputs,
+        )
+    except KeyboardInterrupt:
+        raise con.ContractError(
+            f"interrupted: nothing recorded, {code.RECORD_FILE} unchanged and "
+            "the fixture's temporary files removed; rerun `pal contracts verify`"
+        ) from None
+    _report(outcome, coverage_file)
     record = code.current_record(units=sorted(units) if units else None)
     code.write_record({**code.read_record(), **record} if units else record)
     click.echo(f"verified: {code.RECORD_FILE} records the code of every unit checked")
 
 
-def _report(outcome: Outcome, cover: Path | None, coverage_file: str | None) -> None:
-    """What `verify` compared and skipped, the coverage report; the failures
-    as one error (a line each)."""
-    for unit, names in sorted(outcome.ran.items()):
-        click.echo(f"{unit}: compared on {len(names)} jobs ({', '.join(names)})")
-    if outcome.skipped:
-        same = ", ".join(sorted(set(outcome.skipped)))
-        click.echo(f"code as at the commit of its version: {same}")
-    if cover is not None:
-        write_bytes_atomic(coverage_file, coverage_report(cover).encode())
+def _report(outcome: Outcome, coverage_file: str | None) -> None:
+    """What `verify` ran and recorded, the coverage report; the failures as
+    one error (a line each)."""
+    judged = [n for n in outcome.ran if n not in outcome.recorded]
+    recorded = [] if outcome.problems else outcome.recorded
+    for title, names in (
+        ("compared with their reference", judged),
+        ("recorded anew", recorded),
+    ):
+        if names:
+            click.echo(f"{title}: {len(names)} jobs ({', '.join(names)})")
+    if not outcome.ran:
+        click.echo("nothing to run: no unit's code or version moved (--all: every job)")
+    if coverage_file and outcome.ran:
         click.echo(f"coverage of each unit: {coverage_file}")
     if outcome.problems:
         raise con.ContractError("\n".join(outcome.problems))
