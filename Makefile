@@ -1,6 +1,6 @@
 # Entry points: `make run` (set up, then the pipeline: every run of the
 # protocol), `make ablation` (the paper's whole ablation table: `pal-paper run
-# ablation`), `make test`, `make lint`.
+# ablation`), `make test` (the fast tests), `make test-all`, `make lint`.
 # Every target runs with .venv/bin first on PATH, so the stage commands that
 # `dvc repro` calls (`pal`, `pal-solver`) are found without activating the venv.
 PYTHON ?= python3
@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: setup run ablation test lint clean wheels
+.PHONY: setup run ablation test test-all lint clean wheels
 
 setup: $(STAMP)
 
@@ -39,7 +39,12 @@ run: $(STAMP)
 ablation: run
 	$(VENV)/bin/pal-paper run ablation
 
+# The inner loop: every test but the end-to-end ones marked `slow` (about
+# 4.5 minutes on 2 cores). `test-all` runs everything, as CI does.
 test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 lint: $(STAMP)

@@ -58,31 +58,36 @@ def test_every_mistake_is_one_line(project):
 
 
 def test_a_solve_wider_than_the_memory_is_refused_before_any_stage(project):
-    """width 100000 holds 2 × 100000² float64 (149 GiB) on the CPU: one line
-    with the figure, here and in `pal-solver solve` (tests/test_solver_cli.py);
+    """A width whose 2 × width² float64 exceed this machine's memory (the
+    width chosen from it, so the test holds on any host): one line with the
+    figure, here and in `pal-solver solve` (tests/test_solver_cli.py);
     `--solve-memory` checks it against another machine's."""
+    import math
     import os
 
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    width = 1000 * math.ceil(1.3 * math.sqrt(ram / 16) / 1000)
     text = (project / "params.yaml").read_text()
     (project / "params.yaml").write_text(
-        text.replace("  width: 1024", "  width: 100000")
+        text.replace("  width: 1024", f"  width: {width}")
     )
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    cpu, gpu = 2 * width**2 * 8 / 2**30, 4 * width**2 * 8 / 2**30
+    assert cpu > ram / 2**30
     r = check()
     assert r.exit_code == 1
     assert r.stderr.splitlines() == [
-        "Error: params.yaml: solve.width 100000: the solve holds about 149.0 GiB "
-        f"(2 × 100000² float64), but this machine's memory is {ram:.1f} GiB: "
-        "lower solve.width"
+        f"Error: params.yaml: solve.width {width}: the solve holds about "
+        f"{cpu:.1f} GiB (2 × {width}² float64), but this machine's memory is "
+        f"{ram / 2**30:.1f} GiB: lower solve.width"
     ]
     # solve.device auto: on a GPU CuPy's Cholesky copies, 4 × d² in all
-    r = check("--solve-memory", "300")
+    r = check("--solve-memory", f"{1.1 * gpu:.1f}")
     assert r.exit_code == 0, r.output
-    r = check("--solve-memory", "100")
+    r = check("--solve-memory", f"{gpu / 2:.1f}")
     assert r.stderr.splitlines() == [
-        "Error: params.yaml: solve.width 100000: the solve holds about 298.0 GiB "
-        "(4 × 100000² float64), but the memory given (--solve-memory) is 100.0 "
-        "GiB: lower solve.width"
+        f"Error: params.yaml: solve.width {width}: the solve holds about "
+        f"{gpu:.1f} GiB (4 × {width}² float64), but the memory given "
+        f"(--solve-memory) is {gpu / 2:.1f} GiB: lower solve.width"
     ]
 
 
