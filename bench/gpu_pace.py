@@ -38,7 +38,8 @@ SCALES = {  # pace.py's arguments per gpu_check scale
 PACK_SECONDS = {"full": 12.0, "smallest": 1.0}
 COSINE_MIN = 0.9999  # per row, after's features against before's (bf16 on a card)
 INHERITED = ("first_batch_s", "extract_startup_s")
-# graphs a Food101 task captures: 12 image-token counts (bench/batch_shapes.py)
+# graphs a Food101 task captures: 12 image-token counts (bench/batch_shapes.py
+# at 4d75434)
 # x 4 text buckets its titles reach (16-40 tokens, losses.text_bucket), est.
 GRAPHS_PER_TASK = 48
 

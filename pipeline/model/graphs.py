@@ -65,7 +65,7 @@ class GraphedSteps:
     """Run `step(inputs)` (forward, backward and `optimiser.step()` of one
     batch; returns detached tensors) as a CUDA graph per distinct set of input
     shapes, eagerly once `max_graphs` graphs exist. A Food101-like task has
-    up to 12 image-token counts (bench/batch_shapes.py) times up to 5 text
+    up to 12 image-token counts (bench/batch_shapes.py at 4d75434) times up to 5 text
     buckets (`losses.text_bucket`, 8 … 40 tokens): 64 graphs hold them all.
 
     Each graph owns its gradient buffers: gradients are set to None before
