@@ -53,7 +53,7 @@ def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             out = fn(*args, **kwargs)
             ctx = click.get_current_context(silent=True)
             name = ctx.command_path if ctx is not None else fn.__name__
-            log.info("%s: done in %.1f s", name, time.perf_counter() - start)
+            log.debug("%s: done in %.1f s", name, time.perf_counter() - start)
             return out
         except PalError as exc:
             raise click.ClickException(str(exc)) from None

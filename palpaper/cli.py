@@ -110,6 +110,7 @@ def _shard(text: str) -> slice:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.version_option(package_name="pal-pipeline")
 def main(verbose: bool) -> None:
     """The paper's results, each from one command (DVC experiments).
 

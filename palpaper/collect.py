@@ -20,7 +20,7 @@ from typing import Any
 
 from palcore.outputs import write_bytes_atomic
 from palcore.variants import variant_row
-from palpaper import figures, render
+from palpaper import render
 from palpaper.departures import departures, prepared_classes
 from palpaper.experiments import ExperimentError, QueueDamaged, Repo
 from palpaper.grids import RESULTS, Cell, Column, cited_variants, get
@@ -232,6 +232,8 @@ def _write(
     }
     partial = not all(data.values())
     if not partial:
+        from palpaper import figures  # matplotlib and SciPy: not for `--help`
+
         png = figures.figure(r, columns, data, table.caption.split(";")[0])
         if png is not None:
             files[f"{rid}.png"] = png

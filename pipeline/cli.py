@@ -75,6 +75,7 @@ COMMANDS = {
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.version_option(package_name="pal-pipeline")
 def main(verbose: bool) -> None:
     """PAL pipeline: prompting analytic learning with missing modality.
 

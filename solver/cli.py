@@ -46,6 +46,7 @@ COMMANDS = {
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.version_option(package_name="pal-pipeline")
 def main(verbose: bool) -> None:
     """PAL's analytic-learning solver: `solve`, `evaluate`, then `report`.
 
