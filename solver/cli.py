@@ -51,7 +51,8 @@ def main(verbose: bool) -> None:
     """PAL's analytic-learning solver: `solve`, `evaluate`, then `report`.
 
     Reads the feature shards written by `pal extract` (DESIGN §3) and the
-    `solve:` section of params.yaml. Needs only NumPy/SciPy, h5py and click
-    (CuPy on a GPU); it never imports torch.
+    `solve:` section of params.yaml. Needs NumPy, SciPy, h5py, PyYAML, tqdm,
+    click and matplotlib (for the report's figures), CuPy on a GPU; it
+    never imports torch.
     """
     setup_logging(verbose)
