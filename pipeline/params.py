@@ -120,13 +120,15 @@ class DataParams:
     text_field: str = "headline"  # N24News text: a field, or several joined by "+"
     test_missing_type: MissingType | None = None  # test split; None: missing_type
     test_missing_rate: float | None = None  # test split; None: missing_rate
-    absent: Literal["missing", "reject"] = "missing"  # image file absent or text
-    # empty: keep as naturally missing (code set, counted toward the table; a
-    # sample lacking both is dropped and reported), or reject with an error
-    allow_uneven: bool = False  # tasks need not divide the classes: the first
-    # C mod K tasks get one class more
-    per_class: int | None = None  # keep at most this many samples per class and
-    # split (the first by id): a small run of a real dataset, e.g. on a CPU
+    # image file absent or text empty: keep as naturally missing (code set,
+    # counted toward the table; a sample lacking both is dropped and reported),
+    # or reject with an error
+    absent: Literal["missing", "reject"] = "missing"
+    # tasks need not divide the classes: the first C mod K tasks get one more
+    allow_uneven: bool = False
+    # keep at most this many samples per class and split (the first by id): a
+    # small run of a real dataset, e.g. on a CPU
+    per_class: int | None = None
 
     def __post_init__(self) -> None:
         check(self.tasks > 0, "data.tasks", f"must be > 0, got {self.tasks}")
