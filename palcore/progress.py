@@ -66,10 +66,21 @@ class tqdm(_tqdm):  # noqa: N801 - a drop-in for tqdm's class
             self._time = clock
             self.start_t = self.last_print_t = clock()
 
+    def set_postfix(
+        self, ordered_dict: Any = None, refresh: bool = True, **kwargs: Any
+    ) -> None:
+        """Off a terminal the postfix waits for the next line: a refresh
+        would log the count of the last line (tqdm's iterator keeps its
+        count to itself between lines), a stale "0/300" with a new loss."""
+        super().set_postfix(ordered_dict, refresh and not self._lines, **kwargs)
+
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         if not self._lines:
             return super().display(msg, pos)
-        if msg != "":  # "" clears a terminal's bar: nothing to log
-            # tqdm pads the rate to a width ("  1.00it/s"): one space in a log
-            log.info("%s", " ".join((self.__str__() if msg is None else msg).split()))
+        # tqdm pads the rate to a width ("  1.00it/s"): one space in a log
+        line = " ".join((self.__str__() if msg is None else msg).split())
+        # "" clears a terminal's bar; the end's line may repeat the last one
+        if msg != "" and line != getattr(self, "_logged", None):
+            log.info("%s", line)
+            self._logged = line
         return True

@@ -44,6 +44,21 @@ def test_a_loop_off_a_terminal_logs_every_interval_and_at_the_end(clock, caplog)
     ]
 
 
+def test_a_postfix_off_a_terminal_waits_for_a_true_count(clock, caplog):
+    """A loop that sets its loss each item logs the count with it, never the
+    last line's count beside a newer loss."""
+    caplog.set_level(logging.INFO)
+    bar = progress.tqdm(range(60), desc="pre-train", unit="it")
+    for i in bar:
+        clock.now += 1.0
+        bar.set_postfix(loss=f"{i / 100:.2f}")
+    assert _lines(caplog) == [
+        "pre-train: 0% (0/60 it) [00:00<?, ?it/s]",
+        "pre-train: 50% (30/60 it) [00:30<00:30, 1.00it/s, loss=0.29]",
+        "pre-train: 100% (60/60 it) [01:00<00:00, 1.00it/s, loss=0.59]",
+    ]
+
+
 def test_updates_within_the_interval_log_nothing_more(clock, caplog):
     caplog.set_level(logging.INFO)
     with progress.tqdm(total=10, desc="solve", unit="row", disable=None) as bar:
