@@ -98,7 +98,7 @@ def paths_check(
 def plan_counts(preset: str = "configs/food101.yaml") -> tuple[int, int] | None:
     """(tunings, extractions) of `pal-paper plan all -p preset`, summed over its
     results (each cell counted once, as plan does); None if it cannot run."""
-    cmd = [sys.executable, "-m", "palpaper", "plan", "all", "-p", preset]
+    cmd = [sys.executable, "-m", "palpaper", "plan", "all", "--params", preset]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     try:
         r = subprocess.run(

@@ -6,8 +6,8 @@
     pal-paper collect missing --runs 0  render it again from finished experiments
     pal-paper run missing --baselines cited   Tables 1-2 without running the
                                         five compared methods: the paper's numbers
-    pal-paper plan all -p configs/food101.yaml   projected GPU time of a preset
-    pal-paper plan paper --gpus 8       the whole paper's, both datasets
+    pal-paper plan all --params configs/food101.yaml   a preset's GPU time
+    pal-paper plan paper --cards 8      the whole paper's, both datasets
 
 A cell is an experiment on the current commit, named after the params it
 changes; `run` queues only the cells that have not finished on this commit,
@@ -254,13 +254,13 @@ def collect_cmd(
 @params_path_option
 @runs_option
 @click.option(
-    "--gpus",
+    "--cards",
     "cards",
     default=1,
     show_default=True,
     type=click.IntRange(1),
     metavar="N",
-    help="Cards the grid runs on (`pal-paper run --gpus`): the wall time on N.",
+    help="How many cards the grid runs on: the wall time on N.",
 )
 @click.option(
     "--card",
@@ -279,12 +279,12 @@ def plan_cmd(
     cards: int,
     card_name: str | None,
 ) -> None:
-    """Projected time of RESULT… from the params (e.g. -p configs/food101.yaml)
+    """Projected time of RESULT… from the params (e.g. --params configs/food101.yaml)
     on a card: the tunings and extractions its cells add to a finished `dvc
     repro`, each at its own epochs, tasks and data.per_class and at its prompt
     method's rate (palpaper/costs.yaml, or --card's file); the card filled
     with as many tunings at once as its packing and memory allow; the card-
-    hours, the wall time on N cards (--gpus N), the longest cell, and the
+    hours, the wall time on N cards (--cards N), the longest cell, and the
     memory of the largest solve. `pal-paper plan paper`: the whole paper,
     Food101's results (configs/food101.yaml) and N24News's Table 2 and step
     figure (configs/n24news.yaml), and their total."""

@@ -34,7 +34,6 @@ runs_option = click.option(
 )
 params_path_option = click.option(
     "--params",
-    "-p",
     "params_file",
     default=str(DEFAULT_PARAMS),
     show_default=True,
@@ -59,6 +58,7 @@ out_option = click.option(
     "--out",
     default="results/paper",
     show_default=True,
+    metavar="DIR",
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder of the rendered results; each dataset gets its own subfolder.",
 )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import getpass
 import json
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -46,9 +47,54 @@ def signal_s(time_min: int) -> int:
 START_MIN = 10  # per task beyond the projected tuning: start-up, solve, evaluate
 
 
+def parse_time(text: str | None) -> int | None:
+    """sbatch's --time formats (MIN, MIN:SEC, H:MM:SS, D-H, D-H:MM,
+    D-H:MM:SS) as whole minutes, a part minute rounded up; None: none given."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if match is None:
+        raise click.BadParameter(
+            f"'{text}' is none of sbatch's formats: MIN, MIN:SEC, H:MM:SS, D-H, "
+            "D-H:MM, D-H:MM:SS"
+        )
+    days, a, b, c = (int(g) if g else None for g in match.groups())
+    if days is not None:  # D-H[:MM[:SS]]
+        seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    elif c is not None:  # H:MM:SS
+        seconds = a * 3600 + b * 60 + c
+    else:  # MIN[:SEC]
+        seconds = a * 60 + (b or 0)
+    if seconds <= 0:
+        raise click.BadParameter(f"'{text}' is no time: at least a minute")
+    return -(-seconds // 60)
+
+
 SLURM_OPTIONS = (
-    click.option("--partition", default=None, help="SLURM partition (-p)."),
-    click.option("--account", default=None, help="SLURM account (-A)."),
+    click.option("--partition", "-p", default=None, help="SLURM partition."),
+    click.option("--account", "-A", default=None, help="SLURM account."),
+    click.option("--qos", default=None, help="SLURM quality of service."),
+    click.option(
+        "--mem",
+        default=None,
+        metavar="SIZE",
+        help="Memory of each task, as sbatch takes it (32G, 500M).",
+    ),
+    click.option("--constraint", "-C", default=None, help="Node features (sbatch -C)."),
+    click.option(
+        "--gpu-type",
+        default=None,
+        metavar="TYPE",
+        help="The GPU type of --gres (gpu:TYPE:N), e.g. h100.",
+    ),
+    click.option(
+        "--sbatch-arg",
+        "extra",
+        multiple=True,
+        metavar="OPTION",
+        help="Any other sbatch option for each task, as one word "
+        "(--sbatch-arg=--exclusive); repeatable.",
+    ),
     click.option(
         "--gpus-per-task",
         "gpus",
@@ -58,16 +104,22 @@ SLURM_OPTIONS = (
         help="GPUs of each task, from SLURM's allocation (--gres=gpu:N); 0 on "
         "CPU nodes.",
     ),
-    click.option("--cpus-per-task", "cpus", default=None, type=click.IntRange(1)),
+    click.option(
+        "--cpus-per-task",
+        "cpus",
+        default=None,
+        type=click.IntRange(1),
+        help="CPU cores of each task. Default: the cluster's.",
+    ),
     click.option(
         "--time",
         "time_min",
         default=None,
-        type=click.IntRange(1),
-        metavar="MIN",
-        help="Each task's limit in minutes. Default: from `pal-paper plan`'s time "
-        "of the longest cell. A cell that outlasts it is stopped ahead of the "
-        "limit, requeued and resumed.",
+        metavar="TIME",
+        callback=lambda ctx, param, value: parse_time(value),
+        help="Each task's limit, in sbatch's formats (MIN, H:MM:SS, D-H:MM…). "
+        "Default: from `pal-paper plan`'s time of the longest cell. A cell "
+        "that outlasts it is stopped ahead of the limit, requeued and resumed.",
     ),
     click.option(
         "--throttle",
@@ -97,9 +149,23 @@ class Options:
 
     partition: str | None = None
     account: str | None = None
+    qos: str | None = None
+    mem: str | None = None  # per task
+    constraint: str | None = None
+    gpu_type: str | None = None  # --gres=gpu:TYPE:N
+    extra: tuple[str, ...] = ()  # other sbatch options, for each task
     gpus: int = 1  # per task, from SLURM's allocation (--gres=gpu:N)
     cpus: int | None = None  # per task
     throttle: int = 8  # tasks at once (--array …%N)
+
+    def __post_init__(self) -> None:
+        if self.mem is not None and not re.fullmatch(r"\d+[KMGT]?", self.mem):
+            raise SlurmError(f"--mem: '{self.mem}' is no size sbatch takes (32G, 500M)")
+        for arg in self.extra:
+            if not arg.startswith("-"):
+                raise SlurmError(
+                    f"--sbatch-arg: '{arg}' is no sbatch option (--exclusive)"
+                )
 
 
 def time_limit(
@@ -130,9 +196,13 @@ def time_limit(
 
 
 def _sbatch_lines(opts: Options, time_min: int) -> list[str]:
+    """The options of both jobs. As #SBATCH lines they yield to the
+    cluster's SBATCH_* environment variables (sbatch reads those over the
+    script), so a site's own settings are never overridden."""
     lines = [f"--time={time_min}"]
-    lines += [f"--partition={opts.partition}"] * (opts.partition is not None)
-    lines += [f"--account={opts.account}"] * (opts.account is not None)
+    for name in ("partition", "account", "qos"):
+        value = getattr(opts, name)
+        lines += [f"--{name}={value}"] * (value is not None)
     return lines
 
 
@@ -158,9 +228,13 @@ def scripts(
         f"#SBATCH --output={sub}/task-%a.out",
     ]
     if opts.gpus:
-        task.append(f"#SBATCH --gres=gpu:{opts.gpus}")
+        kind = f"{opts.gpu_type}:" if opts.gpu_type else ""
+        task.append(f"#SBATCH --gres=gpu:{kind}{opts.gpus}")
     if opts.cpus:
         task.append(f"#SBATCH --cpus-per-task={opts.cpus}")
+    task += [f"#SBATCH --mem={opts.mem}"] * (opts.mem is not None)
+    task += [f"#SBATCH --constraint={opts.constraint}"] * bool(opts.constraint)
+    task += [f"#SBATCH {arg}" for arg in opts.extra]
     task += [
         "# one cell per task, in its clone; its experiment pushed to the project",
         "umask 0002  # the group's shared DVC cache and clones",

@@ -3,7 +3,7 @@
 `dvc metrics show` puts every number of metrics.json in one line per file
 (thousands of columns); this prints each file as one line per row (variant):
 its key, then Acc, FG, AIA, Last and the accuracy by missing type as
-"mean ± std", in at most `--width` columns (columns that do not fit are left
+"mean ± std", in at most `--columns` columns (columns that do not fit are left
 out, from the right, and named). The rows' labels follow the table; table.md
 beside the file has every column.
 """
@@ -147,12 +147,17 @@ def _files(paths: Sequence[str], params_file: str) -> list[Path]:
 @click.command("show")
 @click.argument("paths", nargs=-1, metavar="[REPORT]...")
 @click.option(
-    "--width", default=120, show_default=True, help="Most columns a line takes."
+    "--columns",
+    "width",
+    default=120,
+    show_default=True,
+    metavar="N",
+    help="Most columns a line takes.",
 )
 @params_option
 @clean_errors
 def cli(paths: tuple[str, ...], width: int, params_file: str) -> None:
-    """Print a report's metrics.json as a table of at most WIDTH columns.
+    """Print a report's metrics.json as a table of at most N columns.
 
     REPORT is a metrics.json or the folder that holds one (default: the
     params' results/<data.dataset>/ and each report folder in it, such as the

@@ -67,7 +67,7 @@ MinJobAge=600
 KillWait=15
 OverTimeLimit=0
 InactiveLimit=0
-NodeName={host} CPUs={cpus} State=UNKNOWN
+NodeName={host} CPUs={cpus} RealMemory=1024 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 

@@ -109,3 +109,45 @@ def test_the_walk_finds_commands_and_refuses_what_is_not_there() -> None:
         [],
     ]
     assert len([d for d in DOCS if Path(d).suffix == ".md"]) >= 6
+
+
+# Options whose value is another kind of thing where they differ: `pal
+# predict` writes one file and reads one weights file, where the stages write
+# folders and `pal-solver evaluate` takes a weights file or folder.
+OTHER_KIND = {("--out", "pal predict"), ("--weights", "pal predict")}
+
+
+def _options() -> dict[str, list[tuple[str, str]]]:
+    """Every long option of the three tools → (command, metavar) per use."""
+    seen: dict[str, list[tuple[str, str]]] = {}
+
+    def walk(command: click.Command, path: list[str]) -> None:
+        ctx = click.Context(command)
+        if isinstance(command, click.Group):
+            for name in command.list_commands(ctx):
+                walk(command.get_command(ctx, name), [*path, name])
+            return
+        for p in command.params:
+            if isinstance(p, click.Option) and not p.is_flag:
+                meta = p.metavar or p.make_metavar(ctx)
+                for opt in (o for o in p.opts if o.startswith("--")):
+                    seen.setdefault(opt, []).append((" ".join(path), meta))
+
+    for name, tool in TOOLS.items():
+        walk(tool, [name])
+    return seen
+
+
+def test_an_option_shared_by_commands_takes_one_kind_of_value() -> None:
+    """The same long option has the same metavar wherever it appears (a
+    count is never a device list: `plan --cards N`, `run --gpus ID,…`)."""
+    seen = _options()
+    differ = {
+        opt: sorted({m for c, m in uses if (opt, c) not in OTHER_KIND})
+        for opt, uses in seen.items()
+    }
+    assert {o: m for o, m in differ.items() if len(m) > 1} == {}
+    assert {m for _, m in seen["--out"]} == {"DIR", "FILE"}
+    assert {m for _, m in seen["--gpus"]} == {"ID[,ID…]"}
+    assert {m for _, m in seen["--cards"]} == {"N"}
+    assert len([o for o, uses in seen.items() if len(uses) > 1]) >= 10

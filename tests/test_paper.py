@@ -458,10 +458,10 @@ def test_its_own_rendered_tables_never_block_the_next_run(
 def test_a_params_file_without_a_key_the_grids_read_is_one_line(tmp_path: Path) -> None:
     params = {k: v for k, v in PARAMS.items() if k != "pipelines"}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
-    out = paper(tmp_path, "list", "-p", "p.yaml")
+    out = paper(tmp_path, "list", "--params", "p.yaml")
     assert out.returncode == 1
     assert out.stderr.strip() == "Error: p.yaml: no key 'pipelines.main'"
-    out = paper(tmp_path, "plan", "all", "-p", "nope.yaml")
+    out = paper(tmp_path, "plan", "all", "--params", "nope.yaml")
     assert out.stderr.strip() == "Error: nope.yaml: params file not found"
 
 

@@ -154,7 +154,9 @@ def test_one_map_cell_against_one_pal_cell(tmp_path: Path) -> None:
         params = yaml.safe_load(committed("configs/food101.yaml"))
         params["ablation"]["pal"]["changes"] = {"prompt": {"method": method}}
         write(tmp_path, f"{method}.yaml", params)
-        lines = plan(tmp_path, "tasks", "-p", f"{method}.yaml", "--card", "card.yaml")
+        lines = plan(
+            tmp_path, "tasks", "--params", f"{method}.yaml", "--card", "card.yaml"
+        )
         got = re.search(
             r"  tasks: 4 cells, 9 tunings, 9 extractions: ([\d.]+) h", lines[3]
         )
@@ -185,8 +187,8 @@ def test_plan_prices_each_variant_and_fills_the_card(tmp_path: Path) -> None:
     """Tables 1-2 and Table 4 on Food101's preset, on 4 cards of CARD."""
     write(tmp_path, "card.yaml", CARD)
     write(tmp_path, "food.yaml", FOOD)
-    args = ["missing", "upsampling", "-p", "food.yaml", "--card", "card.yaml"]
-    lines = plan(tmp_path, *args, "--gpus", "4")
+    args = ["missing", "upsampling", "--params", "food.yaml", "--card", "card.yaml"]
+    lines = plan(tmp_path, *args, "--cards", "4")
     baselines = FOOD["pipelines"]["baselines"]
     assert baselines == ["map", "msp", "l2p", "dualprompt", "rebq"]
     # a cell off the committed scenario: 3 runs of pal (tune and extract),
@@ -260,7 +262,7 @@ def test_a_cpu_rehearsal_is_priced_on_the_cpu_card(tmp_path: Path) -> None:
     params["protocol"]["runs"] = [0]
     params["pipelines"]["main"] = ["pal"]
     write(tmp_path, "p.yaml", params)
-    lines = plan(tmp_path, "upsampling", "tasks", "-p", "p.yaml")
+    lines = plan(tmp_path, "upsampling", "tasks", "--params", "p.yaml")
     cpu = costs()["cards"]["cpu"]
     assert cpu["packing"] == {1: 1.0} and cpu["memory_gib"] is None
     rate, ext = cpu["tune_per_s"]["pal"], cpu["extract_per_s"]
@@ -348,7 +350,9 @@ def test_a_card_file_missing_a_key_or_a_rate_is_one_line(
     assert str(err.value) == message
     write(tmp_path, "card.yaml", entry)
     write(tmp_path, "food.yaml", FOOD)
-    out = pal_paper(tmp_path, ENV, "plan", "-p", "food.yaml", "--card", "card.yaml")
+    out = pal_paper(
+        tmp_path, ENV, "plan", "--params", "food.yaml", "--card", "card.yaml"
+    )
     assert (out.returncode, out.stdout) == (1, "")
     assert out.stderr.strip() == f"Error: {message}"
 
@@ -401,7 +405,7 @@ def test_plan_paper_prices_both_datasets_and_their_sum(tmp_path: Path) -> None:
     write(tmp_path, "card.yaml", CARD)
     write(tmp_path, "configs/food101.yaml", FOOD)
     write(tmp_path, "configs/n24news.yaml", NEWS)
-    lines = plan(tmp_path, "paper", "--card", "card.yaml", "--gpus", "4")
+    lines = plan(tmp_path, "paper", "--card", "card.yaml", "--cards", "4")
     assert lines[0] == (
         "the paper, a test card (card.yaml): measured on a test card at abc1234, "
         "500 steps"
@@ -417,7 +421,9 @@ def test_plan_paper_prices_both_datasets_and_their_sum(tmp_path: Path) -> None:
         ("configs/food101.yaml", list(RESULTS)),
         ("configs/n24news.yaml", ["missing", "steps"]),
     ):
-        alone = plan(tmp_path, *ids, "-p", path, "--card", "card.yaml", "--gpus", "4")
+        alone = plan(
+            tmp_path, *ids, "--params", path, "--card", "card.yaml", "--cards", "4"
+        )
         start = lines.index(next(x for x in heads if path in x)) + 1
         assert lines[start : start + len(alone) - 2] == ["  " + x for x in alone[2:]]
     totals = [

@@ -224,11 +224,20 @@ def long_cell(project: tuple[Path, dict]) -> tuple[Path, list[str]]:
     submitted first: it runs beside Table 4's grid (one CPU each)."""
     path, env = project
     cmd = (
-        "pal-paper submit prompt --runs 0,1 --cells length-2 --gpus-per-task 0 --time 1"
+        "pal-paper submit prompt --runs 0,1 --cells length-2 --gpus-per-task 0 "
+        "--time 0:00:50 --mem 100M --sbatch-arg=--comment=pal-test"
     )
     out = sh(cmd, path, env).stdout
     assert "submitted 1 cells" in out and "(1 min a task)" in out, out
-    return submitted(path, out)
+    sub, jobs = submitted(path, out)
+    script = (sub / "task.sh").read_text().splitlines()
+    for line in (
+        "#SBATCH --time=1",
+        "#SBATCH --mem=100M",
+        "#SBATCH --comment=pal-test",
+    ):
+        assert line in script, script  # sbatch took each: the job runs
+    return sub, jobs
 
 
 def logs(folder: Path) -> str:
@@ -254,6 +263,8 @@ def test_table4_as_an_array_job_scancel_and_the_same_command_again(
     for line in (
         "#SBATCH --array=0-4%8",
         "#SBATCH --time=20",
+        "#SBATCH --mem=500M",
+        "#SBATCH --exclusive",
         "#SBATCH --signal=B:USR1@180",
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",

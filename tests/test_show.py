@@ -38,7 +38,7 @@ def test_the_ablations_ten_rows_fit_in_120_columns_in_table_order(tmp_path):
 
 
 def test_a_narrow_width_leaves_out_the_right_columns_and_names_them(tmp_path):
-    r = CliRunner().invoke(main, ["show", "--width", "80", str(_report(tmp_path))])
+    r = CliRunner().invoke(main, ["show", "--columns", "80", str(_report(tmp_path))])
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert max(len(line) for line in lines) <= 80

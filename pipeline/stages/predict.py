@@ -241,6 +241,7 @@ ROW_OPTIONS = [
         type=click.Choice(["auto", "cpu", "cuda"]),
         default="auto",
         show_default=True,
+        metavar="auto|cpu|cuda",
         help="Where the ViLT forward runs.",
     ),
     click.option(
