@@ -117,6 +117,8 @@ def pixels_full(made: Made, scratch: Path, disk: Tmpfs) -> Outcome:
 
 
 def extract_args(made: Made, out: Path, pixels: Path | None = None) -> list:
+    """Run with `cwd=made.ref`: the tuning's checkpoint names its backbone
+    relative to the folder the fixture's jobs ran in."""
     ref = made.ref
     return [
         "extract",
@@ -140,7 +142,7 @@ def extract_args(made: Made, out: Path, pixels: Path | None = None) -> list:
 def extract_full(made: Made, scratch: Path, disk: Tmpfs) -> Outcome:
     out = disk.size(48) / "extract"  # step 1's shards fit, step 2's do not
     args = extract_args(made, out)
-    first = command("pipeline", *args)
+    first = command("pipeline", *args, cwd=made.ref)
     partial = out.with_name("extract.partial")
     assert sorted(p.name for p in (partial / "step_01").iterdir()) == [
         "SHA256SUMS",
@@ -149,7 +151,7 @@ def extract_full(made: Made, scratch: Path, disk: Tmpfs) -> Outcome:
     ]  # its finished step kept
     assert not list(partial.rglob(".*.tmp.*"))
     disk.size(1024)
-    again = command("pipeline", *args)
+    again = command("pipeline", *args, cwd=made.ref)
     assert again.returncode == 0, again.stderr
     return Outcome(
         first,
@@ -209,14 +211,14 @@ def pixels_name_damaged(made: Made, scratch: Path, disk: Tmpfs) -> Outcome:
     path.write_bytes(bytes(data))
     out = scratch / "extract"
     args = extract_args(made, out, pixels)
-    first = command("pipeline", *args)
+    first = command("pipeline", *args, cwd=made.ref)
     assert not out.exists()
     params = made.params["demo"]
     assert (
         command("pipeline", "pixels", "--params", params, "--out", pixels).returncode
         == 0
     )
-    again = command("pipeline", *args)
+    again = command("pipeline", *args, cwd=made.ref)
     assert again.returncode == 0, again.stderr
     return Outcome(
         first,
