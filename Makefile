@@ -40,7 +40,7 @@ ablation: run
 	$(VENV)/bin/pal-paper run ablation
 
 # The inner loop: every test but the end-to-end ones marked `slow` (about
-# 4.5 minutes on 2 cores). `test-all` runs everything, as CI does.
+# 5 minutes on 2 cores). `test-all` runs everything, as CI does.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
