@@ -175,27 +175,23 @@ def _schema_of(tp: Any) -> dict[str, Any]:
     simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
     if tp is type(None):
         return {"type": "null"}
-    if tp in simple:
-        return {"type": simple[tp]} if tp is not float else {"type": "number"}
-    return {}
+    return {"type": simple[tp]} if tp in simple else {}
 
 
-def _section_schema(cls: type, required: bool) -> dict[str, Any]:
-    props = {}
-    for k in keys(cls):
-        props[k.name] = {**_schema_of(k.type), "description": k.note}
-    out: dict[str, Any] = {
+def _section_schema(cls: type) -> dict[str, Any]:
+    props = {k.name: {**_schema_of(k.type), "description": k.note} for k in keys(cls)}
+    return {
         "type": ["object", "null"],
+        "description": inspect.getdoc(cls) or "",
         "properties": props,
         "additionalProperties": False,
     }
-    return out if required else {**out, "description": inspect.getdoc(cls) or ""}
 
 
 def schema() -> dict[str, Any]:
     """A JSON Schema of a params file: every section's keys and types (the
     values' ranges are the loaders' to check), the variants' rows."""
-    sections = {s: _section_schema(c, True) for s, c in PARAM_CLASSES.items()}
+    sections = {s: _section_schema(c) for s, c in PARAM_CLASSES.items()}
     changes = {
         "type": ["object", "null"],
         "properties": sections,

@@ -47,10 +47,11 @@ def read_index(root: Path = con.ROOT) -> dict[str, Any]:
     path = root / REFERENCE / INDEX
     try:
         index = json.loads(path.read_text(encoding="utf-8"))
-        assert isinstance(index["jobs"], dict)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+    except (OSError, ValueError):
+        index = None
+    if not isinstance(index, dict) or not isinstance(index.get("jobs"), dict):
         why = "damaged" if path.is_file() else "not found"
-        raise con.ContractError(f"{path}: {why}; `git checkout {REFERENCE}`") from None
+        raise con.ContractError(f"{path}: {why}; `git checkout {REFERENCE}`")
     return index
 
 
