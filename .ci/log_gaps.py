@@ -1,6 +1,6 @@
 """The longest silence in a log: timestamps each line read from stdin.
 
-    make run 2>&1 | python bench/log_gaps.py [--limit 30] [--echo]
+    make run 2>&1 | python3 .ci/log_gaps.py [--limit 30] [--echo]
 
 Reads lines as they arrive, stamps each with the seconds since the start
 and, at the end, prints the largest gaps between consecutive lines (and

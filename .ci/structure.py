@@ -1,7 +1,7 @@
 """The project's structure in numbers: import arrows between rooms, circles,
 long functions and modules, and `# fmt: skip` lines.
 
-    python bench/structure.py [FOLDER …] [--limit 60] [--module-limit 400]
+    python3 .ci/structure.py [FOLDER …] [--limit 60] [--module-limit 400]
 
 A room is a subpackage of `pipeline` (`pipeline.data`, `pipeline.model`, …),
 a module directly in `pipeline/` (`pipeline.params`, `pipeline.cli`, …) or one
@@ -13,7 +13,7 @@ counts, wherever it stands (module level, inside a function, under
 * each circle: a strongly connected set of rooms, then of modules,
 * the imports made inside a function (a loop dodged there is still a loop),
 * the functions over `--limit` lines and modules over `--module-limit`
-  (as bench/function_sizes.py counts them),
+  (as .ci/function_sizes.py counts them),
 * the `# fmt: skip` lines,
 
 then one summary line of the counts. Default folders: pipeline palcore solver

@@ -1,6 +1,6 @@
 """Functions longer than the house's limit, and modules over theirs.
 
-    python bench/function_sizes.py [FOLDER …] [--limit 60] [--module-limit 400]
+    python3 .ci/function_sizes.py [FOLDER …] [--limit 60] [--module-limit 400]
 
 Lists, for every `.py` file below the folders (default: solver), each function
 or method whose definition spans more than `--limit` lines (decorators to last
