@@ -1,4 +1,4 @@
-"""The solver's public face (`solver.api`, DESIGN §3): code outside `solver/`
+"""The solver's public face (`solver.api`, DESIGN §9): code outside `solver/`
 imports only its public modules, and `solver/` never imports torch."""
 
 from __future__ import annotations
