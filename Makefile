@@ -50,6 +50,7 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Wheels for a machine without a registry (the GPU box of bench/gpu_check.py,
 # Python 3.12 on x86-64): `make wheels PACKAGES="h5py click"` fills wheels/,
