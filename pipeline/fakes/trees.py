@@ -4,8 +4,10 @@ ViLT-B/32's sizes), a UPMC-Food101 tree and an N24News tree of photo-sized
 JPEGs.
 
 For rehearsals of a real run (bench/rehearsal.py, bench/gpu_check.py) and the
-tests; no stage imports this module. Needs only the runtime packages (torch,
-transformers, tokenizers, numpy, pillow), never the dev extras.
+tests, and the output contracts' fixture (`pipeline/stages/contract_runs.py`,
+so the contracts stage declares it); no other stage imports this module.
+Needs only the runtime packages (torch, transformers, tokenizers, numpy,
+pillow), never the dev extras.
 """
 
 from __future__ import annotations
