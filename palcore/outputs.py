@@ -144,7 +144,8 @@ def _quiet_disk_full(unraisable: sys.UnraisableHookArgs) -> None:
     """h5py reports a failed close of a file whose disk is full as an
     "exception ignored" (a traceback) while the stack unwinds; the writer
     says it in one line (`exit_disk_full`), so those are not printed."""
-    if not is_disk_full(unraisable.exc_value):
+    exc = unraisable.exc_value
+    if exc is None or not is_disk_full(exc):
         sys.__unraisablehook__(unraisable)
 
 

@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from palcore.errors import ParamsError
 from palcore.paramsfile import read_params_file, shown
@@ -84,12 +84,12 @@ def _as_run(raw: dict[str, Any], source: Source) -> dict[str, Any]:
         )
         for name in protocol.vary:
             section, key = RUN_SEEDS[name]
-            values = raw.get(section)
-            if not isinstance(values, Mapping):
+            found = raw.get(section)
+            if not isinstance(found, Mapping):
                 continue  # a missing section is reported by its loader
-            seed = values.get(key, 0)  # every seed defaults to 0
+            seed = found.get(key, 0)  # every seed defaults to 0
             if isinstance(seed, int) and not isinstance(seed, bool):
-                raw[section] = {**values, key: seed + source.run}
+                raw[section] = {**found, key: seed + source.run}
             # else: left as written, for the section's own check to name
     return raw
 
@@ -125,7 +125,11 @@ def section_from_mapping(cls: type[T], section: str, raw: Any) -> T:
         raw = {}
     if not isinstance(raw, Mapping):
         raise ParamsError(f"section '{section}' must be a mapping of keys")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {
+        f.name: f
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]  # T: a params dataclass
+        if f.init
+    }
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         near = difflib.get_close_matches(unknown[0], list(fields), n=1)
@@ -235,7 +239,10 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     raise TypeError(f"unsupported params annotation {hint!r} for {key}")
 
 
-RunSeed = Literal[tuple(RUN_SEEDS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # a Literal built at run time is a str to the checker
+    RunSeed = str
+else:
+    RunSeed = Literal[tuple(RUN_SEEDS)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -179,7 +179,7 @@ def remove_partials(root: Path, rec: Recorded) -> list[str]:
     resumed: a stage runs only after DVC removed its output. Returns the
     folders removed, relative to `root`, each also logged."""
     out = root / rec.out
-    removed = []
+    removed: list[str] = []
     if not out.exists():
         return removed
     for partial in sorted(out.parent.glob(f"{out.name}.partial*")):
