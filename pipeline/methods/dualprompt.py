@@ -32,7 +32,14 @@ from torch import nn
 from palcore.errors import ParamsError
 from pipeline.methods.l2p import cosine, uniform
 from pipeline.model.encoder import Backbone, LayerPrompt
-from pipeline.model.method import Method, Out, View, layer_prompts, valid_mean
+from pipeline.model.method import (
+    Method,
+    Out,
+    StaticView,
+    View,
+    layer_prompts,
+    valid_mean,
+)
 from pipeline.params import PromptParams
 
 
@@ -130,15 +137,13 @@ class DualPrompt(Method):
             return Out(x, torch.zeros((), device=x.device), rows)
         return Out(x, self.pull(view.q_t, view.task), rows)
 
-    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+    def static_features(self, backbone: Backbone, inputs: StaticView) -> Out:
         """`features` in training (`task` given): the task's E-prompt for every
         row, the pull loss a mean over the valid rows."""
-        q_t, task = inputs["q_t"], inputs["task"]
+        q_t, task = inputs.q_t, inputs.task
         prompts = self.prompts(self.select(q_t, task))
-        x = backbone.encode(inputs["h"], inputs["mask"], prompts, read=(0,))[
-            :, 0
-        ].float()
-        pull, rows = valid_mean(self.distances(q_t, task)[:, 0], inputs["valid"])
+        x = backbone.encode(inputs.h, inputs.mask, prompts, read=(0,))[:, 0].float()
+        pull, rows = valid_mean(self.distances(q_t, task)[:, 0], inputs.valid)
         return Out(x, pull, rows)
 
 

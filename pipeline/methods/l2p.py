@@ -56,7 +56,14 @@ from torch import nn
 
 from palcore.errors import ParamsError
 from pipeline.model.encoder import Backbone
-from pipeline.model.method import Method, Out, View, layer_prompts, valid_mean
+from pipeline.model.method import (
+    Method,
+    Out,
+    StaticView,
+    View,
+    layer_prompts,
+    valid_mean,
+)
 from pipeline.params import PromptParams
 
 INIT_SCALE = 1e-2  # U(0, 0.01): flax's `initializers.uniform()`
@@ -170,10 +177,10 @@ class L2P(Method):
         x, cos = self.joint(backbone, view.h, view.mask, view.q_t)
         return Out(x, self.pull(cos), torch.full((), len(x), device=x.device))
 
-    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+    def static_features(self, backbone: Backbone, inputs: StaticView) -> Out:
         """`features` with the pull loss a mean over the valid rows."""
-        x, cos = self.joint(backbone, inputs["h"], inputs["mask"], inputs["q_t"])
-        pull, rows = valid_mean((1 - cos).sum(-1), inputs["valid"])
+        x, cos = self.joint(backbone, inputs.h, inputs.mask, inputs.q_t)
+        pull, rows = valid_mean((1 - cos).sum(-1), inputs.valid)
         return Out(x, pull, rows)
 
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from pipeline.model.backbone import BackboneError
 from pipeline.model.encoder import Backbone
-from pipeline.model.method import Method, Out, View, layer_prompts, no_aux
+from pipeline.model.method import Method, Out, StaticView, View, layer_prompts, no_aux
 from pipeline.params import PromptParams
 
 N_CASES = 3  # codes of palcore.codes.Missing: complete, text missing, image missing
@@ -148,16 +148,16 @@ class Map(Method):
             backbone.encode(view.h, view.mask, prompts, read=(0,))[:, 0].float()
         )
 
-    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+    def static_features(self, backbone: Backbone, inputs: StaticView) -> Out:
         """`features` as it is: its shapes follow the batch's and the codes
         are on the device (padding rows get their sets; the CE ignores them)."""
         view = View(
-            inputs["h"],
-            inputs["mask"],
-            inputs["T"],
-            inputs["q_t"],
-            inputs["q_v"],
-            inputs["missing"],
+            inputs.h,
+            inputs.mask,
+            inputs.T,
+            inputs.q_t,
+            inputs.q_v,
+            inputs.missing,
         )
         return self.features(backbone, view)
 

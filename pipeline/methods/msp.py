@@ -33,7 +33,7 @@ from palcore.codes import Missing
 from palcore.errors import ParamsError
 from pipeline.methods.map import PoolerHead, pooler_head
 from pipeline.model.encoder import Backbone
-from pipeline.model.method import Method, Out, View, layer_prompts
+from pipeline.model.method import Method, Out, StaticView, View, layer_prompts
 from pipeline.model.prompts import orthogonal_rows
 from pipeline.params import PromptParams
 
@@ -125,11 +125,11 @@ class Msp(Method):
         rows = torch.full((), len(x), device=x.device)
         return Out(x, self.orthogonality(), rows)
 
-    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+    def static_features(self, backbone: Backbone, inputs: StaticView) -> Out:
         """`features` with the codes on the device; L_o is the batch's
         whatever its rows, counted over the valid ones."""
-        x = self.joint(backbone, inputs["h"], inputs["mask"], inputs["missing"])
-        return Out(x, self.orthogonality(), inputs["valid"].sum())
+        x = self.joint(backbone, inputs.h, inputs.mask, inputs.missing)
+        return Out(x, self.orthogonality(), inputs.valid.sum())
 
 
 METHOD = Msp

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from palcore.codes import Missing
-from pipeline.model.method import Method, Out, View
+from pipeline.model.method import Method, Out, StaticView, View
 from pipeline.model.prompts import Prompts, check_prompt_params
 from pipeline.params import PromptParams
 
@@ -160,7 +160,7 @@ class Pal(Prompts, Method):
         x = self.joint(backbone, view.h, view.mask, q_t, q_v)
         return Out(x, recon, torch.full((), c, device=x.device))
 
-    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+    def static_features(self, backbone: Backbone, inputs: StaticView) -> Out:
         """`features` for `pipeline.model.losses.static_loss`: every row gets a
         text-missing and an image-missing slot in one reconstruction pass of
         2B rows (a complete row's copies spliced from the dummy inputs, a row
@@ -173,10 +173,10 @@ class Pal(Prompts, Method):
         queries, qc (B, 2, D) those of the copies; missing (B,) int64 and
         complete (B,) bool (rows whose copies count) on the device.
         """
-        h, mask, T = inputs["h"], inputs["mask"], inputs["T"]
-        h_a, mask_a, h_b, mask_b = inputs["copies"]
-        q_t, q_v, qc = inputs["q_t"], inputs["q_v"], inputs["qc"]
-        missing, complete = inputs["missing"], inputs["complete"]
+        h, mask, T = inputs.h, inputs.mask, inputs.T
+        h_a, mask_a, h_b, mask_b = inputs.copies
+        q_t, q_v, qc = inputs.q_t, inputs.q_v, inputs.qc
+        missing, complete = inputs.missing, inputs.complete
         cm = complete[:, None]
         zeros = torch.zeros_like(q_t)
         q_hat = self.reconstruct(

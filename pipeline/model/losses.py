@@ -37,7 +37,7 @@ from palcore.codes import Missing
 from pipeline.data.samples import Batch
 from pipeline.model.device import autocast
 from pipeline.model.encoder import Backbone
-from pipeline.model.method import Copies, Out, View
+from pipeline.model.method import Copies, Out, StaticView, View
 from pipeline.model.network import PalModel, QueryCache
 from pipeline.model.vision import batch_inputs
 
@@ -251,7 +251,7 @@ def static_loss(
     `dummy` None: no copies (no reconstruction loss). Returns the loss and
     the parts of `loss`.
 
-    The method's `static_features` gets a dict: h, mask, T; copies (h_a,
+    The method's `static_features` gets a `StaticView`: h, mask, T; copies (h_a,
     mask_a, h_b, mask_b) (`splice_copies`; the rows themselves without
     `dummy`); q_t, q_v (B, D) frozen queries and qc (B, 2, D) those of the
     copies; missing (B,) int64, complete (B,) bool (rows whose copies
@@ -270,19 +270,19 @@ def static_loss(
         copies = (h, mask, h, mask)
     else:
         copies = splice_copies(h, mask, T, complete, dummy)
-    view = {
-        "h": h,
-        "mask": mask,
-        "T": T,
-        "copies": copies,
-        "q_t": q[:, 0],
-        "q_v": q[:, 1],
-        "qc": cache.copies[index],  # [q_t image-dropped, q_v text-dropped]
-        "missing": missing,
-        "complete": complete,
-        "valid": valid,
-        "task": task,
-    }
+    view = StaticView(
+        h=h,
+        mask=mask,
+        T=T,
+        copies=copies,
+        q_t=q[:, 0],
+        q_v=q[:, 1],
+        qc=cache.copies[index],  # [q_t image-dropped, q_v text-dropped]
+        missing=missing,
+        complete=complete,
+        valid=valid,
+        task=task,
+    )
     out = model.prompts.static_features(model.backbone, view)
     logits = model.head(out.x)[:, lo:hi]
     ce = F.cross_entropy(logits, target, ignore_index=-100)

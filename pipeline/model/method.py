@@ -60,6 +60,33 @@ class View:
     copies: Copies | None = None
 
 
+@dataclass(frozen=True)
+class StaticView:
+    """A batch as a graphable method's `static_features` sees it: shapes that
+    depend only on the input shapes, all tensors on the device (built by
+    `pipeline.model.losses`, for a CUDA-graph capture).
+
+    h (B, N, D), mask (B, N) bool: the embedded samples, text length T;
+    copies (h_a, mask_a, h_b, mask_b): the spliced copies (the rows
+    themselves when the run has no dummy); q_t, q_v (B, D): frozen queries;
+    qc (B, 2, D): those of the copies; missing (B,) int64; complete (B,)
+    bool: rows whose copies count; valid (B,) bool: not padding; task: the
+    training task (1-based).
+    """
+
+    h: torch.Tensor
+    mask: torch.Tensor
+    T: int
+    copies: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    q_t: torch.Tensor
+    q_v: torch.Tensor
+    qc: torch.Tensor
+    missing: torch.Tensor
+    complete: torch.Tensor
+    valid: torch.Tensor
+    task: int
+
+
 @dataclass
 class Out:
     """A method's output for a batch: x (B, D) float32, the joint embedding
@@ -95,7 +122,7 @@ class Method(nn.Module):
         """The joint embeddings (and auxiliary loss) of a batch."""
         raise NotImplementedError
 
-    def static_features(self, backbone: Backbone, inputs: dict) -> Out:
+    def static_features(self, backbone: Backbone, inputs: StaticView) -> Out:
         """`features` of a training batch with shapes fixed by the input
         shapes and no host synchronisation (graphable methods; the dict is
         built in `pipeline.model.losses.static_loss`, which says what it
