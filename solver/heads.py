@@ -1,0 +1,182 @@
+"""Closed-form heads solved from one set of per-task sufficient statistics.
+
+Every head here is a function of a `HeadStats` state accumulated from batches of
+rows: H (n, E) up-sampled features, X (n, D) backbone features, y (n,) integer
+labels. Statistics add, so two states merge by summing (AFL's absolute
+aggregation is this sum), and W does not depend on batching or sharding.
+All arithmetic is float64 in the NumPy/CuPy common subset; `xp` is the array
+module (numpy by default).
+
+Heads (source: the analytic-heads survey, sections 1.3, 1.4, 2 and 5):
+- `ridge`: (G + eta I) W = Q by Cholesky (PAL/ACIL; RanPAC.py l.116-125).
+- `air`: (sum_y G_y/n_y + (eta/s) I)^-1 sum_y Q_y/n_y, s = C / sum_y 1/n_y
+  (AIR, AnalyticLinear.py GeneralizedARM, in one E x E instead of C of them).
+  Assumes disjoint classes: n_y is final when y's task ends; a class that
+  recurs in a later task is refused.
+- `ncm`: cosine similarity to class means in H space (SimpleCIL prototypes,
+  LAMDA-PILOT simplecil.py, which scores cosine to prototypes).
+- `lda`: shared covariance in X space = mean of class covariances (uniform
+  priors), shrunk as (1 - a) S + a (tr S / D) I (sklearn's lsqr form with
+  fixed shrinkage a); departs from FSA (total covariance + I). Keeps C x D x D.
+- `val_sse` and `eta_path`: validation squared error of any W from a fold's
+  (G_v, Q_v, |Y_v|^2), and the whole eta grid from one eigendecomposition.
+
+Held-out fold: row with id i is held out when (i * 2654435761 + seed) mod
+`fold` == 0, a deterministic choice from the seed and the row's id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_HASH = 2654435761
+
+
+def held_out(ids: Any, seed: int, fold: int, xp: Any = np) -> Any:
+    """Boolean mask (n,) of rows in the held-out fold, from row ids and a seed."""
+    ids = xp.asarray(ids).astype(xp.int64)
+    return ((ids * _HASH + seed) % fold) == 0
+
+
+@dataclass
+class HeadStats:
+    """Per-state sums. Shapes: G, Gv, Gair (E, E); Q, Qv, Qair (E, C);
+    Hsum (C, E); Xsum (C, D); Sxx (C, D, D); n (C,); yv2 scalar."""
+
+    E: int
+    D: int
+    C: int
+    xp: Any = np
+    seed: int = 0
+    fold: int = 5
+    G: Any = None
+    Q: Any = None
+    Gv: Any = None
+    Qv: Any = None
+    yv2: float = 0.0
+    n: Any = None
+    Hsum: Any = None
+    Xsum: Any = None
+    Sxx: Any = None
+    Gair: Any = None
+    Qair: Any = None
+    done: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        z = self.xp.zeros
+        E, D, C = self.E, self.D, self.C
+        self.G, self.Gv = z((E, E)), z((E, E))
+        self.Q, self.Qv = z((E, C)), z((E, C))
+        self.n = z(C)
+        self.Hsum, self.Xsum, self.Sxx = z((C, E)), z((C, D)), z((C, D, D))
+        self.Gair, self.Qair = z((E, E)), z((E, C))
+        self._task_G: dict = {}
+
+    def add(self, H: Any, X: Any, y: Any, ids: Any) -> None:
+        """Accumulate one batch of rows of the current task."""
+        xp = self.xp
+        H, X = xp.asarray(H, dtype=xp.float64), xp.asarray(X, dtype=xp.float64)
+        y = xp.asarray(y)
+        for c in set(int(v) for v in y.tolist()):
+            if c in self.done:
+                raise ValueError(f"class {c} recurs after its task ended")
+        Y = xp.zeros((len(y), self.C))
+        Y[xp.arange(len(y)), y] = 1.0
+        v = held_out(ids, self.seed, self.fold, xp)
+        t = ~v
+        Ht, Yt = H[t], Y[t]
+        self.G += Ht.T @ Ht
+        self.Q += Ht.T @ Yt
+        self.Gv += H[v].T @ H[v]
+        self.Qv += H[v].T @ Y[v]
+        self.yv2 += float((Y[v] ** 2).sum())
+        self.n += Yt.sum(0)
+        self.Hsum += Yt.T @ Ht
+        self.Xsum += Yt.T @ X[t]
+        for c in set(int(v) for v in y[t].tolist()):
+            m = Ht[y[t] == c]
+            xc = X[t][y[t] == c]
+            self.Sxx[c] += xc.T @ xc
+            g = self._task_G.get(c, 0.0)
+            self._task_G[c] = g + m.T @ m
+
+    def end_task(self) -> None:
+        """Fold the task's per-class Grams into AIR's one E x E sum (n_y final)."""
+        for c, g in self._task_G.items():
+            self.Gair += g / self.n[c]
+            self.Qair[:, c] += self.Hsum[c] / self.n[c]
+            self.done.add(c)
+        self._task_G = {}
+
+    def merge(self, other: HeadStats) -> HeadStats:
+        """Sum two states over disjoint rows (federated / sharded merge)."""
+        out = HeadStats(self.E, self.D, self.C, self.xp, self.seed, self.fold)
+        for k in ("G", "Q", "Gv", "Qv", "n", "Hsum", "Xsum", "Sxx", "Gair", "Qair"):
+            setattr(out, k, getattr(self, k) + getattr(other, k))
+        out.yv2 = self.yv2 + other.yv2
+        out.done = self.done | other.done
+        for src in (self._task_G, other._task_G):
+            for c, g in src.items():
+                out._task_G[c] = out._task_G.get(c, 0.0) + g
+        return out
+
+
+def _chol_solve(A: Any, B: Any, xp: Any) -> Any:
+    L = xp.linalg.cholesky(A)
+    return xp.linalg.solve(L.T, xp.linalg.solve(L, B))
+
+
+def ridge(s: HeadStats, eta: float) -> Any:
+    """Joint ridge W (E, C): (G + eta I) W = Q (PAL/ACIL)."""
+    xp = s.xp
+    return _chol_solve(s.G + eta * xp.eye(s.E), s.Q, xp)
+
+
+def air(s: HeadStats, eta: float) -> Any:
+    """AIR class-balanced ridge W (E, C) in one E x E, seen classes only."""
+    xp = s.xp
+    seen = [c for c in sorted(s.done)]
+    inv = sum(1.0 / float(s.n[c]) for c in seen)
+    scale = len(seen) / inv
+    return _chol_solve(s.Gair + (eta / scale) * xp.eye(s.E), s.Qair, xp)
+
+
+def ncm(s: HeadStats, H: Any) -> Any:
+    """Cosine scores (n, C) of rows H (n, E) against class means."""
+    xp = s.xp
+    mu = s.Hsum / xp.maximum(s.n, 1.0)[:, None]
+    mu = mu / xp.maximum(xp.linalg.norm(mu, axis=1), 1e-300)[:, None]
+    Hn = H / xp.maximum(xp.linalg.norm(H, axis=1), 1e-300)[:, None]
+    return Hn @ mu.T
+
+
+def lda(s: HeadStats, shrinkage: float) -> tuple[Any, Any]:
+    """LDA (coef (C, D), intercept (C,)) with shared shrunk covariance, uniform priors.
+
+    S = (1/C) sum_y (Sxx_y / n_y - mu_y mu_y^T) (sklearn's prior-weighted class
+    covariances, uniform priors), S_a = (1 - a) S + a tr(S)/D I;
+    coef = mu S_a^-1, intercept = -1/2 diag(mu S_a^-1 mu^T) + log(1/C).
+    """
+    xp = s.xp
+    mu = s.Xsum / s.n[:, None]
+    S = (s.Sxx / s.n[:, None, None]).mean(0) - (mu.T @ mu) / s.C
+    Sa = (1 - shrinkage) * S + shrinkage * xp.trace(S) / s.D * xp.eye(s.D)
+    coef = _chol_solve(Sa, mu.T, xp).T
+    icpt = -0.5 * (coef * mu).sum(1) + np.log(1.0 / s.C)
+    return coef, icpt
+
+
+def val_sse(s: HeadStats, W: Any) -> float:
+    """Held-out squared error |Y_v - H_v W|^2 = |Y_v|^2 - 2<W,Q_v> + <W,G_v W>."""
+    return float(s.yv2 - 2 * (W * s.Qv).sum() + (W * (s.Gv @ W)).sum())
+
+
+def eta_path(s: HeadStats, etas: list[float]) -> list[Any]:
+    """Ridge W for every eta from one eigendecomposition G = V diag(lam) V^T."""
+    xp = s.xp
+    lam, V = xp.linalg.eigh(s.G)
+    VQ = V.T @ s.Q
+    return [V @ (VQ / (lam + e)[:, None]) for e in etas]

@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+
+from solver import heads
+
+E, D, C = 12, 6, 4
+
+
+def _data(seed=0, n=200, classes=range(C)):
+    r = np.random.default_rng(seed)
+    y = r.choice(list(classes), n)
+    X = r.normal(size=(n, D)) + y[:, None] * 0.5
+    H = np.maximum(X @ r.normal(size=(D, E)), 0) + 0.1
+    return H, X, y, np.arange(n)
+
+
+def _stats(H, X, y, ids, bs=37):
+    s = heads.HeadStats(E, D, C, seed=3, fold=5)
+    for i in range(0, len(y), bs):
+        s.add(H[i : i + bs], X[i : i + bs], y[i : i + bs], ids[i : i + bs])
+    s.end_task()
+    return s
+
+
+def _train(H, X, y, ids):
+    t = ~heads.held_out(ids, 3, 5)
+    return H[t], X[t], y[t], t
+
+
+def test_ridge_matches_direct_solve():
+    H, X, y, ids = _data()
+    s = _stats(H, X, y, ids)
+    Ht, _, yt, _ = _train(H, X, y, ids)
+    Y = np.eye(C)[yt]
+    ref = np.linalg.solve(Ht.T @ Ht + 0.5 * np.eye(E), Ht.T @ Y)
+    assert np.abs(heads.ridge(s, 0.5) - ref).max() < 1e-9
+
+
+def test_air_matches_per_class_formula():
+    H, X, y, ids = _data()
+    s = _stats(H, X, y, ids)
+    Ht, _, yt, _ = _train(H, X, y, ids)
+    n = np.bincount(yt, minlength=C).astype(float)
+    pi = (1 / n) * C / (1 / n).sum()
+    A = sum(pi[c] * Ht[yt == c].T @ Ht[yt == c] for c in range(C))
+    Qc = (Ht.T @ np.eye(C)[yt]) * pi
+    ref = np.linalg.inv(A + 0.5 * np.eye(E)) @ Qc
+    assert np.abs(heads.air(s, 0.5) - ref).max() < 1e-9
+
+
+def test_ncm_matches_class_means():
+    H, X, y, ids = _data()
+    s = _stats(H, X, y, ids)
+    Ht, _, yt, _ = _train(H, X, y, ids)
+    mu = np.stack([Ht[yt == c].mean(0) for c in range(C)])
+    ref = (H / np.linalg.norm(H, axis=1)[:, None]) @ (
+        mu / np.linalg.norm(mu, axis=1)[:, None]
+    ).T
+    assert np.abs(heads.ncm(s, H) - ref).max() < 1e-9
+
+
+def test_lda_matches_sklearn():
+    lda_cls = pytest.importorskip("sklearn.discriminant_analysis")
+    H, X, y, ids = _data()
+    s = _stats(H, X, y, ids)
+    _, Xt, yt, _ = _train(H, X, y, ids)
+    m = lda_cls.LinearDiscriminantAnalysis(
+        solver="lsqr", shrinkage=0.1, priors=np.full(C, 1 / C)
+    ).fit(Xt, yt)
+    coef, icpt = heads.lda(s, 0.1)
+    assert np.abs(X @ coef.T + icpt - m.decision_function(X)).max() < 1e-9
+
+
+def test_val_sse_matches_fold_residual():
+    H, X, y, ids = _data()
+    s = _stats(H, X, y, ids)
+    v = heads.held_out(ids, 3, 5)
+    W = np.random.default_rng(1).normal(size=(E, C))
+    ref = ((np.eye(C)[y[v]] - H[v] @ W) ** 2).sum()
+    assert abs(heads.val_sse(s, W) - ref) < 1e-9 * max(1.0, ref)
+
+
+def test_eta_path_matches_direct():
+    H, X, y, ids = _data()
+    s = _stats(H, X, y, ids)
+    etas = [0.01, 1.0, 100.0]
+    for W, e in zip(heads.eta_path(s, etas), etas, strict=True):
+        assert np.abs(W - heads.ridge(s, e)).max() < 1e-9
+
+
+def test_merge_equals_all_rows():
+    H, X, y, ids = _data()
+    a = heads.HeadStats(E, D, C, seed=3, fold=5)
+    b = heads.HeadStats(E, D, C, seed=3, fold=5)
+    a.add(H[:90], X[:90], y[:90], ids[:90])
+    b.add(H[90:], X[90:], y[90:], ids[90:])
+    m = a.merge(b)
+    m.end_task()
+    s = _stats(H, X, y, ids)
+    assert np.abs(heads.ridge(m, 0.5) - heads.ridge(s, 0.5)).max() < 1e-9
+    assert np.abs(heads.air(m, 0.5) - heads.air(s, 0.5)).max() < 1e-9
+
+
+def test_recurring_class_refused():
+    H, X, y, ids = _data(classes=[0, 1])
+    s = _stats(H, X, y, ids)
+    with pytest.raises(ValueError, match=r"^class 0 recurs after its task ended$"):
+        s.add(H[:5], X[:5], np.zeros(5, int), ids[:5])
