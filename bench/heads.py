@@ -1,0 +1,55 @@
+"""Time of each head from one HeadStats state, as ratios to one joint-ridge solve.
+
+Run: python bench/heads.py [E] [rows]  (synthetic data, float64, numpy).
+Accumulation (E^2 n FLOPs) is shared by all heads and printed apart.
+"""
+
+import sys
+import time
+
+import numpy as np
+
+from solver import heads
+
+
+def main() -> None:
+    E = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 10000
+    D, C = 64, 20
+    r = np.random.default_rng(0)
+    X = r.normal(size=(n, D))
+    y = np.sort(r.integers(0, C, n))
+    H = np.maximum(X @ r.normal(size=(D, E)), 0)
+    s = heads.HeadStats(E, D, C)
+    t = time.perf_counter()
+    for i in range(0, n, 4096):
+        s.add(
+            H[i : i + 4096],
+            X[i : i + 4096],
+            y[i : i + 4096],
+            np.arange(i, i + 4096)[: len(y[i : i + 4096])],
+        )
+    s.end_task()
+    acc = time.perf_counter() - t
+    rows = {}
+    for name, f in [
+        ("ridge", lambda: heads.ridge(s, 1.0)),
+        ("air", lambda: heads.air(s, 1.0)),
+        ("ncm", lambda: heads.ncm(s, H[:1000])),
+        ("lda", lambda: heads.lda(s, 0.1)),
+        ("eta_path x9", lambda: heads.eta_path(s, [10.0**k for k in range(-4, 5)])),
+    ]:
+        t = time.perf_counter()
+        f()
+        rows[name] = time.perf_counter() - t
+    state = sum(
+        getattr(s, k).nbytes
+        for k in ("G", "Q", "Gv", "Qv", "Gair", "Qair", "Hsum", "Xsum", "Sxx")
+    )
+    print(f"E={E} rows={n} accumulate {acc:.2f}s state {state / 2**20:.1f} MiB")
+    for name, sec in rows.items():
+        print(f"{name:12s} {sec:8.3f}s  {sec / rows['ridge']:6.2f}x ridge")
+
+
+if __name__ == "__main__":
+    main()
