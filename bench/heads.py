@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from solver import heads
+from solver.api import heads
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from solver import heads
 from solver.backend import Backend, _cupy_or_reason, get_backend
 from solver.classifier import Classifier
 from solver.evaluate import evaluate, evaluate_pipeline
@@ -53,6 +54,7 @@ __all__ = [
     "fit",
     "fit_pipeline",
     "get_backend",
+    "heads",
     "make_features",
     "mean_std_line",
     "new_figure",
