@@ -16,6 +16,7 @@ is also kept in `results/<dataset>/ablation/`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,27 @@ def _flow(value: Any) -> str:
     return str(value)
 
 
+# a cell's name is at most this long: `<7-char commit>-<name>` fits 40 columns
+NAME_CHARS = 32
+_LONG_PART = 16  # parts longer than this go last in a name
+# the keys the paper's grids vary, shortened in a cell's name (other keys: the
+# last part of their dotted key); the missing type's value names itself
+_SHORT_KEYS = {"data.missing_rate": "rate", "prompt.pool_size": "pool"}
+
+
+def _name_order(override: tuple[str, Any]) -> tuple[int, str]:
+    """The missing type first, the runs last, the other keys in order."""
+    key = override[0]
+    return ({"data.missing_type": 0, "protocol.runs": 2}.get(key, 1), key)
+
+
+def _part(key: str, value: Any) -> str:
+    """One override in a cell's name: `rate=0.1`, `layers=2-3`, `text`."""
+    if key == "data.missing_type":
+        return _fmt(value)
+    return f"{_SHORT_KEYS.get(key, key.rsplit('.', 1)[-1])}={_fmt(value)}"
+
+
 @dataclass(frozen=True)
 class Cell:
     """One experiment: the overrides (sorted by key) of the committed params."""
@@ -70,9 +92,19 @@ class Cell:
 
     @property
     def name(self) -> str:
+        """A short name of its overrides, at most NAME_CHARS characters (with
+        the commit's short hash the experiment's name fits 40): `text+rate=0.1`,
+        `width=546`; a longer one (a list of eight methods) keeps its first
+        characters and ends in a digest of the whole (`..._3f9a2c`)."""
         if not self.overrides:
             return "base"
-        return "+".join(f"{k.rsplit('.', 1)[-1]}={_fmt(v)}" for k, v in self.overrides)
+        parts = [_part(k, v) for k, v in sorted(self.overrides, key=_name_order)]
+        parts.sort(key=lambda part: len(part) > _LONG_PART)  # the long ones last
+        whole = "+".join(parts)
+        if len(whole) <= NAME_CHARS:
+            return whole
+        digest = hashlib.sha256(whole.encode()).hexdigest()[:6]
+        return f"{whole[: NAME_CHARS - 7].rstrip('+=-')}_{digest}"
 
     @property
     def set_args(self) -> list[str]:

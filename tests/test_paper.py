@@ -7,6 +7,7 @@ experiments are refs made by hand (as DVC stores them): no pipeline runs here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -51,9 +52,28 @@ def test_results_share_their_common_cells() -> None:
         == missing["both-0.7"]
         == Cell((("pipelines.main", every), ("protocol.runs", [0])))
     )
-    assert missing["text-0.3"].name == (
-        f"missing_rate=0.3+missing_type=text+main={'-'.join(every)}+runs=0"
-    )
+    # the type first, then the rate and the runs; the eight methods' list is
+    # cut, its digest (of the whole name) keeps the name unique
+    whole = f"text+rate=0.3+runs=0+main={'-'.join(every)}"
+    digest = hashlib.sha256(whole.encode()).hexdigest()[:6]
+    assert missing["text-0.3"].name == f"text+rate=0.3+runs=0+main_{digest}"
+
+
+@pytest.mark.parametrize(
+    "source", ["params.yaml", "configs/food101.yaml", "configs/n24news.yaml"]
+)
+def test_every_experiment_name_fits_40_characters(source: str) -> None:
+    params = yaml.safe_load(committed(source))
+    cells = {
+        col.cell.describe(): col.cell
+        for r in RESULTS.values()
+        for runs in (None, [0], [0, 1, 2])
+        for cite in ((False, True) if r.cites and source != "params.yaml" else (False,))
+        for col in r.columns(params, runs, cite)
+    }
+    names = {c.name for c in cells.values()}
+    assert len(names) == len(cells)  # one name per cell
+    assert max(len(f"{'0' * 7}-{n}") for n in names) <= 40
 
 
 def test_tables_1_2_run_acil_and_pal_whatever_main_a_rehearsal_committed() -> None:
@@ -500,7 +520,7 @@ def test_run_checks_every_cell_before_queuing_anything(
         "Error: cell 'main=pal+layers=0-1-2-3' (pipelines.main=[pal] prompt.layers="
         "[0,1,2,3]): params.yaml: prompt.layers [0, 1, 2, 3]: layer 2 is beyond the "
         "backbone's 2 layers (0..1) (model.backbone 'models/vilt')",
-        "Error: cell 'main=pal+pool_size=40' (pipelines.main=[pal] prompt.pool_size"
+        "Error: cell 'main=pal+pool=40' (pipelines.main=[pal] prompt.pool_size"
         "=40): params.yaml: prompt.pool_size 40 exceeds the hidden size 32: "
         "orthogonal keys need pool_size ≤ 32 (model.backbone 'models/vilt')",
     ]

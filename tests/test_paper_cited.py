@@ -10,6 +10,7 @@ does): no pipeline runs here.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -176,7 +177,7 @@ def test_the_cited_route_runs_pal_acil_and_pals_own_rows_only() -> None:
     # cells of their own: none is a cell of the measured route
     names = [c.cell.name for c in cited]
     assert not set(names) & {c.cell.name for c in measured}
-    assert names[0] == "missing_rate=0.1+missing_type=text"
+    assert names[0] == "text+rate=0.1"
     # 70 % both is the committed scenario: the one experiment Table 3's
     # stability figure and Table 4's 15k cell read too
     assert names[B70] == "base"
@@ -185,7 +186,9 @@ def test_the_cited_route_runs_pal_acil_and_pals_own_rows_only() -> None:
     params = {**FOOD, "pipelines": {**FOOD["pipelines"], "main": ["pal"]}}
     col = r.columns(params, [0], cite=True)[0]
     assert col.cell.value(params, "pipelines.main") == ["pal", "frozen"]
-    assert col.cell.name == "missing_rate=0.1+missing_type=text+main=pal-frozen+runs=0"
+    whole = "text+rate=0.1+main=pal-frozen+runs=0"  # 36 characters: cut to 32
+    digest = hashlib.sha256(whole.encode()).hexdigest()[:6]
+    assert col.cell.name == f"text+rate=0.1+main=pal-fr_{digest}"
     # the per-step figures (no numbers to cite: they leave the five out) read
     # the same cells
     steps = RESULTS["steps"].columns(FOOD, None, cite=True)
@@ -282,7 +285,7 @@ def test_cited_needs_the_papers_numbers_one_line(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     listed = out.stdout.splitlines()
     assert listed[1] == (
-        "  text-0.1 (10% text missing): missing_rate=0.1+missing_type=text  "
+        "  text-0.1 (10% text missing): text+rate=0.1  "
         "(data.missing_rate=0.1 data.missing_type=text)"
     )
     assert listed[1 + B70] == "  both-0.7 (70% both): base  (the committed params)"

@@ -94,7 +94,7 @@ def test_the_readme_route_runs_the_papers_grids_on_a_real_layout(
     # the cell restored the smoke run's per-dataset stages from DVC's cache
     dvc = [str(BIN / "dvc"), "queue"]
     status = sh_out(project, env, [*dvc, "status"]).split()
-    cell = [n for n in status if "missing_rate=0.1+missing_type=text+" in n]
+    cell = [n for n in status if "-text+rate=0.1+" in n]
     assert len(cell) == 1 and cell[0].startswith(_head(project)), status
     logs = sh_out(project, env, [*dvc, "logs", cell[0]])
     assert "Running stage 'tune@rebq-0'" in logs, logs
