@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -96,9 +95,11 @@ def paths_check(
 
 
 def plan_counts(preset: str = "configs/food101.yaml") -> tuple[int, int] | None:
-    """(tunings, extractions) of `pal-paper plan all -p preset`, summed over its
-    results (each cell counted once, as plan does); None if it cannot run."""
+    """(tunings, extractions) of `pal-paper plan all --params preset`, summed
+    over its results on the default route (each cell counted once, as plan
+    does); None if it cannot run."""
     cmd = [sys.executable, "-m", "palpaper", "plan", "all", "--params", preset]
+    cmd.append("--json")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     try:
         r = subprocess.run(
@@ -106,10 +107,11 @@ def plan_counts(preset: str = "configs/food101.yaml") -> tuple[int, int] | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    found = re.findall(r"(\d+) tunings, (\d+) extractions", r.stdout)
-    if r.returncode or not found:
+    if r.returncode:
         return None
-    return sum(int(t) for t, _ in found), sum(int(e) for _, e in found)
+    (grid,) = json.loads(r.stdout)["datasets"]
+    rows = grid["routes"]["measured"]["results"]
+    return sum(x["tunings"] for x in rows), sum(x["extractions"] for x in rows)
 
 
 def priced(report: dict[str, Any], counts: tuple[int, int] | None) -> dict:

@@ -17,6 +17,7 @@ results/paper/<dataset>/<result>.md, .csv and .png.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -41,12 +42,14 @@ from palpaper.options import (
     JOBS_HELP,
     baselines_option,
     cells_option,
+    json_option,
     out_option,
     params_path_option,
     runs_option,
     shard_option,
 )
-from palpaper.plan import CARD_ENV, PAPER, paper_lines, plan_lines, tunings
+from palpaper.plan import CARD_ENV, PAPER, paper_report, plan_report, tunings
+from palpaper.views import list_lines, list_report, plan_text
 
 __all__ = ["main", "tunings"]
 
@@ -125,17 +128,22 @@ def main(verbose: bool) -> None:
 @params_path_option
 @runs_option
 @baselines_option
+@json_option
 @clean_errors
-def list_cmd(params_file: Path, runs: str | None, baselines: str) -> None:
+def list_cmd(
+    params_file: Path, runs: str | None, baselines: str, as_json: bool
+) -> None:
     """Each result: where it is in the paper, its cells and their params."""
     params = _params(params_file)
     cite = _cite(baselines, list(RESULTS), params)
-    for name, r in RESULTS.items():
-        cols = r.columns(params, _runs(runs), cite)
-        plural = "" if len(cols) == 1 else "s"
-        click.echo(f"{name}: {r.paper}; {len(cols)} column{plural}, cells:")
-        for c in cols:
-            click.echo(f"  {c.key} ({c.label}): {c.cell.name}  ({c.cell.describe()})")
+    listing = {
+        name: (r, r.columns(params, _runs(runs), cite)) for name, r in RESULTS.items()
+    }
+    if as_json:
+        click.echo(json.dumps(list_report(listing), indent=1))
+        return
+    for line in list_lines(listing):
+        click.echo(line)
 
 
 @main.command("run")
@@ -271,6 +279,7 @@ def collect_cmd(
     "cpu) or a card file (`bench/gpu_check.py --parts pace`'s card.yaml). "
     f"Default: tune.device's: on a GPU ${CARD_ENV} or h200, else cpu.",
 )
+@json_option
 @clean_errors
 def plan_cmd(
     names: tuple[str, ...],
@@ -278,6 +287,7 @@ def plan_cmd(
     runs: str | None,
     cards: int,
     card_name: str | None,
+    as_json: bool,
 ) -> None:
     """Projected time of RESULT… from the params (e.g. --params configs/food101.yaml)
     on a card: the tunings and extractions its cells add to a finished `dvc
@@ -295,12 +305,15 @@ def plan_cmd(
                 f"plan: paper (the whole paper) is named alone, got {' '.join(names)}"
             )
         presets = [(path, _params(Path(path))) for path, _ in PAPER]
-        lines = paper_lines(presets, run_ids, cards, card_name)
+        report = paper_report(presets, run_ids, cards, card_name)
     else:
         params = _params(params_file)
         ids = _results(names)
-        lines = plan_lines(ids, params, run_ids, str(params_file), cards, card_name)
-    for line in lines:
+        report = plan_report(ids, params, run_ids, str(params_file), cards, card_name)
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+        return
+    for line in plan_text(report):
         click.echo(line)
 
 
@@ -363,8 +376,11 @@ def submit_cmd(
 @click.argument("names", nargs=-1, metavar="RESULT…")
 @runs_option
 @baselines_option
+@json_option
 @clean_errors
-def status_cmd(names: tuple[str, ...], runs: str | None, baselines: str) -> None:
+def status_cmd(
+    names: tuple[str, ...], runs: str | None, baselines: str, as_json: bool
+) -> None:
     """Each cell of RESULT… on this commit: finished, running, waiting,
     stopped or failed (from the experiments, squeue and each task's last
     word), with its SLURM job and log."""
@@ -373,7 +389,11 @@ def status_cmd(names: tuple[str, ...], runs: str | None, baselines: str) -> None
     params = _params(DEFAULT_PARAMS)
     cite = _cite(baselines, ids, params)
     todo = running.select_cells(ids, params, _runs(runs), None, None, cite)
-    for line in slurm.status_lines(repo, todo):
+    report = slurm.status_report(repo, todo)
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+        return
+    for line in slurm.status_lines(report):
         click.echo(line)
 
 

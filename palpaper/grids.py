@@ -111,10 +111,14 @@ class Cell:
         """`-S key=value` for each override, as `dvc exp run` takes them."""
         return [a for k, v in self.overrides for a in ("-S", f"{k}={_flow(v)}")]
 
+    def pairs(self) -> list[str]:
+        """Its overrides as `key=value`, as `dvc exp run -S` takes them."""
+        return [f"{k}={_flow(v)}" for k, v in self.overrides]
+
     def describe(self) -> str:
         if not self.overrides:
             return "the committed params"
-        return " ".join(f"{k}={_flow(v)}" for k, v in self.overrides)
+        return " ".join(self.pairs())
 
     def value(self, params: Mapping[str, Any], key: str) -> Any:
         """The cell's value of `key`: its override, else the committed one."""

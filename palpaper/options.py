@@ -62,6 +62,12 @@ out_option = click.option(
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder of the rendered results; each dataset gets its own subfolder.",
 )
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the same as one JSON object, for scripts.",
+)
 baselines_option = click.option(
     "--baselines",
     type=click.Choice(["measured", "cited"]),

@@ -38,7 +38,6 @@ from palpaper.cards import (  # noqa: F401  (plan's names for its callers)
     costs,
 )
 from palpaper.grids import RESULTS, Cell, GridError, cited_variants, get
-from palpaper.notes import listed
 from palpaper.packaged import published
 from palpaper.prices import (  # noqa: F401  (plan's names for its callers)
     Variant,
@@ -64,16 +63,14 @@ PAPER = (
 )
 
 
-def largest_solve(cells: Sequence[Cell], params: Mapping[str, Any]) -> str:
-    """The line on the largest up-sampling width among the cells: its Gram
-    matrix (width², solve.dtype) is held once per solve."""
+def largest_solve(cells: Sequence[Cell], params: Mapping[str, Any]) -> dict[str, Any]:
+    """The largest up-sampling width among the cells: its Gram matrix
+    (width², solve.dtype) is held once per solve."""
     width = max(int(c.value(params, "solve.width")) for c in cells)
     dtype = str(get(params, "solve.dtype"))
     gb = width * width * DTYPE_BYTES.get(dtype, 8) / 1e9
-    return (
-        f"  largest solve: width {width}, a {width} x {width} {dtype} Gram matrix "
-        f"of {gb:.1f} GB per solve (solve.device {get(params, 'solve.device')})"
-    )
+    device = str(get(params, "solve.device"))
+    return {"width": width, "dtype": dtype, "gram_gb": gb, "device": device}
 
 
 @dataclass
@@ -142,7 +139,7 @@ def price(
     if dataset not in sizes:
         raise GridError(
             f"{where}: no measured size for data.dataset '{dataset}' "
-            f"(measured: {', '.join(sizes)})"
+            f"(measured: {', '.join(sizes)}: --params configs/food101.yaml)"
         )
     size = sizes[dataset]
     cites = (False, True) if _cites(ids, dataset) else (False,)
@@ -151,37 +148,35 @@ def price(
     return Grid(dataset, params, tuple(ids), size, frozen_h, routes)
 
 
-def plan_lines(
+def plan_report(
     ids: Sequence[str],
     params: Mapping[str, Any],
     runs: Sequence[int] | None,
     where: str,
     cards: int = 1,
     card_name: str | None = None,
-) -> list[str]:
-    """The lines `pal-paper plan` prints; `where` names the params file, the
-    wall time is on `cards` cards of `card_name` (--card; None: the card
-    tune.device implies). Where a result runs the baselines (Tables 1-2,
-    steps) and Tables 1-2 have the paper's numbers for the dataset, both
-    routes: the baselines measured (the default) and cited (`--baselines
-    cited`), each with its tunings, hours and wall time."""
+) -> dict[str, Any]:
+    """What `pal-paper plan` prints (as text or `--json`): the card, and the
+    dataset's grid priced on it; `where` names the params file, the wall time
+    is on `cards` cards of `card_name` (--card; None: the card tune.device
+    implies). Where a result runs the baselines (Tables 1-2, steps) and Tables
+    1-2 have the paper's numbers for the dataset, both routes: the baselines
+    measured (the default) and cited (`--baselines cited`)."""
     c = card(card_name, device_kind(params) if card_name is None else "GPU")
     grid = price(ids, params, runs, where, c)
     pack = packing(c, grid.methods())
-    device = get(params, "tune.device")
-    return [
-        f"{grid.dataset}, {c['name']} (tune.device {device}; {c.where}): {c.status()}",
-        _packing_line(pack, c, grid.methods()),
-        *_grid_lines(grid, c, pack, cards),
-    ]
+    return {
+        "card": _card_report(c, pack, grid.methods(), cards),
+        "datasets": [_grid_report(grid, c, pack, cards, where)],
+    }
 
 
-def paper_lines(
+def paper_report(
     presets: Sequence[tuple[str, Mapping[str, Any]]],
     runs: Sequence[int] | None,
     cards: int = 1,
     card_name: str | None = None,
-) -> list[str]:
+) -> dict[str, Any]:
     """`pal-paper plan paper`: each of PAPER's params files (path, params)
     with its results, then the whole paper per route: the card-hours (the
     sum of the datasets') and the wall time of every cell on `cards` cards."""
@@ -191,117 +186,127 @@ def paper_lines(
         price(ids, params, runs, path, c)
         for (path, params), (_, ids) in zip(presets, PAPER, strict=True)
     ]
-    pack = packing(c, unique(m for g in grids for m in g.methods()))
-    lines = [f"the paper, {c['name']} ({c.where}): {c.status()}"]
-    lines.append(_packing_line(pack, c, unique(m for g in grids for m in g.methods())))
-    for (path, _), grid in zip(presets, grids, strict=True):
-        lines.append(f"  {grid.dataset} ({path}): {', '.join(grid.ids)}")
-        lines += ["  " + line for line in _grid_lines(grid, c, pack, cards)]
-    for cite, words in ((False, "--baselines measured"), (True, "--baselines cited")):
+    methods = unique(m for g in grids for m in g.methods())
+    pack = packing(c, methods)
+    paper = {}
+    for cite in (False, True):
         routes = [g.routes.get(cite, g.routes[False]) for g in grids]
         frozen = sum(g.frozen_h for g in grids)
-        hours = frozen + sum(pack.card_h(h) for r in routes for h in r.cells_h)
-        slot = [pack.slot_h(h) for r in routes for h in r.cells_h]
-        wall = frozen + wall_hours(slot, cards * pack.slots)
-        lines.append(
-            f"  the paper, {words}: {hours:.1f} card-hours; on {cards} "
-            f"card{'s' * (cards != 1)}: {wall:.1f} h wall ({len(slot)} cells, the "
-            f"longest {max(slot, default=0.0):.1f} h)"
-        )
-    return lines
+        cells_h = [h for r in routes for h in r.cells_h]
+        paper[ROUTE_NAMES[cite]] = _totals(cells_h, frozen, pack, cards)
+    return {
+        "card": _card_report(c, pack, methods, cards),
+        "datasets": [
+            _grid_report(grid, c, pack, cards, path)
+            for (path, _), grid in zip(presets, grids, strict=True)
+        ],
+        "paper": paper,
+    }
 
 
-def _packing_line(pack: Packing, c: Card, methods: Sequence[str]) -> str:
-    """J, the packing factor and why J: the grid's largest tuning in 90 % of
-    the card's memory, among the J the card has a figure for."""
-    js = ", ".join(str(j) for j in sorted(c["packing"]))
-    if c["memory_gib"] is None:
-        why = "its memory not recorded"
-    else:
-        why = (
-            f"{pack.slots} x {pack.gib:g} GiB, the largest tuning of "
-            f"{', '.join(methods) or 'none'}, within 90 % of {c['memory_gib']:g} GiB"
-        )
-    return (
-        f"  {pack.slots} tuning{'s' * (pack.slots != 1)} at once a card, at "
-        f"{pack.factor:g}x the samples/s of one alone ({why}; packing figures for "
-        f"J = {js}): hours below are card-hours, wall times on "
-        f"{pack.slots} slot{'s' * (pack.slots != 1)} a card"
-    )
+ROUTE_NAMES = {False: "measured", True: "cited"}
 
 
-def _grid_lines(grid: Grid, c: Card, pack: Packing, cards: int) -> list[str]:
-    """A dataset's lines under the card's: the per-(variant, run) minutes, each
-    route's results, totals and wall times, and the largest solve."""
+def _card_report(
+    c: Card, pack: Packing, methods: Sequence[str], cards: int
+) -> dict[str, Any]:
+    """The card, where its figures come from, and J: the grid's largest
+    tuning in 90 % of its memory, among the J the card has a figure for."""
+    return {
+        "name": c["name"],
+        "file": c.where,
+        "figures": c.status(),
+        "cards": cards,
+        "memory_gib": c["memory_gib"],
+        "tunings_at_once": pack.slots,
+        "packing_factor": pack.factor,
+        "largest_tuning_gib": pack.gib,
+        "methods": list(methods),
+        "packing_figures_for": sorted(c["packing"]),
+    }
+
+
+def _grid_report(
+    grid: Grid, c: Card, pack: Packing, cards: int, where: str
+) -> dict[str, Any]:
+    """A dataset's grid: each route's results and totals, the minutes per
+    (variant, run), and the largest solve."""
     params = grid.params
-    lines = [_minutes_line(grid, c)]
     every = [cell for r in grid.routes.values() for cell in r.every]
-    if len(grid.routes) == 1:
-        lines += _route_lines(grid.routes[False], grid.frozen_h, pack, cards)
-        return [*lines, largest_solve(every, params)]
-    names = listed(cited_names(params, grid.ids))
-    for cite, words in (
-        (
-            False,
-            "--baselines measured (the default): the five compared methods run too",
-        ),
-        (True, f"--baselines cited: {names} not run (Tables 1-2 cite the paper)"),
-    ):
-        route = _route_lines(grid.routes[cite], grid.frozen_h, pack, cards)
-        lines += [f"  {words}", *("  " + line for line in route)]
-    return [*lines, largest_solve(every, params)]
+    routes = {
+        ROUTE_NAMES[cite]: _route_report(route, grid.frozen_h, pack, cards)
+        for cite, route in grid.routes.items()
+    }
+    if True in grid.routes:
+        routes["cited"]["not_run"] = cited_names(params, grid.ids)
+    return {
+        "dataset": grid.dataset,
+        "params": where,
+        "tune_device": str(get(params, "tune.device")),
+        "results": list(grid.ids),
+        "routes": routes,
+        "minutes": _minutes(grid, c),
+        "largest_solve": largest_solve(every, params),
+    }
 
 
-def _minutes_line(grid: Grid, c: Card) -> str:
+def _minutes(grid: Grid, c: Card) -> dict[str, Any]:
     """Minutes per (variant, run) at the committed params: each trained
-    method's tuning, an extraction (with and without prompts), and the frozen
-    queries once."""
+    method's tuning, an extraction (with prompts, and without: a gather of
+    the frozen queries), and the frozen queries once."""
     params, base, size = grid.params, Cell(()), grid.size
     pal = variant(params, base, "")
     methods = grid.methods() or [pal.method]
     epochs = int(get(params, "tune.epochs"))
-    tunes = ", ".join(
-        f"{m} {tune_seconds(base, params, Variant(m, True, epochs), c, size) / 60:.1f}"
-        for m in methods
-    )
-    extracts = ", ".join(
-        f"{m} {extract_seconds(base, params, Variant(m, True, 0), c, size) / 60:.1f}"
-        for m in methods
-    )
-    gather = c["extract_startup_s"] / 60
-    return (
-        f"  per (variant, run) at the committed params: tune {tunes} min; extract "
-        f"{extracts} min, without prompts (ACIL) {gather:.1f} min (a gather of "
-        f"the frozen queries); the frozen queries {grid.frozen_h * 60:.1f} min "
-        "once (shared by every cell)"
-    )
+    return {
+        "tune": {
+            m: tune_seconds(base, params, Variant(m, True, epochs), c, size) / 60
+            for m in methods
+        },
+        "extract": {
+            m: extract_seconds(base, params, Variant(m, True, 0), c, size) / 60
+            for m in methods
+        },
+        "extract_without_prompts": c["extract_startup_s"] / 60,
+        "frozen_queries_once": grid.frozen_h * 60,
+    }
 
 
-def _route_lines(route: Route, frozen_h: float, pack: Packing, cards: int) -> list[str]:
-    """A line per result, the total, the wall time on the cards and the
-    longest cell (a cluster job's time limit)."""
-    lines = [
-        f"  {rid}: {n} cell{'s' * (n != 1)}, {t} tunings, {e} extractions: "
-        f"{pack.card_h(hours):.1f} h"
-        for rid, n, t, e, hours in route.results
-    ]
-    total = frozen_h + sum(pack.card_h(h) for h in route.cells_h)
-    slot = [pack.slot_h(h) for h in route.cells_h]
-    wall = frozen_h + wall_hours(slot, cards * pack.slots)
-    longest = max(slot, default=0.0)
-    alone = max(route.cells_h, default=0.0)
-    return [
-        *lines,
-        f"  all of them: {total:.1f} h (cells shared between results and the "
-        "frozen queries counted once)",
-        f"  on {cards} card{'s' * (cards != 1)}: {wall:.1f} h wall "
-        f"({cards * pack.slots} slot{'s' * (cards * pack.slots != 1)}; "
-        f"{len(slot)} cells, the longest "
-        f"{longest:.1f} h)",
-        f"  a cluster job's time limit needs {longest:.1f} h: the longest cell, "
-        f"{pack.slots} at once on its card ({alone:.1f} h alone, as a `pal-paper "
-        "submit` task runs it)",
-    ]
+def _totals(
+    cells_h: Sequence[float], frozen_h: float, pack: Packing, cards: int
+) -> dict[str, Any]:
+    """Card-hours (the frozen queries once), the wall time on the cards, and
+    the longest cell: on one of its card's slots (a cluster job's time limit)
+    and alone."""
+    slot = [pack.slot_h(h) for h in cells_h]
+    return {
+        "card_hours": frozen_h + sum(pack.card_h(h) for h in cells_h),
+        "wall_hours": frozen_h + wall_hours(slot, cards * pack.slots),
+        "slots": cards * pack.slots,
+        "cells": len(slot),
+        "longest_cell_hours": max(slot, default=0.0),
+        "longest_cell_alone_hours": max(cells_h, default=0.0),
+    }
+
+
+def _route_report(
+    route: Route, frozen_h: float, pack: Packing, cards: int
+) -> dict[str, Any]:
+    """Each result's cells, tunings, extractions and card-hours, then the
+    route's totals (cells shared between results counted once)."""
+    return {
+        "results": [
+            {
+                "result": rid,
+                "cells": n,
+                "tunings": t,
+                "extractions": e,
+                "card_hours": pack.card_h(hours),
+            }
+            for rid, n, t, e, hours in route.results
+        ],
+        **_totals(route.cells_h, frozen_h, pack, cards),
+    }
 
 
 def _cites(ids: Sequence[str], dataset: str) -> bool:

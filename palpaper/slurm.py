@@ -21,7 +21,7 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,8 +352,8 @@ def _submissions(repo: Repo) -> list[tuple[Path, dict]]:
 
 def cell_states(
     repo: Repo, cells: Sequence[Cell], records: list[tuple[Path, dict]]
-) -> tuple[dict[str, tuple[str, str]], dict[str, tuple[str, str]]]:
-    """Each cell's (state, detail) by its name, from the project's
+) -> tuple[dict[str, tuple[str, str, str]], dict[str, tuple[str, str]]]:
+    """Each cell's (state, detail, log) by its name, from the project's
     experiments, `squeue` and the newest submission of the cell in
     `records`; and the queue of those submissions' jobs."""
     where: dict[str, tuple[Path, dict, int]] = {}
@@ -375,25 +375,53 @@ def cell_states(
 IN_QUEUE = ("running", "waiting")  # states of a cell whose task SLURM still holds
 
 
-def status_lines(repo: Repo, cells: Sequence[Cell]) -> list[str]:
-    """One line per cell: finished, running, waiting, stopped or failed, with
-    its job and log; then the collect job of the newest submission."""
+def status_report(repo: Repo, cells: Sequence[Cell]) -> dict[str, Any]:
+    """`pal-paper status`: each cell's state (finished, running, waiting,
+    stopped or failed) with its experiment, SLURM job and log, the count of
+    each state, and the collect job of the newest submission."""
     records = _submissions(repo)
     states, queued = cell_states(repo, cells, records)
     counts: dict[str, int] = {}
-    lines = []
+    rows = []
     for c in cells:
-        state, detail = states[c.name]
+        state, detail, log_path = states[c.name]
         counts[state] = counts.get(state, 0) + 1
-        lines.append(f"  {c.name}: {state}{detail}")
-    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    head = f"{len(cells)} cells on {repo.short}: {summary}"
+        rows.append(
+            {
+                "cell": c.name,
+                "experiment": repo.exp_name(c),
+                "state": state,
+                "detail": detail,
+                "log": log_path,
+            }
+        )
+    report: dict[str, Any] = {"commit": repo.short, "counts": counts, "cells": rows}
     if records and records[-1][1].get("collect"):
         sub, rec = records[-1]
         job = rec["collect"]
-        st = queued.get(job, ("ended", ""))[0].lower()
-        lines.append(f"  tables: collect job {job} {st}; log {sub}/collect.out")
-    return [head, *lines]
+        report["collect"] = {
+            "job": job,
+            "state": queued.get(job, ("ended", ""))[0].lower(),
+            "log": f"{sub}/collect.out",
+        }
+    return report
+
+
+def status_lines(report: Mapping[str, Any]) -> list[str]:
+    """The summary, then a line per cell (its state and job; its log on a
+    line of its own), then the collect job's."""
+    summary = ", ".join(f"{n} {s}" for s, n in report["counts"].items())
+    lines = [f"{len(report['cells'])} cells on {report['commit']}: {summary}"]
+    for row in report["cells"]:
+        detail = f" ({row['detail']})" if row["detail"] else ""
+        lines.append(f"  {row['cell']}: {row['state']}{detail}")
+        if row["log"]:
+            lines.append(f"    log {row['log']}")
+    if "collect" in report:
+        c = report["collect"]
+        lines.append(f"  tables: collect job {c['job']} {c['state']}")
+        lines.append(f"    log {c['log']}")
+    return lines
 
 
 def to_submit(repo: Repo, cells: Sequence[Cell]) -> tuple[list[Cell], int]:
@@ -411,28 +439,27 @@ def _cell_state(
     finished: dict[str, str],
     sub: tuple[Path, dict, int] | None,
     queued: dict[str, tuple[str, str]],
-) -> tuple[str, str]:
+) -> tuple[str, str, str]:
+    """A cell's state, what its job says, and its task's log ("" if none)."""
     if name in finished:
-        return "finished", ""
+        return "finished", "", ""
     if sub is None:
-        return "not submitted", ""
+        return "not submitted", "", ""
     folder, rec, i = sub
-    log_path = f"; log {folder}/task-{i}.out"
+    log_path = f"{folder}/task-{i}.out"
     job = f"{rec.get('array')}_{i}"
     if job in queued:
         state, where = queued[job]
         if state in ("RUNNING", "COMPLETING"):
-            return "running", f" (job {job} on {where}){log_path}"
-        return "waiting", f" (job {job}, {state.lower()}: {where}){log_path}"
+            return "running", f"job {job} on {where}", log_path
+        return "waiting", f"job {job}, {state.lower()}: {where}", log_path
     try:
         last = json.loads((folder / f"task-{i}.json").read_text())
     except (OSError, ValueError):
-        return "failed", f" (job {job} ended before its cell started){log_path}"
+        return "failed", f"job {job} ended before its cell started", log_path
     if last["state"] == "stopped":
-        return (
-            "stopped",
-            f" (job {job}, {last['signal']}: scancel or pre-emption){log_path}",
-        )
+        why = f"job {job}, {last['signal']}: scancel or pre-emption"
+        return "stopped", why, log_path
     if last["state"] == "running":
-        return "failed", f" (job {job} killed mid-cell){log_path}"
-    return "failed", f" (job {job}, `dvc exp run` exit {last.get('rc')}){log_path}"
+        return "failed", f"job {job} killed mid-cell", log_path
+    return "failed", f"job {job}, `dvc exp run` exit {last.get('rc')}", log_path

@@ -11,6 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from helpers import committed
+
+from palpaper.grids import RESULTS
+from palpaper.plan import plan_report
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -94,8 +99,13 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     assert old["extract"]["syncs_per_batch"] == new["extract"]["syncs_per_batch"]
     assert paths["feature_cosine_min"] >= 0.9999
     # plan all's tunings and extractions, priced at each tree's projection
+    # (the default route's: the baselines measured)
     tunings, extractions = report["plan"]["counts"]
-    assert tunings > 0 and extractions > 0
+    food = yaml.safe_load(committed("configs/food101.yaml"))
+    (grid,) = plan_report(list(RESULTS), food, None, "food101")["datasets"]
+    rows = grid["routes"]["measured"]["results"]
+    assert tunings == sum(r["tunings"] for r in rows) > 0
+    assert extractions == sum(r["extractions"] for r in rows) > 0
     assert set(report["plan"]["paths"]) == {"before", "after"}
     for p in report["plan"]["paths"].values():
         minutes = tunings * p["tune_min"] + extractions * p["extract_min"]

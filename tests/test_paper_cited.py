@@ -11,6 +11,7 @@ does): no pipeline runs here.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -284,11 +285,30 @@ def test_cited_needs_the_papers_numbers_one_line(tmp_path: Path) -> None:
     out = paper(food, "list", "--baselines", "cited")
     assert out.returncode == 0, out.stderr
     listed = out.stdout.splitlines()
-    assert listed[1] == (
-        "  text-0.1 (10% text missing): text+rate=0.1  "
-        "(data.missing_rate=0.1 data.missing_type=text)"
-    )
-    assert listed[1 + B70] == "  both-0.7 (70% both): base  (the committed params)"
+    assert listed[0] == "missing: Tables 1-2; 15 columns"  # no override shared
+    assert listed[1].split() == [
+        "text-0.1",
+        "text+rate=0.1",
+        "data.missing_rate=0.1",
+        "data.missing_type=text",
+    ]
+    assert listed[1 + B70].split() == [
+        "both-0.7",
+        "base",
+        "(the",
+        "committed",
+        "params)",
+    ]
+    assert max(len(x) for x in listed) <= 100
+    out = paper(food, "list", "--baselines", "cited", "--json")
+    columns = json.loads(out.stdout)["missing"]["columns"]
+    assert columns[0] == {
+        "key": "text-0.1",
+        "label": "10% text missing",
+        "cell": "text+rate=0.1",
+        "overrides": {"data.missing_rate": 0.1, "data.missing_type": "text"},
+    }
+    assert columns[B70]["overrides"] == {}
 
 
 def test_collect_renders_the_cited_route_from_its_own_cells(tmp_path: Path) -> None:
@@ -338,3 +358,55 @@ def test_collect_renders_the_cited_route_from_its_own_cells(tmp_path: Path) -> N
     assert len(steps) == 4 + 3 * 4
     png = (repo / "results/paper/food101/steps.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_status_names_each_cells_experiment_within_100_columns(
+    tmp_path: Path,
+) -> None:
+    food = tmp_path / "food"
+    head = _project(food, committed("configs/food101.yaml"))[:7]
+    out = paper(food, "status", "missing", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    cells = [c.cell for c in RESULTS["missing"].columns(FOOD, None)]
+    assert report["commit"] == head
+    assert report["counts"] == {"not submitted": 15}
+    assert [r["experiment"] for r in report["cells"]] == [
+        f"{head}-{c.name}" for c in cells
+    ]
+    assert max(len(r["experiment"]) for r in report["cells"]) <= 40
+    assert {(r["state"], r["detail"], r["log"]) for r in report["cells"]} == {
+        ("not submitted", "", "")
+    }
+    lines = paper(food, "status", "missing").stdout.splitlines()
+    assert lines[0] == f"15 cells on {head}: 15 not submitted"
+    assert lines[1:] == [f"  {c.name}: not submitted" for c in cells]
+    assert max(len(x) for x in lines) <= 100
+
+
+def test_a_cells_log_is_on_a_line_of_its_own() -> None:
+    from palpaper.slurm import status_lines
+
+    log = ".dvc/tmp/slurm/20261129-001500-abcdef0/task-11.out"
+    report = {
+        "commit": "abcdef0",
+        "counts": {"waiting": 1, "finished": 1},
+        "cells": [
+            {
+                "cell": "eta=0.5",
+                "state": "waiting",
+                "detail": "job 42_11, pending: Resources",
+                "log": log,
+            },
+            {"cell": "base", "state": "finished", "detail": "", "log": ""},
+        ],
+        "collect": {"job": "43", "state": "pending", "log": "x/collect.out"},
+    }
+    assert status_lines(report) == [
+        "2 cells on abcdef0: 1 waiting, 1 finished",
+        "  eta=0.5: waiting (job 42_11, pending: Resources)",
+        f"    log {log}",
+        "  base: finished",
+        "  tables: collect job 43 pending",
+        "    log x/collect.out",
+    ]

@@ -9,6 +9,7 @@ packaged cards are checked against their stated projection.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -154,22 +155,19 @@ def test_one_map_cell_against_one_pal_cell(tmp_path: Path) -> None:
         params = yaml.safe_load(committed("configs/food101.yaml"))
         params["ablation"]["pal"]["changes"] = {"prompt": {"method": method}}
         write(tmp_path, f"{method}.yaml", params)
-        lines = plan(
-            tmp_path, "tasks", "--params", f"{method}.yaml", "--card", "card.yaml"
-        )
-        got = re.search(
-            r"  tasks: 4 cells, 9 tunings, 9 extractions: ([\d.]+) h", lines[3]
-        )
-        assert got, lines
-        hours[method] = float(got[1])
+        args = ["tasks", "--params", f"{method}.yaml", "--card", "card.yaml"]
+        report = json.loads("\n".join(plan(tmp_path, *args, "--json")))
+        (tasks,) = report["datasets"][0]["routes"]["measured"]["results"]
+        assert (tasks["cells"], tasks["tunings"], tasks["extractions"]) == (4, 9, 9)
+        hours[method] = tasks["card_hours"]
     # tasks: K = 5, 20, 50 are new cells (10 is the committed one), PAL alone
     # (here the pal variant with method map or pal); J = 2 for pal, 4 for map
     work = {
         m: sum(3 * (tune(m, k) + extract(k)) for k in (5, 20, 50)) / 3600
         for m in ("pal", "map")
     }
-    assert hours["pal"] == round(work["pal"] / 1.6, 1)
-    assert hours["map"] == round(work["map"] / 2.0, 1)
+    assert hours["pal"] == approx(work["pal"] / 1.6)
+    assert hours["map"] == approx(work["map"] / 2.0)
     steady = 3 * 3 * 10 * 61127 / 3600  # 9 tunings' steps, seconds x rate
     assert work["pal"] - work["map"] == pytest.approx(steady * (1 / 400 - 1 / 1000))
 
@@ -204,51 +202,92 @@ def test_plan_prices_each_variant_and_fills_the_card(tmp_path: Path) -> None:
     missing = (14 * cell + base) / 1.6
     wall = FROZEN_H + max(2 * cell, cell + base) * 2 / 1.6
     cited = 3 * (tune("pal") + 2 * extract() + 30.0) / 3600
-    assert lines[0] == (
-        "food101, a test card (tune.device cuda; card.yaml): measured on a test "
-        "card at abc1234, 500 steps"
-    )
-    assert lines[1] == (
-        "  2 tunings at once a card, at 1.6x the samples/s of one alone (2 x 5 GiB, "
-        "the largest tuning of pal, map, msp, l2p, dualprompt, rebq, within 90 % of "
-        "20 GiB; packing figures for J = 1, 2, 4): hours below are card-hours, wall "
-        "times on 2 slots a card"
-    )
-    minutes = ", ".join(f"{m} {tune(m) / 60:.1f}" for m in ("pal", *baselines))
-    extracts = ", ".join(f"{m} {extract() / 60:.1f}" for m in ("pal", *baselines))
-    assert lines[2] == (
-        f"  per (variant, run) at the committed params: tune {minutes} min; extract "
-        f"{extracts} min, without prompts (ACIL) 0.5 min (a gather of the "
-        f"frozen queries); the frozen queries {FROZEN_H * 60:.1f} min once (shared "
-        "by every cell)"
-    )
-    assert lines[3:] == [
-        "  --baselines measured (the default): the five compared methods run too",
-        f"    missing: 15 cells, {42 + 45 * 5} tunings, {126 + 45 * 5} extractions: "
-        f"{missing:.1f} h",
-        "    upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
-        f"    all of them: {missing + FROZEN_H:.1f} h (cells shared between results "
-        "and the frozen queries counted once)",
-        f"    on 4 cards: {wall:.1f} h wall (8 slots; 20 cells, the longest "
-        f"{cell * 2 / 1.6:.1f} h)",
-        f"    a cluster job's time limit needs {cell * 2 / 1.6:.1f} h: the longest "
-        f"cell, 2 at once on its card ({cell:.1f} h alone, as a `pal-paper submit` "
-        "task runs it)",
-        "  --baselines cited: MAP, MSP, L2P, DualPrompt and RebQ not run (Tables "
-        "1-2 cite the paper)",
-        f"    missing: 15 cells, 42 tunings, 126 extractions: {14 * cited / 1.6:.1f} h",
-        "    upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
-        f"    all of them: {14 * cited / 1.6 + FROZEN_H:.1f} h (cells shared between "
-        "results and the frozen queries counted once)",
-        # 14 cells with work on 8 slots: two on six of them
-        f"    on 4 cards: {FROZEN_H + 2 * cited * 2 / 1.6:.1f} h wall (8 slots; 19 "
-        f"cells, the longest {cited * 2 / 1.6:.1f} h)",
-        f"    a cluster job's time limit needs {cited * 2 / 1.6:.1f} h: the longest "
-        f"cell, 2 at once on its card ({cited:.1f} h alone, as a `pal-paper submit` "
-        "task runs it)",
-        "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
-        "per solve (solve.device auto)",
+    report = json.loads("\n".join(plan(tmp_path, *args, "--cards", "4", "--json")))
+    assert report["card"] == {
+        "name": "a test card",
+        "file": "card.yaml",
+        "figures": "measured on a test card at abc1234, 500 steps",
+        "cards": 4,
+        "memory_gib": 20.0,
+        "tunings_at_once": 2,
+        "packing_factor": 1.6,
+        "largest_tuning_gib": 5.0,
+        "methods": ["pal", *baselines],
+        "packing_figures_for": [1, 2, 4],
+    }
+    (grid,) = report["datasets"]
+    assert grid["minutes"] == {
+        "tune": {m: approx(tune(m) / 60) for m in ("pal", *baselines)},
+        "extract": {m: approx(extract() / 60) for m in ("pal", *baselines)},
+        "extract_without_prompts": 0.5,
+        "frozen_queries_once": approx(FROZEN_H * 60),
+    }
+    assert grid["largest_solve"] == {
+        "width": 20000,
+        "dtype": "float64",
+        "gram_gb": 3.2,
+        "device": "auto",
+    }
+    measured, cited_route = grid["routes"]["measured"], grid["routes"]["cited"]
+    assert measured == {
+        "results": [
+            row("missing", 15, 42 + 45 * 5, 126 + 45 * 5, missing),
+            row("upsampling", 5, 0, 0, 0.0),
+        ],
+        "card_hours": approx(missing + FROZEN_H),
+        "wall_hours": approx(wall),
+        "slots": 8,
+        "cells": 20,
+        "longest_cell_hours": approx(cell * 2 / 1.6),
+        "longest_cell_alone_hours": approx(cell),
+    }
+    # 14 cells with work on 8 slots: two on six of them
+    assert cited_route == {
+        "results": [
+            row("missing", 15, 42, 126, 14 * cited / 1.6),
+            row("upsampling", 5, 0, 0, 0.0),
+        ],
+        "card_hours": approx(14 * cited / 1.6 + FROZEN_H),
+        "wall_hours": approx(FROZEN_H + 2 * cited * 2 / 1.6),
+        "slots": 8,
+        "cells": 19,
+        "longest_cell_hours": approx(cited * 2 / 1.6),
+        "longest_cell_alone_hours": approx(cited),
+        "not_run": ["MAP", "MSP", "L2P", "DualPrompt", "RebQ"],
+    }
+    # the text: the answer first, each route's table, within 100 columns
+    assert lines[:2] == [
+        f"food101 (food.yaml): {missing + FROZEN_H:.1f} card-hours, {wall:.1f} h wall "
+        "on 4 cards",
+        f"  with --baselines cited: {14 * cited / 1.6 + FROZEN_H:.1f} card-hours, "
+        f"{FROZEN_H + 2 * cited * 2 / 1.6:.1f} h wall",
     ]
+    assert max(len(x) for x in lines) <= 100
+    table = [x.split() for x in lines if x.startswith(("    missing ", "    all "))]
+    assert table == [
+        ["missing", "15", str(42 + 45 * 5), str(126 + 45 * 5), f"{missing:.1f}"],
+        ["all", "20", f"{missing + FROZEN_H:.1f}", *SHARED],
+        ["missing", "15", "42", "126", f"{14 * cited / 1.6:.1f}"],
+        ["all", "19", f"{14 * cited / 1.6 + FROZEN_H:.1f}", *SHARED],
+    ]
+
+
+SHARED = ["(shared", "cells,", "frozen", "queries", "once)"]
+
+
+def approx(x: float) -> pytest.approx:
+    return pytest.approx(x, rel=1e-12)
+
+
+def row(result: str, cells: int, tunings: int, extractions: int, hours: float) -> dict:
+    """A result's row of a route in `pal-paper plan --json`."""
+    return {
+        "result": result,
+        "cells": cells,
+        "tunings": tunings,
+        "extractions": extractions,
+        "card_hours": approx(hours),
+    }
 
 
 def test_a_cpu_rehearsal_is_priced_on_the_cpu_card(tmp_path: Path) -> None:
@@ -262,7 +301,8 @@ def test_a_cpu_rehearsal_is_priced_on_the_cpu_card(tmp_path: Path) -> None:
     params["protocol"]["runs"] = [0]
     params["pipelines"]["main"] = ["pal"]
     write(tmp_path, "p.yaml", params)
-    lines = plan(tmp_path, "upsampling", "tasks", "--params", "p.yaml")
+    args = ["upsampling", "tasks", "--params", "p.yaml"]
+    lines = plan(tmp_path, *args)
     cpu = costs()["cards"]["cpu"]
     assert cpu["packing"] == {1: 1.0} and cpu["memory_gib"] is None
     rate, ext = cpu["tune_per_s"]["pal"], cpu["extract_per_s"]
@@ -275,29 +315,34 @@ def test_a_cpu_rehearsal_is_priced_on_the_cpu_card(tmp_path: Path) -> None:
         return (t + e_start + (100 + 100 * (k + 1) / 2) / ext) / 3600
 
     work = sum(hours(k) for k in (10, 20, 50))  # K = 5 is the committed cell
-    assert lines[0].startswith(
-        "food101, a 2-core AMD EPYC (Zen 4) CPU (tune.device cpu; "
-        "palpaper/costs.yaml cpu): measured on"
+    report = json.loads("\n".join(plan(tmp_path, *args, "--json")))
+    assert report["card"]["name"] == cpu["name"]
+    assert report["card"]["file"] == "palpaper/costs.yaml cpu"
+    assert report["card"]["tunings_at_once"] == 1
+    (grid,) = report["datasets"]
+    assert grid["tune_device"] == "cpu"
+    # 8 cells: Table 4's 15k cell and Table 5's K = 5 are the committed one
+    assert grid["routes"] == {
+        "measured": {
+            "results": [
+                row("upsampling", 5, 0, 0, 0.0),
+                row("tasks", 4, 3, 3, work),
+            ],
+            "card_hours": approx(work + frozen / 60),
+            "wall_hours": approx(work + frozen / 60),
+            "slots": 1,
+            "cells": 8,
+            "longest_cell_hours": approx(hours(50)),
+            "longest_cell_alone_hours": approx(hours(50)),
+        }
+    }
+    # one route: no line on the cited one, no route heading
+    assert lines[0] == (
+        f"food101 (p.yaml): {work + frozen / 60:.1f} card-hours, "
+        f"{work + frozen / 60:.1f} h wall on 1 card"
     )
-    assert lines[1] == (
-        "  1 tuning at once a card, at 1x the samples/s of one alone (its memory not "
-        "recorded; packing figures for J = 1): hours below are card-hours, wall "
-        "times on 1 slot a card"
-    )
-    assert lines[3:] == [
-        "  upsampling: 5 cells, 0 tunings, 0 extractions: 0.0 h",
-        f"  tasks: 4 cells, 3 tunings, 3 extractions: {work:.1f} h",
-        f"  all of them: {work + frozen / 60:.1f} h (cells shared between results "
-        "and the frozen queries counted once)",
-        # 8 cells: Table 4's 15k cell and Table 5's K = 5 are the committed one
-        f"  on 1 card: {work + frozen / 60:.1f} h wall (1 slot; 8 cells, the "
-        f"longest {hours(50):.1f} h)",
-        f"  a cluster job's time limit needs {hours(50):.1f} h: the longest cell, 1 "
-        f"at once on its card ({hours(50):.1f} h alone, as a `pal-paper submit` "
-        "task runs it)",
-        "  largest solve: width 20000, a 20000 x 20000 float64 Gram matrix of 3.2 GB "
-        "per solve (solve.device auto)",
-    ]
+    assert not [x for x in lines if "--baselines" in x]
+    assert max(len(x) for x in lines) <= 100
 
 
 @pytest.mark.parametrize(
@@ -405,50 +450,40 @@ def test_plan_paper_prices_both_datasets_and_their_sum(tmp_path: Path) -> None:
     write(tmp_path, "card.yaml", CARD)
     write(tmp_path, "configs/food101.yaml", FOOD)
     write(tmp_path, "configs/n24news.yaml", NEWS)
-    lines = plan(tmp_path, "paper", "--card", "card.yaml", "--cards", "4")
-    assert lines[0] == (
-        "the paper, a test card (card.yaml): measured on a test card at abc1234, "
-        "500 steps"
-    )
-    assert lines[1].startswith("  2 tunings at once a card, at 1.6x")
-    heads = [x for x in lines if re.match(r"  \w+ \(configs/", x)]
-    assert heads == [
-        "  food101 (configs/food101.yaml): " + ", ".join(RESULTS),
-        "  n24news (configs/n24news.yaml): missing, steps",
+    args = ["--card", "card.yaml", "--cards", "4"]
+    report = json.loads("\n".join(plan(tmp_path, "paper", *args, "--json")))
+    assert [(g["dataset"], g["params"], g["results"]) for g in report["datasets"]] == [
+        ("food101", "configs/food101.yaml", list(RESULTS)),
+        ("n24news", "configs/n24news.yaml", ["missing", "steps"]),
     ]
-    # each dataset's block is `pal-paper plan` of its preset, indented
-    for path, ids in (
-        ("configs/food101.yaml", list(RESULTS)),
-        ("configs/n24news.yaml", ["missing", "steps"]),
-    ):
+    # each dataset's grid is `pal-paper plan` of its preset
+    for grid in report["datasets"]:
         alone = plan(
-            tmp_path, *ids, "--params", path, "--card", "card.yaml", "--cards", "4"
+            tmp_path, *grid["results"], "--params", grid["params"], *args, "--json"
         )
-        start = lines.index(next(x for x in heads if path in x)) + 1
-        assert lines[start : start + len(alone) - 2] == ["  " + x for x in alone[2:]]
-    totals = [
-        float(x) for x in re.findall(r"    all of them: ([\d.]+) h", "\n".join(lines))
+        assert json.loads("\n".join(alone))["datasets"] == [grid]
+    # the paper's card-hours are the sum of the datasets'; its cells both
+    for route in ("measured", "cited"):
+        each = [g["routes"][route] for g in report["datasets"]]
+        paper = report["paper"][route]
+        assert paper["card_hours"] == approx(sum(r["card_hours"] for r in each))
+        assert paper["cells"] == sum(r["cells"] for r in each)
+        assert paper["longest_cell_hours"] == max(r["longest_cell_hours"] for r in each)
+        # the wall time places every cell on the 8 slots at once: no longer
+        # than the two datasets one after the other
+        assert paper["wall_hours"] <= sum(r["wall_hours"] for r in each) + 1e-9
+    lines = plan(tmp_path, "paper", *args)
+    assert lines[:2] == [
+        f"the paper: {report['paper']['measured']['card_hours']:.1f} card-hours, "
+        f"{report['paper']['measured']['wall_hours']:.1f} h wall on 4 cards",
+        f"  with --baselines cited: {report['paper']['cited']['card_hours']:.1f} "
+        f"card-hours, {report['paper']['cited']['wall_hours']:.1f} h wall",
     ]
-    cells = [int(x) for x in re.findall(r"slots; (\d+) cells", "\n".join(lines))]
-    assert len(totals) == len(cells) == 4  # food101 measured, cited; n24news too
-    measured, cited = lines[-2:]
-    got = re.fullmatch(
-        r"  the paper, --baselines measured: ([\d.]+) card-hours; on 4 cards: "
-        r"([\d.]+) h wall \((\d+) cells, the longest ([\d.]+) h\)",
-        measured,
-    )
-    assert got, measured
-    # the total is the sum of the datasets' (each printed to 0.1 h)
-    assert abs(float(got[1]) - (totals[0] + totals[2])) <= 0.1 + 1e-9
-    assert int(got[3]) == cells[0] + cells[2]
-    got = re.fullmatch(
-        r"  the paper, --baselines cited: ([\d.]+) card-hours; on 4 cards: "
-        r"([\d.]+) h wall \((\d+) cells, the longest ([\d.]+) h\)",
-        cited,
-    )
-    assert got, cited
-    assert abs(float(got[1]) - (totals[1] + totals[3])) <= 0.1 + 1e-9
-    assert int(got[3]) == cells[1] + cells[3]
+    assert [x for x in lines if re.match(r"\w+ \(configs/", x)] == [
+        "food101 (configs/food101.yaml): " + ", ".join(RESULTS),
+        "n24news (configs/n24news.yaml): missing, steps",
+    ]
+    assert max(len(x) for x in lines) <= 100
 
 
 def test_plan_paper_is_named_alone(tmp_path: Path) -> None:
@@ -550,3 +585,13 @@ def test_a_slurm_tasks_time_limit_is_its_longest_cell_alone_on_a_card() -> None:
         cells = select_cells(["missing"], FOOD, runs, None, None, cite)
         limit = time_limit(["missing"], cells, FOOD, 1, runs, cite)
         assert limit == math.ceil(1.25 * minutes) + START_MIN
+
+
+def test_a_dataset_without_measured_sizes_is_one_line(tmp_path: Path) -> None:
+    write(tmp_path, "params.yaml", yaml.safe_load(committed("params.yaml")))
+    out = pal_paper(tmp_path, ENV, "plan")
+    assert (out.returncode, out.stderr.strip()) == (
+        1,
+        "Error: params.yaml: no measured size for data.dataset 'demo' (measured: "
+        "food101, n24news: --params configs/food101.yaml)",
+    )
