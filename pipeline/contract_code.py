@@ -237,9 +237,9 @@ def guard_problem(root: Path = ROOT) -> str | None:
         return None
     files = sorted({f for fs in changed.values() for f in fs})
     if not files:
-        units = ", ".join(sorted(changed))
+        names = ", ".join(sorted(changed))
         return (
-            f"{VERSIONS_FILE}: the versions of {units} are below {RECORD_FILE}'s: "
+            f"{VERSIONS_FILE}: the versions of {names} are below {RECORD_FILE}'s: "
             f"`git checkout {VERSIONS_FILE}`, or raise them above it"
         )
     units = sorted(changed)

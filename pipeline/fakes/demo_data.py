@@ -242,8 +242,8 @@ def _draw(
     v = -np.sin(theta) * dx + np.cos(theta) * dy
     mask = _shape_mask(SHAPES[look.shape], u, v)
 
-    colour = np.array(list(COLOURS.values())[look.colour], dtype=np.float32)
-    colour = colour + rng.uniform(-22, 22, size=3)
+    base = np.array(list(COLOURS.values())[look.colour], dtype=np.float32)
+    colour = base + rng.uniform(-22, 22, size=3)
     shade = _texture(TEXTURES[look.texture], xx, yy, rng)  # (size, size) in [0, 1]
     fill = colour[None, None, :] * (1.0 - 0.55 * shade[..., None])
     return np.where(mask[..., None], fill, img)

@@ -153,6 +153,8 @@ class Pal(Prompts, Method):
         if view.copies is not None:
             comp = view.copies.complete
             c = len(comp)
+            # the copies' rows are reconstructed, so fill_missing returns their q̂
+            assert q_hat is not None, "copies without a reconstruction"
             target_t, target_v = self.recon_targets(
                 backbone, view.h, view.mask, view.text_len, view.q_t, view.q_v, comp
             )

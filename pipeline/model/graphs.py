@@ -96,7 +96,8 @@ class GraphedSteps:
         self.graphs: dict[tuple, _Graph] = {}
         self.eager_steps = 0
         self.capture_seconds = 0.0  # warm-ups and captures, GPU work included
-        self.pool = None  # the graphs' one memory pool, made at the first capture
+        # the graphs' one memory pool, made at the first capture
+        self.pool: torch.cuda._POOL_HANDLE | None = None
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         key = tuple(

@@ -106,7 +106,10 @@ def make_step(
         optimiser.zero_grad(set_to_none=True)
         return step(inputs)
 
-    replay = GraphedSteps(step, optimiser) if graphs else unrecorded
+    graphed = GraphedSteps(step, optimiser) if graphs else None
+    replay: Callable[[Mapping[str, torch.Tensor]], Parts] = (
+        graphed if graphed is not None else unrecorded
+    )
     rows = None
     # room for the dummy image's tokens in the copies of a batch of wide photos
     min_image_tokens = dummy.image.shape[0] if dummy is not None else 0
@@ -118,4 +121,4 @@ def make_step(
             inputs = static_inputs(model, batch, rows, min_image_tokens)
         return replay(inputs)
 
-    return Stepper(run, replay if graphs else None)
+    return Stepper(run, graphed)

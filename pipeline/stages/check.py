@@ -44,7 +44,14 @@ from palcore.params import (
 from palcore.paramsfile import read_params_file
 from palcore.variants import pipeline_variants
 from pipeline.contract_code import guard_problem
-from pipeline.params import SECTIONS, DataParams, ModelParams, PromptParams
+from pipeline.params import (
+    SECTIONS,
+    DataParams,
+    ExtractParams,
+    ModelParams,
+    PromptParams,
+    TuneParams,
+)
 from pipeline.sections import KNOWN_SECTIONS, PARAM_CLASSES
 
 KNOWN = list(KNOWN_SECTIONS)
@@ -144,8 +151,11 @@ def check_devices(path: Path) -> list[str]:
 
     problems = []
     for section in ("tune", "extract"):
-        device = load_section(path, section, SECTIONS[section]).device
-        problems += _load(resolve_device, device, f"{section}.device")
+        # SECTIONS maps both sections to a params class with a `device` field
+        params: TuneParams | ExtractParams = load_section(
+            path, section, SECTIONS[section]
+        )
+        problems += _load(resolve_device, params.device, f"{section}.device")
     return [f"{path}: {p}" for p in problems]
 
 

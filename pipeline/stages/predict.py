@@ -157,7 +157,7 @@ def _result_rows(
 ) -> list[dict[str, Any]]:
     """One output row per input row, in order: its top classes, or its error."""
     ids = {n: row_id(row) for n, row in raw}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n, s in made.items():
         if isinstance(s, str):
             rows.append({"row": n, "id": ids[n], "error": s})

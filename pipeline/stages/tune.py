@@ -199,7 +199,8 @@ def _signatures(
 def _resume(model: PalModel, folder: Path, tasks: Tasks, kept: int) -> int:
     """Load the last of the consecutive checkpoints 1..k in `folder`, k ≤
     `kept` (the steps whose signatures match), into `model`; returns k."""
-    done, state = 0, None
+    done = 0
+    state: dict[str, torch.Tensor] | None = None
     for k in range(1, kept + 1):
         path = checkpoint_path(folder, k)
         if not path.exists():
@@ -215,6 +216,7 @@ def _resume(model: PalModel, folder: Path, tasks: Tasks, kept: int) -> int:
             break
         done, state = k, ckpt["state"]
     if done:
+        assert state is not None, "a checkpoint's state is read with its step"
         restore(model, state, done)
     return done
 
