@@ -11,7 +11,11 @@ runs `protocol.runs` lists and the variants given, and writes (DESIGN §2, §6):
   step, mean and std per row (the plot shades mean ± std);
 - step_accuracy_rows.csv: the same, a line per (row, step) with the row's
   label, for `dvc plots show` (its columns do not depend on the variants);
-- accuracy_matrix.csv, accuracy_matrix.png: PAL's mean accuracy matrix.
+- accuracy_matrix.csv, accuracy_matrix.png: PAL's mean accuracy matrix;
+- headline/<row>.json: a row's Acc, FG, AIA and Last, mean and std, flat and
+  at two decimals: DVC's metrics (`dvc metrics show` prints a row per file
+  within 120 columns, `dvc exp show` a column per number). A head or metric
+  added later joins as a file or a key.
 
 Rows: each variant's analytic classifier, and for `pal` also its BP head
 ("w/o AL module"). Same inputs, same bytes.
@@ -228,8 +232,35 @@ def _persisted(report: dict[str, Any], name: str) -> dict[str, Any]:
     return row
 
 
+HEADLINE_DIR = "headline"
+HEADLINE_KEYS = ("acc", "fg", "aia", "last")
+
+
+def headline_json(row: Mapping[str, Any]) -> str:
+    """A row's headline file: each headline result's mean and std over the
+    runs (null for one run), at two decimals."""
+    flat: dict[str, float | None] = {}
+    for key in HEADLINE_KEYS:
+        flat[key] = round(float(row[key]["mean"]), 2)
+        std = row[key].get("std")
+        flat[f"{key}_std"] = None if std is None else round(float(std), 2)
+    return metrics_json(flat)
+
+
+def _write_headline(folder: Path, rows: Mapping[str, Any]) -> None:
+    """A headline file per row, each renamed into place; a file of a row the
+    report no longer has is removed (DVC reads every file of the folder)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, row in rows.items():
+        write_bytes_atomic(folder / f"{name}.json", headline_json(row).encode())
+    for stale in sorted(folder.glob("*.json")):
+        if stale.stem not in rows:
+            stale.unlink()
+
+
 def write_report(out_dir: Path, report: dict[str, Any]) -> None:
-    """Make every file's bytes first, then rename each into place."""
+    """Make every file's bytes first, then rename each into place; the
+    headline files last."""
     metrics = {
         "runs": report["runs"],
         "vary": report["vary"],
@@ -255,6 +286,7 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
         log.warning("report: matplotlib missing, the plots are not written")
     for name, blob in data.items():
         write_bytes_atomic(out_dir / name, blob)
+    _write_headline(out_dir / HEADLINE_DIR, report["rows"])
 
 
 @click.command("report")

@@ -1,7 +1,7 @@
 """`pal-solver show`: a report's metrics.json as a table a terminal holds.
 
-`dvc metrics show` puts every number of metrics.json in one line per file
-(thousands of columns); this prints each file as one line per row (variant):
+`dvc metrics show` prints the headline files (`headline/<row>.json`: Acc, FG,
+AIA, Last); this prints any metrics.json as one line per row (variant):
 its key, then Acc, FG, AIA, Last and the accuracy by missing type as
 "mean ± std", in at most `--columns` columns (columns that do not fit are left
 out, from the right, and named). The rows' labels follow the table; table.md

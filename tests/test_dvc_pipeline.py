@@ -379,7 +379,7 @@ def test_queued_grid_reuses_cached_features(work: tuple[Path, dict[str, str]]) -
             "--drop",
             ".*",
             "--keep",
-            "^solve.eta$|^pal.acc.mean$",
+            "^solve.eta$|.*/headline/pal.json:acc$",
         ],
         path,
         env,

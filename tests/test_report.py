@@ -21,6 +21,7 @@ from solver.params import SolveParams
 from solver.report import (
     ReportError,
     build,
+    headline_json,
     mean_std,
     protocol_report,
     table_md,
@@ -119,6 +120,7 @@ def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == [
         "accuracy_matrix.csv",
         "accuracy_matrix.png",
+        "headline",
         "metrics.json",
         "step_accuracy.csv",
         "step_accuracy.png",
@@ -162,9 +164,25 @@ def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
         "bp": ("w/o AL module (BP head)", "w/o AL module"),
         "frozen": ("w/o prompt module", {"missing": "ACIL", "ablation": "w/o prompt"}),
     }
-    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    # DVC's metrics: a flat file per row, the headline results at 2 decimals
+    heads = {p.stem: json.loads(p.read_text()) for p in (out / "headline").iterdir()}
+    assert sorted(heads) == ["bp", "frozen", "pal"]
+    assert heads["pal"]["acc"] == 63.0 and heads["pal"]["acc_std"] == 3.61
+    for row, flat in heads.items():
+        assert flat == {
+            **{k: round(m[row][k]["mean"], 2) for k in ("acc", "fg", "aia", "last")},
+            **{
+                f"{k}_std": round(m[row][k]["std"], 2)
+                for k in ("acc", "fg", "aia", "last")
+            },
+        }
+    first = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     write_report(out, report)
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == first  # same bytes
+    again = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert again == first  # same bytes
+    # a row the report no longer has loses its headline file
+    write_report(out, build(evaluations, ["frozen"], ProtocolParams(runs=(0, 1, 2))))
+    assert sorted(p.name for p in (out / "headline").iterdir()) == ["frozen.json"]
 
 
 def test_one_run_has_no_spread(evaluations: Path) -> None:
@@ -174,6 +192,8 @@ def test_one_run_has_no_spread(evaluations: Path) -> None:
         "std": None,
         "runs": [50.0],
     }
+    flat = json.loads(headline_json(report["rows"]["frozen"]))
+    assert flat["acc"] == 50.0 and flat["acc_std"] is None
     assert table_md(report).splitlines()[0] == (
         "Accuracy (%) of each variant, one run (1), no spread; run r adds r to the "
         "seeds of: class order, missing tables, prompt init and batch order, "
