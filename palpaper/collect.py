@@ -234,9 +234,7 @@ def _write(
     if not partial:
         from palpaper import figures  # matplotlib and SciPy: not for `--help`
 
-        png = figures.figure(r, columns, data, table.caption.split(";")[0])
-        if png is not None:
-            files[f"{rid}.png"] = png
+        files |= figures.figure(r, columns, data)
     for name, blob in files.items():
         write_bytes_atomic(folder / name, blob)
     n, done = len(columns), sum(1 for d in data.values() if d)

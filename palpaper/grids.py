@@ -295,13 +295,13 @@ def _prompt(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
         ]
         lengths = [2, 4, 8, 16, 32]
         pools = [16, 32, 64, 128, 256]
-    out = []
+    out: list[tuple[str, str, dict[str, Any]]] = []
     for v in layers:
         out.append((f"layers-{_fmt(v)}", f"layers {_fmt(v)}", {"prompt.layers": v}))
-    for v in lengths:
-        out.append((f"length-{v}", f"length {v}", {"prompt.length": v}))
-    for v in pools:
-        out.append((f"pool-{v}", f"pool size {v}", {"prompt.pool_size": v}))
+    for n in lengths:
+        out.append((f"length-{n}", f"length {n}", {"prompt.length": n}))
+    for n in pools:
+        out.append((f"pool-{n}", f"pool size {n}", {"prompt.pool_size": n}))
     return out
 
 

@@ -21,8 +21,11 @@ imports another.
 - Tools for benchmarks: `get_backend(device)`, `cupy_or_reason()`,
   `upsampling_matrix(D, d, seed)`, `weights_name(eta, sweep)`,
   `make_features(out, …)` (synthetic shards).
-- Plots' plumbing, which `pal-paper` draws with: `new_figure(w, h)`,
-  `png_bytes(fig)` (same figure, same bytes), `mean_std_line(ax, stats, label)`.
+- Plots' plumbing, which `pal-paper` draws with: `paper_style()`,
+  `new_figure(w, h)`, `style_of(method)` (one style per method everywhere),
+  `mean_std_line(ax, stats, label, key)`, `accuracy_axes`, `legend_below`,
+  `figure_files(fig, stem)` (a 300-dpi PNG and a PDF; same figure, same
+  bytes), `png_bytes(fig)`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,18 @@ from solver.backend import Backend, _cupy_or_reason, get_backend
 from solver.classifier import Classifier
 from solver.evaluate import evaluate, evaluate_pipeline
 from solver.params import EvaluateParams, SolveParams, check_memory
-from solver.plots import mean_std_line, new_figure, png_bytes
+from solver.plots import (
+    PAGE_IN,
+    PAPER_METHOD,
+    accuracy_axes,
+    figure_files,
+    legend_below,
+    mean_std_line,
+    new_figure,
+    paper_style,
+    png_bytes,
+    style_of,
+)
 from solver.report import protocol_report as report
 from solver.rls import upsampling_matrix
 from solver.solve import solve as fit
@@ -56,9 +70,16 @@ __all__ = [
     "get_backend",
     "heads",
     "make_features",
+    "PAGE_IN",
+    "PAPER_METHOD",
+    "accuracy_axes",
+    "figure_files",
+    "legend_below",
     "mean_std_line",
     "new_figure",
+    "paper_style",
     "png_bytes",
+    "style_of",
     "report",
     "upsampling_matrix",
     "weights_name",

@@ -7,11 +7,11 @@ runs `protocol.runs` lists and the variants given, and writes (DESIGN §2, §6):
   acc, fg, fg_diag, aia, last, the accuracy by missing type and the accuracy
   on the first task and on the later tasks after the last step;
 - table.md, table.csv: the rows as "mean ± std";
-- step_accuracy.csv, step_accuracy.png: accuracy over seen tasks after each
-  step, mean and std per row (the plot shades mean ± std);
+- step_accuracy.csv, step_accuracy.png/.pdf: accuracy over seen tasks after
+  each step, mean and std per row (the plot shades mean ± std);
 - step_accuracy_rows.csv: the same, a line per (row, step) with the row's
   label, for `dvc plots show` (its columns do not depend on the variants);
-- accuracy_matrix.csv, accuracy_matrix.png: PAL's mean accuracy matrix;
+- accuracy_matrix.csv, accuracy_matrix.png/.pdf: PAL's mean accuracy matrix;
 - headline/<row>.json: a row's Acc, FG, AIA and Last, mean and std, flat and
   at two decimals: DVC's metrics (`dvc metrics show` prints a row per file
   within 120 columns, `dvc exp show` a column per number). A head or metric
@@ -38,11 +38,10 @@ from palcore.outputs import write_bytes_atomic
 from palcore.params import ProtocolParams, load_section
 from palcore.variants import VariantRow, pipeline_variants, variant_rows
 from solver.metrics import matrix_csv, metrics_json
-from solver.plots import matrix_png, steps_png
+from solver.plots import matrix_figure, steps_figure
 from solver.tables import (
     GROUPS,
     SCALARS,
-    caption,
     cell,
     steps_csv,
     steps_rows_csv,
@@ -130,15 +129,15 @@ def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "runs": values,
                 }
     for key in ("width", "eta"):  # what solve used: one value per row
-        values = [m.get(key) for m in per_run]
-        if any(v != values[0] for v in values):
-            other = next(v for v in values if v != values[0])
+        used = [m.get(key) for m in per_run]
+        if any(v != used[0] for v in used):
+            other = next(v for v in used if v != used[0])
             raise ReportError(
                 f"the runs of one row were solved with different {key}: "
-                f"{values[0]} and {other}"
+                f"{used[0]} and {other}"
             )
-        if values[0] is not None:
-            row[key] = values[0]
+        if used[0] is not None:
+            row[key] = used[0]
     steps = [m["step_accuracy"] for m in per_run]
     if len({len(s) for s in steps}) != 1:
         raise ReportError(
@@ -277,11 +276,11 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> None:
     }
     data = {name: text.encode() for name, text in files.items()}
     try:
-        data["step_accuracy.png"] = steps_png(report, caption(report))
+        data |= steps_figure(report)
         n = len(report["runs"])
-        over = f"mean over {n} runs" if n > 1 else f"run {report['runs'][0]}"
-        title = f"{report['labels'][first]}: {over}"
-        data["accuracy_matrix.png"] = matrix_png(report["rows"][first]["matrix"], title)
+        over = f"mean of {n} runs" if n > 1 else f"run {report['runs'][0]}"
+        title = f"{report['labels'][first]}, {over}"
+        data |= matrix_figure(report["rows"][first]["matrix"], title)
     except ImportError:
         log.warning("report: matplotlib missing, the plots are not written")
     for name, blob in data.items():

@@ -106,8 +106,11 @@ def test_repro_writes_results(repo: tuple[Path, dict[str, str]]) -> None:
         "table.csv",
         "accuracy_matrix.csv",
         "accuracy_matrix.png",
+        "accuracy_matrix.pdf",
         "step_accuracy.csv",
         "step_accuracy.png",
+        "step_accuracy.pdf",
+        "headline/pal.json",
     ):
         assert (path / "results/demo" / name).stat().st_size > 0, name
     for variant in VARIANTS:

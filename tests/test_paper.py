@@ -421,7 +421,7 @@ def test_a_damaged_queue_file_is_named_and_finished_cells_still_render(
     assert out.returncode == 0 and "damaged" not in out.stderr, out.stderr
 
 
-def test_figures_are_written_as_png(project: tuple[Path, str]) -> None:
+def test_figures_are_written_as_png_and_pdf(project: tuple[Path, str]) -> None:
     repo, base = project
     for c in RESULTS["steps"].columns(PARAMS, [0]):
         fake_experiment(repo, base, c.cell, metrics(40.0, [0]))
@@ -429,6 +429,7 @@ def test_figures_are_written_as_png(project: tuple[Path, str]) -> None:
     assert out.returncode == 0, out.stderr
     folder = repo / "results/paper/demo"
     assert (folder / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (folder / "steps.pdf").read_bytes()[:5] == b"%PDF-"
     md = (folder / "steps.md").read_text().splitlines()
     assert md[2] == "| Scenario | Method | step 1 | step 2 |"
     assert md[4] == "| missing rate 0.1 | MAP | 50.00 | 40.00 |"

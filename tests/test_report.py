@@ -119,10 +119,12 @@ def test_report_files_and_table(evaluations: Path, tmp_path: Path) -> None:
     write_report(out, report)
     assert sorted(p.name for p in out.iterdir()) == [
         "accuracy_matrix.csv",
+        "accuracy_matrix.pdf",
         "accuracy_matrix.png",
         "headline",
         "metrics.json",
         "step_accuracy.csv",
+        "step_accuracy.pdf",
         "step_accuracy.png",
         "step_accuracy_rows.csv",
         "table.csv",
