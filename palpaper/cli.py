@@ -197,11 +197,22 @@ def run_cmd(
     repo = Repo(Path.cwd())
     running.refuse_uncommitted(repo, out)
     part = None if shard is None else _shard(shard)
-    args = (ids, run_ids, wanted, part, jobs, cards, no_wait, out, rerun, cite)
+    run = running.GridRun(
+        ids=ids,
+        runs=run_ids,
+        cells=wanted,
+        shard=part,
+        jobs=jobs,
+        cards=cards,
+        no_wait=no_wait,
+        out=out,
+        rerun=rerun,
+        cite=cite,
+    )
     # SIGTERM (what a batch scheduler or `kill` sends) stops the grid as Ctrl-C
     previous = signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
-        running.run_grid(repo, running.GridRun(*args), _params(DEFAULT_PARAMS))
+        running.run_grid(repo, run, _params(DEFAULT_PARAMS))
     except KeyboardInterrupt:
         raise ExperimentError(running.interrupted(repo, rerun)) from None
     finally:

@@ -48,7 +48,7 @@ def refuse_uncommitted(repo: Repo, out: Path) -> None:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GridRun:
     """What one `pal-paper run` asks for."""
 
