@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from palcore.codes import Missing
-from pipeline.data.datasets import DatasetError, FileIndex, Listing
+from pipeline.data.datasets import DatasetError, FileIndex, Listing, RawSample
 from pipeline.params import DataParams
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def _sort_by_modality(
     """(kept, absent): each sample with its natural code, image and text
     (one lacking both is dropped), and the ids lacking each modality."""
     absent = {kind: _Absent() for kind in ("image", "text", "both", "unreadable")}
-    kept = []
+    kept: list[tuple[RawSample, Missing, str | None, str | None]] = []
     for s in listing.samples:
         on_file = s.image is not None and index.exists(s.image)
         unreadable = on_file and s.image in bad

@@ -72,7 +72,9 @@ def make_processor(folder: Path, params: DemoParams) -> ViltProcessor:
         do_lower_case=True,
         model_max_length=MAX_TEXT_LEN,
     )
-    images = ViltImageProcessorPil(
+    # size_divisor is one of ViLT's own processor kwargs (its valid_kwargs),
+    # which the base class's typed __init__ does not list
+    images = ViltImageProcessorPil(  # type: ignore[call-arg]
         size={"shortest_edge": params.image_size},
         size_divisor=params.patch_size,
         do_pad=True,

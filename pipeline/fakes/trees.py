@@ -3,7 +3,7 @@ the hub's `dandelin/vilt-b32-mlm` layout (random weights, tiny or at
 ViLT-B/32's sizes), a UPMC-Food101 tree and an N24News tree of photo-sized
 JPEGs.
 
-For rehearsals of a real run (bench/rehearsal.py, bench/gpu_check.py) and the
+For rehearsals of a real run (palbench/rehearsal.py, palbench/gpu_check.py) and the
 tests, and the output contracts' fixture (`pipeline/stages/contract_runs.py`,
 so the contracts stage declares it); no other stage imports this module.
 Needs only the runtime packages (torch, transformers, tokenizers, numpy,
@@ -160,9 +160,9 @@ def photo(size: tuple[int, int], rng: np.random.Generator) -> Image.Image:
     as a JPEG at quality 90 it decodes at a photo's cost."""
     w, h = size
     coarse = rng.random((h // 32 + 2, w // 32 + 2, 3))
-    field = np.asarray(
-        Image.fromarray((coarse * 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
-    ).astype(np.float32)
+    small = Image.fromarray((coarse * 255).astype(np.uint8))
+    smooth = small.resize((w, h), Image.Resampling.BICUBIC)
+    field = np.asarray(smooth).astype(np.float32)
     noisy = field + rng.normal(0, 12, field.shape)
     return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
 
@@ -183,7 +183,7 @@ def make_food101_tree(
     the JPEGs. Returns the number of photos."""
     rng = np.random.default_rng(0)
     (root / "texts").mkdir(parents=True)
-    jobs = []
+    jobs: list[tuple[Path, tuple[int, int], int]] = []
     for split, count in (("train", train), ("test", test)):
         with (root / "texts" / f"{split}_titles.csv").open("w") as f:
             f.write("image_name,text,class_name\n")

@@ -36,6 +36,7 @@ from pipeline.model.graphs import set_lr
 from pipeline.model.losses import (
     dummy_segments,
 )
+from pipeline.model.method import Method
 from pipeline.model.network import PalModel, QueryCache, build_cache
 from pipeline.model.optim import lr_factor, optimiser_for
 from pipeline.model.queries import FrozenQueries
@@ -138,7 +139,9 @@ def _session(
     )
     _hold_prompts(method, task, tune_p.prompt_tasks)
     prompted = method is not None and any(p.requires_grad for p in method.parameters())
-    copies = prompted and method.copies and tune_p.recon_weight > 0
+    copies = (
+        method is not None and prompted and method.copies and tune_p.recon_weight > 0
+    )
     cache = _query_cache(model, dataset, task, copies, tune_p.num_workers, frozen)
     graphed = _graphed(device, method, tune_p)
     optimiser, base_lrs = optimiser_for(model, tune_p, capturable=graphed)
@@ -173,7 +176,7 @@ def _session(
 
 
 def _graphed(
-    device: torch.device, method: torch.nn.Module | None, tune_p: pparams.TuneParams
+    device: torch.device, method: Method | None, tune_p: pparams.TuneParams
 ) -> bool:
     """Whether a task's steps replay as CUDA graphs: on a GPU, for a graphable
     method (every method here), unless `tune.cuda_graphs` is false."""

@@ -79,6 +79,8 @@ class PositionTables:
             for gh, gw in sorted(new | (set(grids) if stale else set())):
                 self.tables[(gh, gw)] = _interpolate(pos, gh, gw)
             self._rebuild(pos)
+        # a stale bank is rebuilt above, so both exist here
+        assert self.bank is not None and self.lookup is not None
         k = self.lookup[gdev[:, 0], gdev[:, 1]]  # (B,)
         return self.bank[k, :P]
 

@@ -76,10 +76,14 @@ def reference_leaves(job: str, root: Path = con.ROOT) -> Leaves:
 def write_leaves(path: Path, leaves: Leaves) -> None:
     """`leaves` as an .npz of the same bytes for the same leaves (entries in
     order, no timestamps): floats as arrays, the digests as one JSON entry."""
-    floats, exact = {}, {}
+    floats: dict[str, np.ndarray] = {}
+    exact: dict[str, str] = {}
     for file, keys in leaves.items():
         for key, leaf in keys.items():
-            (floats if isinstance(leaf, np.ndarray) else exact)[f"{file}:{key}"] = leaf
+            if isinstance(leaf, np.ndarray):
+                floats[f"{file}:{key}"] = leaf
+            else:
+                exact[f"{file}:{key}"] = leaf
     floats[EXACT] = np.array(json.dumps(exact, sort_keys=True))
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:

@@ -39,7 +39,7 @@ import torch
 from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.errors import PalError
 from palcore.outputs import step_dir_name, step_of_name
-from palcore.params import Source, outcome_record
+from palcore.params import Source, load_section, outcome_record
 from pipeline import params as pparams
 from pipeline.contracts import prompt_method, write_stamp
 from pipeline.data.pixel_cache import PixelCache, open_pixels
@@ -218,8 +218,8 @@ def _settle(
     for step in steps:
         _remove_stale(out / step_dir_name(step), world)
     for folder in out.glob("step_[0-9][0-9]*"):
-        step = step_of_name(folder.name)
-        if step is not None and step > n_tasks:
+        number = step_of_name(folder.name)
+        if number is not None and number > n_tasks:
             shutil.rmtree(folder)
     write_stamp(out, "extract", prompt_method(ckpt["params"]["prompt"]))
 
@@ -361,12 +361,14 @@ def cli(
     --frozen, the frozen queries come from `pal frozen`'s file (the frozen
     variant's features are its q_t: no image is read).
     """
-    params = pparams.load(params_file, "extract")
+    params = load_section(params_file, "extract", pparams.ExtractParams)
     folders = (prepare_dir, tune_dir, out_dir)
     if params.processes > 1 and "WORLD_SIZE" not in os.environ:
         args = _rank_args(folders, options)
         sys.exit(launch(params.processes, [*params_file.args(), *args]))
-    extract(*folders, params, data_root=pparams.data_root(params_file), **options)
+    # data_root reads the file itself, which os.fspath names for a Source
+    root = pparams.data_root(os.fspath(params_file))
+    extract(*folders, params, data_root=root, **options)
 
 
 def _rank_args(folders: tuple[str, str, str], options: dict[str, Any]) -> list[str]:

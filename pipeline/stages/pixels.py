@@ -29,7 +29,7 @@ import click
 
 from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.errors import PalError
-from palcore.params import Source, section_value
+from palcore.params import Source, load_section, section_value
 from pipeline import params as pparams
 from pipeline.contracts import write_stamp
 from pipeline.data.datasets import FileIndex, read_dataset
@@ -114,7 +114,8 @@ def _data_params(params_file: Source) -> pparams.DataParams:
         "text_field": section_value(params_file, "data", "text_field"),
     }
     given = {k: v for k, v in keys.items() if v is not None}
-    root = pparams.data_root(params_file) or pparams.DataParams.root
+    # data_root reads the file itself, which os.fspath names for a Source
+    root = pparams.data_root(os.fspath(params_file)) or pparams.DataParams.root
     return pparams.DataParams(root=root, **given)
 
 
@@ -135,7 +136,7 @@ def cli(params_file: Source, out: str) -> None:
     image missing). Reads params pixels, data.dataset, data.per_class,
     data.text_field and model.backbone.
     """
-    params = pparams.load(params_file, "pixels")
+    params = load_section(params_file, "pixels", pparams.PixelsParams)
     backbone = section_value(params_file, "model", "backbone")
     if backbone is None:
         raise PalError(f"{params_file.path}: model.backbone is not set")
