@@ -52,7 +52,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Wheels for a machine without a registry (the GPU box of bench/gpu_check.py,
+# Wheels for a machine without a registry (the GPU box of palbench/gpu_check.py,
 # Python 3.12 on x86-64): `make wheels PACKAGES="h5py click"` fills wheels/,
 # which travels with the tree; there, `python3 -m pip install --no-index
 # --find-links wheels h5py click`.

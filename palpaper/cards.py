@@ -1,5 +1,5 @@
 """The cards `pal-paper plan` prices a grid on: costs.yaml's entries, or a
-card file of `bench/gpu_check.py --parts pace`, checked key by key (one line
+card file of `palbench/gpu_check.py --parts pace`, checked key by key (one line
 naming the file and key where one is wrong), and how many tunings a card
 holds at once.
 

@@ -287,7 +287,7 @@ def collect_cmd(
     default=None,
     metavar="NAME|PATH",
     help="The card priced: one of palpaper/costs.yaml's cards (h200, h100, "
-    "cpu) or a card file (`bench/gpu_check.py --parts pace`'s card.yaml). "
+    "cpu) or a card file (`palbench/gpu_check.py --parts pace`'s card.yaml). "
     f"Default: tune.device's: on a GPU ${CARD_ENV} or h200, else cpu.",
 )
 @json_option

@@ -31,7 +31,7 @@ The contract proof keeps the fixture's leaves as its reference
 (`pipeline.stages.contract_proof`): the floats in a `.npz`, the digests in
 `reference/index.json`.
 
-`RTOL` comes from measurement (`bench/float_paths.py`, bench/README): the
+`RTOL` comes from measurement (`palbench/float_paths.py`, bench/README): the
 fixture's outputs moved by at most 2.3e-6 of their scale between this
 project's CPU code paths, checkpoints aside, and the features by 1e-3 under
 the smallest change of behaviour tried (PAL's joint embedding scaled by
@@ -50,14 +50,14 @@ import numpy as np
 
 RTOL = 1e-4
 CHECKPOINT_RTOL = 1e-2  # a .pt's floats: Adam's steps (above); 2.6e-3 measured
-# On a GPU (bench/gpu_check.py --parts contracts): bf16 autocast keeps 8 bits
+# On a GPU (palbench/gpu_check.py --parts contracts): bf16 autocast keeps 8 bits
 # of mantissa (3.9e-3 a rounding), and cuBLAS's algorithm choice differs per
 # card and library version. Provisional, from bf16's rounding over a few
 # layers, until a card measures it; the CPU's rule is not relaxed by it.
 GPU_RTOL = 2e-2
 # Environments that take other CPU kinds' code paths on this one (at or below
 # the host's instruction set): torch's own kernels, MKL's GEMM, oneDNN's
-# convolutions. bench/float_paths.py and tests/test_sameness.py run under them.
+# convolutions. palbench/float_paths.py and tests/test_sameness.py run under them.
 CPU_PATHS = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
     | {"ONEDNN_MAX_CPU_ISA": "AVX2"},

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py as it runs on a GPU box: the project on PYTHONPATH, no
+"""palbench/gpu_check.py as it runs on a GPU box: the project on PYTHONPATH, no
 dvc on PATH, started from outside the repository; here at its smallest scale
 on CPU."""
 
@@ -14,13 +14,11 @@ import pytest
 import yaml
 from helpers import committed
 
+from palbench import gpu_check
 from palpaper.grids import RESULTS
 from palpaper.plan import plan_report
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import gpu_check  # noqa: E402
 
 # the pixel cache and the frozen queries once per dataset, read by tune and extract
 ONCE = ["prepare", "pixels", "frozen", "tune", "extract", "solve", "evaluate"]
@@ -49,7 +47,7 @@ def test_gpu_check_at_its_smallest_scale_writes_the_report(tmp_path):
     out = tmp_path / "out"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     cmd = [
-        *(sys.executable, str(ROOT / "bench" / "gpu_check.py")),
+        *(sys.executable, "-m", "palbench.gpu_check"),
         *("--scale", "smallest", "--device", "cpu", "--out", str(out)),
         *("--parts", "tests,solver,paths,rehearsal,cells", "--jobs", "1,2"),
         *("--baseline", str(baseline), "--workdir", str(tmp_path / "work")),
@@ -178,7 +176,7 @@ def test_the_contracts_part_compares_the_fixture_twice_and_with_the_reference(
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     cmd = [
         sys.executable,
-        str(ROOT / "bench" / "gpu_check.py"),
+        *("-m", "palbench.gpu_check"),
         *("--parts", "contracts", "--units", "tune.pal", "--device", "cpu"),
         *("--out", str(out), "--workdir", str(tmp_path / "w")),
     ]

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's `pace` part (bench/gpu_pace.py, bench/pace.py): each
+"""palbench/gpu_check.py's `pace` part (palbench/gpu_pace.py, palbench/pace.py): each
 method's steady step per tree, the features of two trees compared, J
 tunings side by side, and the card's entry for `pal-paper plan --card`."""
 
@@ -13,11 +13,9 @@ import pytest
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from palbench import gpu_check, gpu_pace
 
-import gpu_check  # noqa: E402
-import gpu_pace  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 METHODS = ["pal", "rebq", "map", "msp", "l2p", "dualprompt"]
 
@@ -88,10 +86,10 @@ def test_features_of_two_trees_compare_by_the_least_row_cosine(tmp_path):
 
 
 def test_pace_measures_each_method_as_pal_tune_steps_it(tmp_path):
-    """bench/pace.py on the CPU: the static step a GPU replays for the graphable
+    """palbench/pace.py on the CPU: the static step a GPU replays for the graphable
     methods, every figure present, features saved per method."""
     cmd = [
-        *(sys.executable, str(ROOT / "bench" / "pace.py"), "--config", "tiny"),
+        *(sys.executable, "-m", "palbench.pace", "--config", "tiny"),
         *("--device", "cpu", "--steps", "2", "--fill", "8", "--photos", "24"),
         *("--seconds", "0.1", "--static", "--methods", "pal,map"),
         *("--out", str(tmp_path)),
@@ -121,7 +119,7 @@ def test_the_pace_part_writes_a_card_and_finds_equal_features(tmp_path):
     out = tmp_path / "out"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     cmd = [
-        *(sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--parts", "pace"),
+        *(sys.executable, "-m", "palbench.gpu_check", "--parts", "pace"),
         *("--scale", "smallest", "--device", "cpu", "--out", str(out)),
         *("--jobs", "1,2", "--baseline", str(baseline), "--commit", "abc1234"),
         *("--workdir", str(tmp_path / "work")),

@@ -16,7 +16,7 @@ from solver.shard_readers import open_features
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = {"solver", "solver.api", "solver.cli", "solver.shards", "solver.shard_readers"}
 # the project's code outside solver/; tests/ may test the inside
-OUTSIDE = ("pipeline", "palpaper", "palcore", "bench")
+OUTSIDE = ("pipeline", "palpaper", "palcore", "palbench", "bench")
 NEVER_IN_SOLVER = {"torch", "transformers"}
 
 

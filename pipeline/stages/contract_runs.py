@@ -28,7 +28,9 @@ from pipeline.contracts import ContractError
 DATASETS = ("demo", "food101", "n24news")
 # variant (a row of params' `ablation`) → its prompt method (L2P++: the prefix
 # form of the l2p method)
-VARIANTS = {v: v for v in ("pal", "map", "msp", "rebq", "l2p", "dualprompt")}
+VARIANTS: dict[str, str | None] = {
+    v: v for v in ("pal", "map", "msp", "rebq", "l2p", "dualprompt")
+}
 VARIANTS |= {"frozen": None, "l2p_pp": "l2p"}
 FIXTURE: dict[str, dict[str, Any]] = {  # laid over each version's params.yaml
     "demo": {
@@ -93,7 +95,7 @@ def jobs() -> list[Job]:
         for ds in (*DATASETS, "demo-off")
     ]
     for ds in DATASETS:
-        args = ("frozen", "--pixels", f"{{job:pixels/{ds}}}")
+        args: tuple[str, ...] = ("frozen", "--pixels", f"{{job:pixels/{ds}}}")
         out.append(Job(f"frozen/{ds}", args, _units("frozen"), params=ds))
     out.append(Job("frozen/demo-decode", ("frozen",), _units("frozen")))
     tune = ("tune", "--run", "0", "--prepare", "{prepare:demo}", "--variant")
@@ -171,7 +173,7 @@ def write_params(
     """One params file per dataset (and the pixel-cache-off and 2-rank
     variants of the demo's), its paths relative to `folder`'s parent (where
     the jobs run): `code`'s params.yaml with the fixture laid over,
-    tune and extract on `device` (bench/gpu_check.py's `contracts` part runs
+    tune and extract on `device` (palbench/gpu_check.py's `contracts` part runs
     the fixture on a GPU: bf16, CUDA graphs)."""
     base = yaml.safe_load((code / "params.yaml").read_text(encoding="utf-8"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -211,8 +213,8 @@ def _pal(code: Path, cwd: Path, args: list[str]) -> None:
 
 @dataclass
 class Version:
-    """A tree of the code and where its jobs write (bench/float_paths.py and
-    bench/gpu_check.py run the fixture with more than one)."""
+    """A tree of the code and where its jobs write (palbench/float_paths.py and
+    palbench/gpu_check.py run the fixture with more than one)."""
 
     code: Path
     work: Path

@@ -1,6 +1,6 @@
-"""bench/gpu_check.py's parts, each run as its own process or call with its
+"""palbench/gpu_check.py's parts, each run as its own process or call with its
 log under --out: the GPU tests, the solver at a scale, and a rehearsal of one
-run of PAL (bench/rehearsal.py)."""
+run of PAL (palbench/rehearsal.py)."""
 
 from __future__ import annotations
 
@@ -145,10 +145,9 @@ def rehearsal_check(
     log_name: str = "rehearsal.log",
     **scale: Any,
 ) -> dict[str, Any]:
-    """bench/rehearsal.py's one run of PAL with the code of `tree`; its log
+    """palbench/rehearsal.py's one run of PAL with the code of `tree`; its log
     copied to --out/log_name."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import rehearsal
+    from palbench import rehearsal
 
     start = time.perf_counter()
     try:
@@ -183,8 +182,7 @@ def cells_check(
     the tunes are the stage command itself, not DVC's queue."""
     import json
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import rehearsal
+    from palbench import rehearsal
 
     tune = dict(rehearsal.stage_commands(sys.executable))["tune"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")

@@ -1,8 +1,8 @@
-"""bench/gpu_check.py's `pace` part: each method's steady step on the card,
+"""palbench/gpu_check.py's `pace` part: each method's steady step on the card,
 before (`--baseline`) and after, their features compared, J tunings side by
 side, and the card's entry of palpaper/costs.yaml written from it.
 
-1. bench/pace.py on each tree (one process each, the same photos and random
+1. palbench/pace.py on each tree (one process each, the same photos and random
    ViLT): per method samples/s at batch 4 and at the fill batch, host syncs,
    kernels and the GPU's busy share per step, peak memory, FLOPs per sample,
    and one extract batch's features (the baseline tree: features, rate and
@@ -29,8 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from palbench.gpu_paths import tree_env
+
 ROOT = Path(__file__).resolve().parents[1]
-PACE = ROOT / "bench" / "pace.py"
+PACE = ["-m", "palbench.pace"]
 SCALES = {  # pace.py's arguments per gpu_check scale
     "full": dict(config="vilt-b32", steps=1000, fill=32, photos=512, seconds=3.0),
     "smallest": dict(config="tiny", steps=3, fill=8, photos=24, seconds=0.3),
@@ -45,12 +47,13 @@ GRAPHS_PER_TASK = 48
 
 
 def _pace(tree: Path, out: Path, work: Path, args: dict, extra=()) -> str | None:
-    """bench/pace.py with `tree` first on PYTHONPATH; None, or its last line
+    """palbench/pace.py with `tree` first on PYTHONPATH; None, or its last line
     of error."""
-    cmd = [sys.executable, str(PACE), "--out", str(out), "--workdir", str(work)]
+    cmd = [sys.executable, *PACE, "--out", str(out), "--workdir", str(work)]
     cmd += [f"--{k}={v}" for k, v in args.items()] + list(extra)
-    env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1")
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        cmd, env=tree_env(tree), cwd=work, capture_output=True, text=True
+    )
     (out / "pace.log").write_text(r.stdout + r.stderr)
     if r.returncode:
         return (r.stderr.strip().splitlines() or ["no output"])[-1]
@@ -84,10 +87,9 @@ def packing(work: Path, args: dict, jobs: tuple[int, ...], seconds: float) -> di
         procs = []
         for i in range(j):
             extra = ["--worker", str(i), "--barrier", str(barrier)]
-            cmd = [sys.executable, str(PACE), "--out", str(barrier)]
+            cmd = [sys.executable, *PACE, "--out", str(barrier)]
             cmd += ["--workdir", str(work)] + [f"--{k}={v}" for k, v in args.items()]
-            env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-            procs.append(subprocess.Popen(cmd + extra, env=env))
+            procs.append(subprocess.Popen(cmd + extra, env=tree_env(ROOT), cwd=work))
         while len(list(barrier.glob("ready-*"))) < j:
             if any(p.poll() not in (None, 0) for p in procs):
                 raise RuntimeError(f"pace: a packing worker of J = {j} failed")
@@ -120,7 +122,7 @@ def card_entry(measured: dict, pack: dict, like: dict, commit: str, scale: str) 
         "status": "measured",
         "commit": commit,
         "basis": (
-            f"bench/gpu_check.py --parts pace ({scale}): {measured['steps']} steady "
+            f"palbench/gpu_check.py --parts pace ({scale}): {measured['steps']} steady "
             f"steps a method at batch 4 after the captures, random {measured['config']}"
             f" ViLT, Food101-shaped photo batches; capture_s_per_task for "
             f"{GRAPHS_PER_TASK} graphs a task (est.); {', '.join(INHERITED)} from "

@@ -10,8 +10,8 @@ path with the same code and inputs, and once more with PAL's joint embedding
 scaled by 1.001; every output file is compared with the first path's, and
 the largest relative float difference is printed per job and file kind.
 
-    .venv/bin/python bench/float_paths.py                # every job, ~6 min
-    .venv/bin/python bench/float_paths.py --jobs tune/pal --jobs extract/pal
+    .venv/bin/python -m palbench.float_paths                # every job, ~6 min
+    .venv/bin/python -m palbench.float_paths --jobs tune/pal --jobs extract/pal
 """
 
 from __future__ import annotations

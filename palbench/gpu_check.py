@@ -1,8 +1,8 @@
 """The GPU path proven in one call: the GPU tests, the solver at the paper's
 width, and a Food101-shaped rehearsal of one run of PAL, in one report.
 
-Runs with the project on PYTHONPATH (or not at all installed: it puts the
-repository first on sys.path itself) and nothing beyond the runtime packages:
+Runs as `python -m palbench.gpu_check` with the project on PYTHONPATH (or
+installed) and nothing beyond the runtime packages:
 no dvc, no dev extras, no tests/ helpers. In order:
 
 1. pre-flight: imports what it needs and, if anything is missing, says in one
@@ -11,11 +11,11 @@ no dvc, no dev extras, no tests/ helpers. In order:
 3. `python -m solver solve` on synthetic features of Food101's training row
    count (61,127 rows of D = 768, 100 classes in 10 steps) at the paper's
    width 15,000, with the backend it ran on (CuPy on a GPU if present);
-4. bench/image_path.py on the same photo batches at ViLT-B/32's sizes:
+4. palbench/image_path.py on the same photo batches at ViLT-B/32's sizes:
    tune and extract samples/s, their share of the bf16 peak, host syncs per
    step, bytes per extract batch; with `--baseline`, once on that older tree
    (before) and once on this one (after), and the cosine of their features;
-5. bench/rehearsal.py's run of PAL on a Food101-shaped tree of photo-sized
+5. palbench/rehearsal.py's run of PAL on a Food101-shaped tree of photo-sized
    JPEGs and a ViLT-B/32-sized random ViLT (the stage commands directly when
    dvc is absent), on the `--baseline` tree first if given, then on this one,
    each with its data wait and projections, and `pal-paper plan all`'s
@@ -38,10 +38,10 @@ moved the method interface to pipeline/model/method.py on.
 After each part it rewrites `report.md` and `report.json` under --out (the
 logs of each part beside them), so a run cut short still leaves a report.
 
-    PYTHONPATH=. python3 bench/gpu_check.py --out "$OUT"              # GPU, ~10 min
-    PYTHONPATH=. python3 bench/gpu_check.py --parts paths,rehearsal \
+    PYTHONPATH=. python3 -m palbench.gpu_check --out "$OUT"              # GPU, ~10 min
+    PYTHONPATH=. python3 -m palbench.gpu_check --parts paths,rehearsal \
         --baseline /tmp/older --out "$OUT"
-    .venv/bin/python bench/gpu_check.py --scale smallest --out /tmp/gc  # CPU, ~1 min
+    .venv/bin/python -m palbench.gpu_check --scale smallest --out /tmp/gc  # CPU, ~1 min
 """
 
 from __future__ import annotations
@@ -56,20 +56,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import gpu_pace  # noqa: E402
-import gpu_paths  # noqa: E402
-from gpu_parts import (  # noqa: E402
+from palbench import gpu_pace, gpu_paths
+from palbench.gpu_parts import (
     cells_check,
     contracts_check,
     gpu_tests,
     rehearsal_check,
     solver_check,
 )
-from gpu_report import render, write_report  # noqa: E402
+from palbench.gpu_report import render, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # import name -> distribution name: what every part needs (pytest for part 2)
 NEEDED = {
@@ -362,7 +359,7 @@ def run_parts(
 
 
 def pace_part(a: argparse.Namespace, work: Path, baseline: Path | None) -> dict:
-    """bench/gpu_pace.py's part, its card.yaml copied to --out."""
+    """palbench/gpu_pace.py's part, its card.yaml copied to --out."""
     import shutil
 
     import yaml

@@ -1,16 +1,16 @@
 """Each trained method's training step at its steady pace, as `pal tune`
 runs it, in the tree whose `pipeline` imports first (PYTHONPATH's, else this
-repository): what `pal-paper plan` prices a card with (bench/gpu_pace.py runs
+repository): what `pal-paper plan` prices a card with (palbench/gpu_pace.py runs
 it per tree and writes the card's entry of palpaper/costs.yaml).
 
-    PYTHONPATH=. python3 bench/pace.py --config vilt-b32 --device cuda --out DIR
-    .venv/bin/python bench/pace.py --config tiny --device cpu --steps 3 --out DIR
-    .venv/bin/python bench/pace.py --config vilt-b32 --device cpu --flops-only \
+    PYTHONPATH=. python3 -m palbench.pace --config vilt-b32 --device cuda --out DIR
+    .venv/bin/python -m palbench.pace --config tiny --device cpu --steps 3 --out DIR
+    .venv/bin/python -m palbench.pace --config vilt-b32 --device cpu --flops-only \
         --out DIR      # FLOPs per sample of each method's step, minutes on a CPU
 
 Per method (pal, rebq, map, msp, l2p, dualprompt, each with its params row in
 configs/food101.yaml for `vilt-b32`, params.yaml's for `tiny`), at the last of
-ten tasks, on Food101-shaped photo batches (bench/image_path.py) with the
+ten tasks, on Food101-shaped photo batches (palbench/image_path.py) with the
 step of `pal.model.train.make_step` (static and graphed on CUDA where the
 method is graphable, eager otherwise, as `pal tune` decides):
 
@@ -31,7 +31,7 @@ method is graphable, eager otherwise, as `pal tune` decides):
 
 Also each method's extract forward (samples/s at batch 256, and its FLOPs
 per sample), and the frozen pass's rows/s. With `--worker`, one of J
-processes of bench/gpu_pace.py's packing check: PAL's step, started
+processes of palbench/gpu_pace.py's packing check: PAL's step, started
 together with the others through files in `--barrier`, for `--seconds`.
 """
 
@@ -46,13 +46,12 @@ from typing import Any
 
 T_START = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # after PYTHONPATH: an older tree given there wins
-sys.path.append(str(ROOT / "bench"))
 
-import image_path as ip  # noqa: E402  (bench/)
+
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from palbench import image_path as ip  # noqa: E402
 from palcore.params import Source, load_section  # noqa: E402
 from pipeline import methods  # noqa: E402
 from pipeline.data.loader import SampleDataset  # noqa: E402

@@ -1,4 +1,4 @@
-"""What a rehearsal's logs say (bench/rehearsal.py): per-stage samples/s,
+"""What a rehearsal's logs say (palbench/rehearsal.py): per-stage samples/s,
 data wait and loader start from tune's and extract's log lines, and their
 projection to a whole dataset's protocol, as a dict and as Markdown."""
 

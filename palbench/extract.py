@@ -1,7 +1,7 @@
 """Throughput of the prompted ViLT forward: a training step and extraction.
 
-    PYTHONPATH=. python bench/extract.py                        # demo model, CPU
-    PYTHONPATH=. python bench/extract.py --device cuda --config vilt-b32
+    PYTHONPATH=. python -m palbench.extract                        # demo model, CPU
+    PYTHONPATH=. python -m palbench.extract --device cuda --config vilt-b32
 
 `--config demo` loads the demo backbone (data/demo/vilt, or `--backbone`) or,
 when absent, a random model of the demo's sizes; `--config vilt-b32` builds a

@@ -27,9 +27,9 @@ samples/s, the share of graphed steps, the GPU memory peak and the time spent
 waiting for data; then projects one run of PAL and the preset's protocol on
 the full Food101 and N24News from the start-ups and the steady rates.
 
-    .venv/bin/python bench/rehearsal.py --config tiny --classes 21 --epochs 1 \\
+    .venv/bin/python -m palbench.rehearsal --config tiny --classes 21 --epochs 1 \\
         --width 1024                       # smallest scale, CPU, ~1 minute
-    python3 bench/rehearsal.py --config vilt-b32 --classes 101 --train 12 --test 4
+    python3 -m palbench.rehearsal --config vilt-b32 --classes 101 --train 12 --test 4
 """
 
 from __future__ import annotations
@@ -51,10 +51,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the project importable without installing it
 
+from palbench.rehearsal_figures import analyse, markdown  # noqa: E402
 from pipeline.fakes.trees import make_food101_tree, make_hub_vilt  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from rehearsal_figures import analyse, markdown  # noqa: E402
 
 BACKBONE = "models/vilt-b32-mlm"
 

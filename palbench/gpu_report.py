@@ -1,20 +1,16 @@
-"""bench/gpu_check.py's report: report.json as Markdown, and both files
+"""palbench/gpu_check.py's report: report.json as Markdown, and both files
 rewritten in place after each part (a run cut short still leaves a report)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from palbench import gpu_pace, gpu_paths
+from pipeline.sameness import GPU_RTOL, RTOL
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import gpu_pace  # noqa: E402
-import gpu_paths  # noqa: E402
-
-from pipeline.sameness import GPU_RTOL, RTOL  # noqa: E402
 
 
 def render(report: dict[str, Any]) -> str:
@@ -66,8 +62,7 @@ def render(report: dict[str, Any]) -> str:
         if r["exit"]:
             lines.append(f"Failed: {r['error']} (see {log}).")
         else:
-            sys.path.insert(0, str(ROOT / "bench"))
-            import rehearsal
+            from palbench import rehearsal
 
             st = r["setup"]
             lines.append(

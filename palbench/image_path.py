@@ -1,12 +1,12 @@
 """The image path of one tree of the project, on photo batches: the tree
 whose `pipeline` imports first (PYTHONPATH's, else this repository).
-bench/gpu_check.py runs it once on an older tree (`--baseline`) and once on
+palbench/gpu_check.py runs it once on an older tree (`--baseline`) and once on
 this one, on the same photos and the same random ViLT (`--workdir`), and
 compares the two (before and after).
 
-    PYTHONPATH=. python3 bench/image_path.py --config vilt-b32 --device cuda
-    .venv/bin/python bench/image_path.py --config tiny --device cpu   # smoke
-    PYTHONPATH=/tmp/older python3 bench/image_path.py --out before.json \
+    PYTHONPATH=. python3 -m palbench.image_path --config vilt-b32 --device cuda
+    .venv/bin/python -m palbench.image_path --config tiny --device cpu   # smoke
+    PYTHONPATH=/tmp/older python3 -m palbench.image_path --out before.json \
         --features before.pt --workdir /tmp/ip   # an older tree's
 
 Photos: JPEGs of the photo mix's Food101 shapes (pipeline/fakes/trees.py; at
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 import warnings
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # after PYTHONPATH: an older tree given there wins
+
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -166,7 +165,7 @@ def build(config: str, device: torch.device, work: Path):
     folder = work / f"vilt-{config}"
     if not folder.exists():
         fakes.make_hub_vilt(folder, full_size=config == "vilt-b32")
-    from extract import last_step_model  # bench/extract.py
+    from palbench.extract import last_step_model  # palbench/extract.py
 
     backbone = load_backbone(str(folder), 40).place(device)
     return backbone, last_step_model(backbone, config, device)
@@ -305,7 +304,7 @@ def measure(
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
-    """The table of each tree measured (bench/gpu_paths.py's result), as
+    """The table of each tree measured (palbench/gpu_paths.py's result), as
     Markdown lines."""
     cos = result.get("feature_cosine_min")
     against = (

@@ -1,5 +1,5 @@
-"""bench/gpu_check.py's before and after: the image path of an older tree
-(`--baseline`) and of this one (bench/image_path.py, one process each, on the
+"""palbench/gpu_check.py's before and after: the image path of an older tree
+(`--baseline`) and of this one (palbench/image_path.py, one process each, on the
 same photos and model), a rehearsal per tree (gpu_check runs its stage
 processes with that tree on PYTHONPATH), and `pal-paper plan all`'s Food101
 tunings and extractions priced at each tree's projected minutes."""
@@ -15,13 +15,20 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
 
 REHEARSALS = {"before": "rehearsal_before", "after": "rehearsal"}  # report keys
 SCALES = {  # image_path.py's arguments per gpu_check scale
     "full": dict(config="vilt-b32", photos=512, batch=256, seconds=5.0),
     "smallest": dict(config="tiny", photos=24, batch=16, seconds=0.5),
 }
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a part measuring `tree`: its code first on
+    PYTHONPATH, this package after it (run with another working folder than
+    the repository, which `python -m` would put first)."""
+    path = os.pathsep.join(dict.fromkeys([str(tree), str(ROOT)]))
+    return dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1")
 
 
 def trees(baseline: Path | None) -> list[tuple[str, Path]]:
@@ -51,7 +58,7 @@ def baseline_tree(spec: str | None, work: Path) -> Path | None:
 def paths_check(
     work: Path, device: str, scale: str, baseline: Path | None
 ) -> dict[str, Any]:
-    """bench/image_path.py on each tree (`trees`), and the cosine of the
+    """palbench/image_path.py on each tree (`trees`), and the cosine of the
     features of after against before; {'exit': 1, 'error': line} if one
     fails."""
     import torch
@@ -65,7 +72,8 @@ def paths_check(
     for name, tree in trees(baseline):
         cmd = [
             sys.executable,
-            str(ROOT / "bench" / "image_path.py"),
+            "-m",
+            "palbench.image_path",
             "--device",
             device,
             "--workdir",
@@ -76,8 +84,9 @@ def paths_check(
             str(work / f"{name}.pt"),
             *(f"--{k}={v}" for k, v in args.items()),
         ]
-        env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1")
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        r = subprocess.run(
+            cmd, env=tree_env(tree), cwd=work, capture_output=True, text=True
+        )
         if r.returncode:
             last = (r.stderr.strip().splitlines() or ["no output"])[-1]
             result.update(exit=1, error=f"{name} ({tree}): {last}")
@@ -138,7 +147,7 @@ def priced(report: dict[str, Any], counts: tuple[int, int] | None) -> dict:
 
 def markdown(report: dict[str, Any]) -> list[str]:
     """The before/after sections of report.md."""
-    import image_path
+    from palbench import image_path
 
     lines = []
     if "paths" in report:
