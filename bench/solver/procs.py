@@ -1,4 +1,4 @@
-"""bench/solve_speed.py's processes: one `pal-solver solve` measured as a
+"""The solver benchmark's (bench/solver) processes: one `pal-solver solve` measured as a
 process (wall, CPU of that child only, peak RSS and CuPy's pool), and the
 fixed RSS of a solver process (interpreter, imports, BLAS buffers)."""
 
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs `pal-solver ARGS…` in this very process and, at exit, writes its own peak
 # RSS (VmHWM, kB) to a file. ru_maxrss of a child is no use here: on Linux it

@@ -1,6 +1,7 @@
 """Time of each head from one HeadStats state, as ratios to one joint-ridge solve.
 
-Run: python bench/heads.py [E] [rows]  (synthetic data, float64, numpy).
+Run: python bench/solver --heads --widths E --rows N (synthetic data, float64,
+numpy; the solver benchmark's mode).
 Accumulation (E^2 n FLOPs) is shared by all heads and printed apart.
 """
 
@@ -12,9 +13,8 @@ import numpy as np
 from solver.api import heads
 
 
-def main() -> None:
-    E = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 10000
+def main(E: int = 1000, n: int = 10000) -> None:
+    """Accumulate n synthetic rows at width E, then time each head."""
     D, C = 64, 20
     r = np.random.default_rng(0)
     X = r.normal(size=(n, D))
@@ -52,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(*(int(x) for x in sys.argv[1:3]))

@@ -1,4 +1,4 @@
-"""bench/solve_speed.py's in-process measurements: the BLAS floor at the
+"""The solver benchmark's (bench/solver) in-process measurements: the BLAS floor at the
 solve's sizes, through the solver's own backend, and ACIL's reference update."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the project, installed or not
 
 import numpy as np  # noqa: E402
-from solve_procs import Run  # noqa: E402
+from procs import Run  # noqa: E402  (bench/solver/)
 
 from solver.api import get_backend, upsampling_matrix  # noqa: E402
 

@@ -25,9 +25,13 @@ On synthetic shards (default: D = 768, 20,000 training rows over 10 steps,
 - an η sweep of 5 values in one `pal-solver solve --eta a,b,c,d,e` process
   against five separate solves (5 × the best single gram time).
 
-Run (CPU):  .venv/bin/python bench/solve_speed.py            (about 15-25 minutes)
-            .venv/bin/python bench/solve_speed.py --quick    (seconds; smoke test)
-Run (GPU):  PYTHONPATH=. python3 bench/solve_speed.py --device cuda
+`--heads` times instead each analytic head of solver.heads from one state
+(ridge, AIR, NCM, LDA, the η path), as ratios to one joint-ridge solve.
+
+Run (CPU):  .venv/bin/python bench/solver            (about 15-25 minutes)
+            .venv/bin/python bench/solver --heads --widths 1000 --rows 10000
+            .venv/bin/python bench/solver --quick    (seconds; smoke test)
+Run (GPU):  PYTHONPATH=. python3 bench/solver --device cuda
                 --widths 4096,8192,15000   (one command line)
 """
 
@@ -42,13 +46,12 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the project, installed or not
 
 import numpy as np  # noqa: E402
-from solve_floor import ETA, Floor, Kernels, acil_reference, rel, warm_up  # noqa: E402
-from solve_procs import Run, baseline_rss, run_solve  # noqa: E402
+from floor import ETA, Floor, Kernels, acil_reference, rel, warm_up  # noqa: E402
+from procs import Run, baseline_rss, run_solve  # noqa: E402
 
 from solver.api import Classifier, make_features, weights_name  # noqa: E402
 from solver.shard_readers import open_features  # noqa: E402
@@ -103,6 +106,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run each")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--workdir", type=Path, help="keep shards and weights here")
+    ap.add_argument("--heads", action="store_true", help="time each analytic head "
+                    "from one pass instead, as ratios to one joint-ridge solve, at "
+                    "the first of --widths and --rows rows (heads.py)")  # fmt: skip
     a = ap.parse_args()
     if a.quick:
         a.widths, a.rows, a.steps, a.classes, a.repeat = "512", 2000, 4, 20, 1
@@ -133,6 +139,11 @@ class Bench:
 
 def main() -> None:
     a = parse_args()
+    if a.heads:
+        import heads  # bench/solver/
+
+        heads.main(int(a.widths.split(",")[0]), a.rows)
+        return
     work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     features = make_data(work / "extract", a.rows, a.steps, a.classes, a.dim)
