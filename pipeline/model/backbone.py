@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from palcore.errors import PalError
 from pipeline.model.encoder import Backbone
+
+if TYPE_CHECKING:  # transformers is imported where a model is loaded
+    from transformers import ViltModel, ViltProcessor
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +112,9 @@ def _check_vilt_hub_id(name: str, where: str) -> None:
         raise BackboneError(f"{where}: not a ViLT (model_type {model_type!r})")
 
 
-def _load_vilt(name: str, where: str) -> tuple:
+def _load_vilt(
+    name: str, where: str
+) -> tuple[ViltModel, ViltProcessor, dict[str, Any]]:
     """(ViltModel, ViltProcessor, loading info) of a checked folder or hub id;
     HF's multi-line load report is silenced (`load_backbone` logs one line)."""
     from transformers import ViltModel, ViltProcessor
@@ -118,7 +124,10 @@ def _load_vilt(name: str, where: str) -> tuple:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        vilt, info = ViltModel.from_pretrained(name, output_loading_info=True)
+        loaded = ViltModel.from_pretrained(name, output_loading_info=True)
+        # with output_loading_info the call returns (model, loading info), a
+        # dict of key sets and lists; its annotation names only the model
+        vilt, info = cast("tuple[ViltModel, dict[str, Any]]", loaded)
         processor = ViltProcessor.from_pretrained(name)
     except Exception as exc:  # OSError, SafetensorError, ValueError…: a damaged folder
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)

@@ -79,7 +79,7 @@ class PromptPool(nn.Module):
         J, n, L, D = self.n_layers, self.per_task, self.length, self.dim
         for p in self.parameters():
             p.requires_grad_(False)
-        new = {"P": [], "E": [], "A": []}
+        new: dict[str, list[torch.Tensor]] = {"P": [], "E": [], "A": []}
         for j in range(J):
             for name, width in (("P", L * D), ("E", D), ("A", D)):
                 old = [t[j].reshape(-1, width) for t in getattr(self, name)]
@@ -151,6 +151,12 @@ class Prompts(nn.Module):
     text (image) prompts are masked off where `text_on` (`image_on`) is False.
     """
 
+    # prompt.pools shared: one `pool`; modality: a `text` and an `image` pool;
+    # vector: a `text` and an `image` vector
+    pool: PromptPool
+    text: PromptPool | PromptVector
+    image: PromptPool | PromptVector
+
     def __init__(self, params: PromptParams, n_tasks: int, dim: int, depth: int):
         super().__init__()
         check_prompt_params(params, n_tasks, dim, depth)
@@ -167,7 +173,7 @@ class Prompts(nn.Module):
             self.text = PromptVector(J, L, dim)
             self.image = PromptVector(J, L, dim)
 
-    def _pools(self) -> list[nn.Module]:
+    def _pools(self) -> list[PromptPool | PromptVector]:
         return [self.pool] if self.params.pools == "shared" else [self.text, self.image]
 
     def add_task(self, generator: torch.Generator) -> None:

@@ -66,7 +66,8 @@ def batch_queries(
     """The frozen, prompt-free pass over all R rows of a batch (with its
     copies): (q_t, q_v), each (R, D) float32 (`Backbone.queries`)."""
     ids, am, px, pm = batch_inputs(batch, backbone.device)
-    h, mask = backbone.embed(ids, am, px, pm, batch.image_sizes)
+    h, embedded = backbone.embed(ids, am, px, pm, batch.image_sizes)
+    mask: torch.Tensor | None = embedded
     if backbone.no_masked_keys(batch.attention_mask, batch.image_sizes):
         mask = None  # attention without a mask: flash-eligible
     return backbone.queries(h, mask, ids.shape[1])

@@ -220,7 +220,9 @@ def full_images(vilt, pixel_mask: torch.Tensor) -> bool:
     return bool(pixel_mask.all())
 
 
-def batch_inputs(batch, device: torch.device) -> tuple[torch.Tensor | None, ...]:
+def batch_inputs(
+    batch, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(input_ids, attention_mask, pixel_values, pixel_mask) of a `Batch` on
     `device`; uint8 pixels are normalised there (`normalise_pixels`) and the
     pixel mask is None (`Backbone.embed` builds it from the sizes if it needs

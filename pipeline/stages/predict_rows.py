@@ -76,7 +76,7 @@ def to_sample(
         problem = text_problem(row.get(key))
         if problem:
             return f"{key} {problem}"
-    problem = image is not None and path_problem(folder, image, allow_outside)
+    problem = path_problem(folder, image, allow_outside) if image is not None else None
     if problem:
         return problem
     if image is not None and not (folder / image).exists():
@@ -165,8 +165,10 @@ def prepared_rows(
     )
     bad = {i: image_problem(folder / i, max_pixels) for i in images}
     for n, s in made.items():
-        if isinstance(s, Sample) and bad.get(s.image):
-            made[n] = bad[s.image]
+        if isinstance(s, Sample) and s.image is not None:
+            problem = bad.get(s.image)
+            if problem:
+                made[n] = problem
     for n, row in raw:  # said per row: an unseen image changes the prediction
         s = made[n]
         if isinstance(s, Sample) and s.image is None and isinstance(row, dict):

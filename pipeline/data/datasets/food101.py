@@ -75,7 +75,7 @@ def read_split_json(root: Path) -> Listing:
     )
     class_idx = read_json(idx_path)
     expect(
-        isinstance(class_idx, dict) and class_idx,
+        isinstance(class_idx, dict) and bool(class_idx),
         idx_path,
         "expected a non-empty object {class name: index}",
     )
@@ -97,7 +97,7 @@ def read_split_json(root: Path) -> Listing:
         folder = "test" if split == "test" else "train"
         for i, name in enumerate(files):
             expect(
-                isinstance(name, str) and name,
+                isinstance(name, str) and bool(name),
                 split_path,
                 f"{split}[{i}] is not a file name",
             )
@@ -136,6 +136,7 @@ def _title(value: object, path: Path, name: str) -> str | None:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         value = " ".join(value)
     expect(isinstance(value, str), path, f"text of '{name}' is not a string")
+    assert isinstance(value, str)  # expect raised otherwise
     return value
 
 
