@@ -12,7 +12,9 @@ Heads (source: the analytic-heads survey, sections 1.3, 1.4, 2 and 5):
 - `air`: (sum_y G_y/n_y + (eta/s) I)^-1 sum_y Q_y/n_y, s = C / sum_y 1/n_y
   (AIR, AnalyticLinear.py GeneralizedARM, in one E x E instead of C of them).
   Assumes disjoint classes: n_y is final when y's task ends; a class that
-  recurs in a later task is refused.
+  recurs in a later task is refused. A task starts with its labels counted
+  (`begin_task`: the labels alone, a cheap first read), so each row enters
+  AIR's sums weighted by 1/n_y at once: one E x E, never one per class.
 - `ncm`: cosine similarity to class means in H space (SimpleCIL prototypes,
   LAMDA-PILOT simplecil.py, which scores cosine to prototypes).
 - `lda`: shared covariance in X space = mean of class covariances (uniform
@@ -64,6 +66,7 @@ class HeadStats:
     Gair: Any = None
     Qair: Any = None
     done: set = field(default_factory=set)
+    task_n: Any = None  # the current task's training rows per class
 
     def __post_init__(self) -> None:
         z = self.xp.zeros
@@ -73,16 +76,35 @@ class HeadStats:
         self.n = z(C)
         self.Hsum, self.Xsum, self.Sxx = z((C, E)), z((C, D)), z((C, D, D))
         self.Gair, self.Qair = z((E, E)), z((E, C))
-        self._task_G: dict = {}
 
-    def add(self, H: Any, X: Any, y: Any, ids: Any) -> None:
-        """Accumulate one batch of rows of the current task."""
+    def begin_task(self, y: Any, ids: Any) -> None:
+        """Count the task's training rows per class from all its labels and
+        row ids (every shard's): AIR's weight 1/n_y of each row to come. A
+        task still open is closed first (a shard's state, which holds part
+        of the task's rows, is never checked complete: its merge is)."""
         xp = self.xp
-        H, X = xp.asarray(H, dtype=xp.float64), xp.asarray(X, dtype=xp.float64)
+        if self.task_n is not None:
+            self.done |= {int(c) for c in xp.flatnonzero(self.task_n).tolist()}
         y = xp.asarray(y)
-        for c in set(int(v) for v in y.tolist()):
+        for c in sorted(set(int(v) for v in y.tolist())):
             if c in self.done:
                 raise ValueError(f"class {c} recurs after its task ended")
+        t = ~held_out(ids, self.seed, self.fold, xp)
+        self.task_n = xp.bincount(y[t], minlength=self.C).astype(xp.float64)
+
+    def add(self, H: Any, X: Any, y: Any, ids: Any) -> None:
+        """Accumulate one batch of rows of the current task (`begin_task`
+        counted its labels)."""
+        xp = self.xp
+        if self.task_n is None:
+            raise ValueError("add: begin_task first (the task's labels counted)")
+        H, X = xp.asarray(H, dtype=xp.float64), xp.asarray(X, dtype=xp.float64)
+        y = xp.asarray(y)
+        for c in sorted(set(int(v) for v in y.tolist())):
+            if c in self.done:
+                raise ValueError(f"class {c} recurs after its task ended")
+            if self.task_n[c] == 0 and bool((y == c).any()):
+                raise ValueError(f"class {c} was not counted by begin_task")
         Y = xp.zeros((len(y), self.C))
         Y[xp.arange(len(y)), y] = 1.0
         v = held_out(ids, self.seed, self.fold, xp)
@@ -96,20 +118,26 @@ class HeadStats:
         self.n += Yt.sum(0)
         self.Hsum += Yt.T @ Ht
         self.Xsum += Yt.T @ X[t]
+        w = 1.0 / xp.maximum(self.task_n[y[t]], 1.0)  # AIR's 1/n_y per row
+        self.Gair += (Ht * w[:, None]).T @ Ht
+        self.Qair += Ht.T @ (Yt * w[:, None])
         for c in set(int(v) for v in y[t].tolist()):
-            m = Ht[y[t] == c]
             xc = X[t][y[t] == c]
             self.Sxx[c] += xc.T @ xc
-            g = self._task_G.get(c, 0.0)
-            self._task_G[c] = g + m.T @ m
 
     def end_task(self) -> None:
-        """Fold the task's per-class Grams into AIR's one E x E sum (n_y final)."""
-        for c, g in self._task_G.items():
-            self.Gair += g / self.n[c]
-            self.Qair[:, c] += self.Hsum[c] / self.n[c]
+        """Close the task: its classes may not recur. The rows added must be
+        the ones `begin_task` counted (n_y final)."""
+        if self.task_n is None:
+            return
+        for c in (int(c) for c in self.xp.flatnonzero(self.task_n).tolist()):
+            if self.n[c] != self.task_n[c]:
+                raise ValueError(
+                    f"class {c}: {int(self.n[c])} training rows added, "
+                    f"{int(self.task_n[c])} counted by begin_task"
+                )
             self.done.add(c)
-        self._task_G = {}
+        self.task_n = None
 
     def merge(self, other: HeadStats) -> HeadStats:
         """Sum two states over disjoint rows (federated / sharded merge)."""
@@ -118,9 +146,10 @@ class HeadStats:
             setattr(out, k, getattr(self, k) + getattr(other, k))
         out.yv2 = self.yv2 + other.yv2
         out.done = self.done | other.done
-        for src in (self._task_G, other._task_G):
-            for c, g in src.items():
-                out._task_G[c] = out._task_G.get(c, 0.0) + g
+        if self.task_n is not None and other.task_n is not None:
+            if bool((self.task_n != other.task_n).any()):
+                raise ValueError("merge: the states counted different tasks")
+        out.task_n = self.task_n if self.task_n is not None else other.task_n
         return out
 
 
@@ -138,7 +167,7 @@ def ridge(s: HeadStats, eta: float) -> Any:
 def air(s: HeadStats, eta: float) -> Any:
     """AIR class-balanced ridge W (E, C) in one E x E, seen classes only."""
     xp = s.xp
-    seen = [c for c in sorted(s.done)]
+    seen = [int(c) for c in xp.flatnonzero(s.n).tolist()]
     inv = sum(1.0 / float(s.n[c]) for c in seen)
     scale = len(seen) / inv
     return _chol_solve(s.Gair + (eta / scale) * xp.eye(s.E), s.Qair, xp)

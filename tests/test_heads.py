@@ -16,6 +16,7 @@ def _data(seed=0, n=200, classes=range(C)):
 
 def _stats(H, X, y, ids, bs=37):
     s = heads.HeadStats(E, D, C, seed=3, fold=5)
+    s.begin_task(y, ids)
     for i in range(0, len(y), bs):
         s.add(H[i : i + bs], X[i : i + bs], y[i : i + bs], ids[i : i + bs])
     s.end_task()
@@ -46,6 +47,37 @@ def test_air_matches_per_class_formula():
     Qc = (Ht.T @ np.eye(C)[yt]) * pi
     ref = np.linalg.inv(A + 0.5 * np.eye(E)) @ Qc
     assert np.abs(heads.air(s, 0.5) - ref).max() < 1e-9
+    # the check can fail: weights 1/n_y not rescaled to mean 1 are another W
+    wrong = sum((1 / n[c]) * Ht[yt == c].T @ Ht[yt == c] for c in range(C))
+    off = np.linalg.inv(wrong + 0.5 * np.eye(E)) @ ((Ht.T @ np.eye(C)[yt]) / n)
+    assert np.abs(heads.air(s, 0.5) - off).max() > 1e-3
+
+
+def test_air_over_two_tasks_holds_one_gram_and_merges():
+    """Tasks of classes {0, 1} then {2, 3}: AIR's sums are one E x E each;
+    two states that each saw half of every task's rows merge into the one
+    that saw them all."""
+    H, X, y, ids = _data(n=300)
+    tasks = [np.isin(y, [0, 1]), np.isin(y, [2, 3])]
+    whole = heads.HeadStats(E, D, C, seed=3, fold=5)
+    halves = [heads.HeadStats(E, D, C, seed=3, fold=5) for _ in range(2)]
+    for task in tasks:
+        Ht, Xt, yt, it = H[task], X[task], y[task], ids[task]
+        whole.begin_task(yt, it)
+        whole.add(Ht, Xt, yt, it)
+        whole.end_task()
+        for k, half in enumerate(halves):
+            half.begin_task(yt, it)  # every shard's labels counted
+            part = slice(k * len(yt) // 2, (k + 1) * len(yt) // 2)
+            half.add(Ht[part], Xt[part], yt[part], it[part])
+    merged = halves[0].merge(halves[1])
+    merged.end_task()
+    # AIR holds one E x E and one E x C, whatever the classes
+    assert (whole.Gair.nbytes, whole.Qair.nbytes) == (8 * E * E, 8 * E * C)
+    for head in (heads.ridge, heads.air):
+        assert np.abs(head(merged, 0.5) - head(whole, 0.5)).max() < 1e-9
+    s = _stats(H, X, y, ids)  # the same rows as one task: the same AIR W
+    assert np.abs(heads.air(s, 0.5) - heads.air(whole, 0.5)).max() < 1e-9
 
 
 def test_ncm_matches_class_means():
@@ -92,6 +124,8 @@ def test_merge_equals_all_rows():
     H, X, y, ids = _data()
     a = heads.HeadStats(E, D, C, seed=3, fold=5)
     b = heads.HeadStats(E, D, C, seed=3, fold=5)
+    a.begin_task(y, ids)
+    b.begin_task(y, ids)
     a.add(H[:90], X[:90], y[:90], ids[:90])
     b.add(H[90:], X[90:], y[90:], ids[90:])
     m = a.merge(b)
@@ -105,4 +139,11 @@ def test_recurring_class_refused():
     H, X, y, ids = _data(classes=[0, 1])
     s = _stats(H, X, y, ids)
     with pytest.raises(ValueError, match=r"^class 0 recurs after its task ended$"):
-        s.add(H[:5], X[:5], np.zeros(5, int), ids[:5])
+        s.begin_task(np.zeros(5, int), ids[:5])
+    s = heads.HeadStats(E, D, C, seed=3, fold=5)
+    with pytest.raises(ValueError, match=r"^add: begin_task first"):
+        s.add(H[:5], X[:5], y[:5], ids[:5])
+    s.begin_task(y[:100], ids[:100])
+    s.add(H[:50], X[:50], y[:50], ids[:50])  # half the rows counted
+    with pytest.raises(ValueError, match=r"^class \d: \d+ training rows added, "):
+        s.end_task()

@@ -22,6 +22,7 @@ def main(E: int = 1000, n: int = 10000) -> None:
     H = np.maximum(X @ r.normal(size=(D, E)), 0)
     s = heads.HeadStats(E, D, C)
     t = time.perf_counter()
+    s.begin_task(y, np.arange(n))
     for i in range(0, n, 4096):
         s.add(
             H[i : i + 4096],
