@@ -139,7 +139,9 @@ def static_inputs(
     dev = model.backbone.device
     n = batch.n
     rows = rows or n
-    ids, am, px, pm = (None if t is None else t[:n] for t in batch_inputs(batch, dev))
+    ids, am, px, pm = batch_inputs(batch, dev)
+    ids, am, px = ids[:n], am[:n], px[:n]
+    pm = None if pm is None else pm[:n]
     sizes = None if batch.image_sizes is None else batch.image_sizes[:n]
     index, missing, labels = (
         t.to(dev, non_blocking=True) for t in (batch.index, batch.missing, batch.labels)
@@ -148,10 +150,10 @@ def static_inputs(
         sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
         sizes = None if sizes is None else sizes[sel]  # host rows, no transfer
         sel = sel.to(dev, non_blocking=True)
-        ids, am, px, pm, index, missing, labels = (
-            None if t is None else t[sel]
-            for t in (ids, am, px, pm, index, missing, labels)
+        ids, am, px, index, missing, labels = (
+            t[sel] for t in (ids, am, px, index, missing, labels)
         )
+        pm = None if pm is None else pm[sel]
         labels[n:] = -1
     T = text_bucket(ids.shape[1], model.backbone.max_text_len)
     pad = T - ids.shape[1]
@@ -283,6 +285,8 @@ def static_loss(
         valid=valid,
         task=task,
     )
+    # static steps run only for a graphable method (`pipeline.model.steps`)
+    assert model.prompts is not None, "a static step without a prompt method"
     out = model.prompts.static_features(model.backbone, view)
     logits = model.head(out.x)[:, lo:hi]
     ce = F.cross_entropy(logits, target, ignore_index=-100)

@@ -16,6 +16,7 @@ the head is trained.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,18 @@ from pipeline.model.encoder import Backbone
 from pipeline.model.method import Method, View
 from pipeline.model.queries import QueryCache, batch_queries
 from pipeline.model.vision import batch_inputs
+
+
+class GrowingHead(Protocol):
+    """What a head adds to nn.Module's interface (`Method.make_head`): rows
+    for the next task's classes."""
+
+    def add_task(
+        self,
+        n_classes: int,
+        generator: torch.Generator | None = None,
+        freeze: bool = True,
+    ) -> None: ...
 
 
 class TaskHead(nn.Module):
@@ -112,9 +125,10 @@ class PalModel(nn.Module):
             raise ValueError("all tasks have been added")
         if self.prompts is not None:
             self.prompts.add_task(generator)
-        self.head.add_task(
-            self.classes_per_task[self.step], generator, freeze=self.masked
-        )
+        # TaskHead, or a method's own head, which Method.make_head promises
+        # has TaskHead's interface
+        head = cast(GrowingHead, self.head)
+        head.add_task(self.classes_per_task[self.step], generator, freeze=self.masked)
         self.step += 1
 
     @property
@@ -154,6 +168,7 @@ class PalModel(nn.Module):
         if q is not None and self.prompts is None:
             x = q[:, 0]
             return x, self.head(x)
+        assert batch is not None, "only given queries without prompts need no batch"
         ids, am, px, pm = batch_inputs(batch, self.backbone.device)
         n, T = batch.n, ids.shape[1]
         sizes = None if batch.image_sizes is None else batch.image_sizes[:n]

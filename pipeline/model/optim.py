@@ -5,7 +5,7 @@ being trained, linear warm-up then cosine decay or a constant lr."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,13 +37,16 @@ def optimiser_for(
     device = model.backbone.device
     head = [p for p in model.head.parameters() if p.requires_grad]
     prompts = [p for p in model.trainable_parameters() if all(p is not h for h in head)]
-    groups = [{"params": head, "lr": tune_p.head_lr or tune_p.lr}]
+    # torch's param groups: a dict of parameters and per-group options
+    groups: list[dict[str, Any]] = [{"params": head, "lr": tune_p.head_lr or tune_p.lr}]
     if prompts:
         groups.append({"params": prompts, "lr": tune_p.lr})
-    base_lrs = [g["lr"] for g in groups]
-    opt_args = {"betas": (BETA1, tune_p.beta2), "weight_decay": tune_p.weight_decay}
+    base_lrs: list[float] = [g["lr"] for g in groups]
+    betas, decay = (BETA1, tune_p.beta2), tune_p.weight_decay
     if capturable:
-        return capturable_adamw(groups, device, **opt_args), base_lrs
+        optimiser = capturable_adamw(groups, device, betas=betas, weight_decay=decay)
+        return optimiser, base_lrs
     # fused: one kernel for all parameters
     fused = device.type == "cuda"
-    return torch.optim.AdamW(groups, fused=fused, **opt_args), base_lrs
+    optimiser = torch.optim.AdamW(groups, fused=fused, betas=betas, weight_decay=decay)
+    return optimiser, base_lrs
