@@ -15,6 +15,14 @@ Heads (source: the analytic-heads survey, sections 1.3, 1.4, 2 and 5):
   recurs in a later task is refused. A task starts with its labels counted
   (`begin_task`: the labels alone, a cheap first read), so each row enters
   AIR's sums weighted by 1/n_y at once: one E x E, never one per class.
+- `dsal`: DS-AL's compensation stream (AAAI 2024, analytic/DSAL.py l.60-80):
+  a ridge on tanh of the up-sampling's pre-activation Z, fitted to the main
+  stream's residual Y - H W_main with the columns of classes outside the
+  current task zeroed; W_main is the joint ridge (eta `dsal_eta`) on every
+  training row so far, refit after each batch as DS-AL's recursive update
+  does, so the stream depends on the order of the batches (DS-AL's does too).
+  Scores: H W_main + ratio * tanh(Z) W_comp (`dsal_scores`). Costs a second
+  E x E and one E x E solve per batch.
 - `ncm`: cosine similarity to class means in H space (SimpleCIL prototypes,
   LAMDA-PILOT simplecil.py, which scores cosine to prototypes).
 - `lda`: shared covariance in X space = mean of class covariances (uniform
@@ -67,6 +75,9 @@ class HeadStats:
     Qair: Any = None
     done: set = field(default_factory=set)
     task_n: Any = None  # the current task's training rows per class
+    dsal_eta: float | None = None  # DS-AL's main-stream eta; None: no stream
+    Gc: Any = None  # DS-AL's compensation stream: tanh(Z)' tanh(Z)
+    Qc: Any = None  # tanh(Z)' (residual of the main stream)
 
     def __post_init__(self) -> None:
         z = self.xp.zeros
@@ -76,6 +87,8 @@ class HeadStats:
         self.n = z(C)
         self.Hsum, self.Xsum, self.Sxx = z((C, E)), z((C, D)), z((C, D, D))
         self.Gair, self.Qair = z((E, E)), z((E, C))
+        if self.dsal_eta is not None:
+            self.Gc, self.Qc = z((E, E)), z((E, C))
 
     def begin_task(self, y: Any, ids: Any) -> None:
         """Count the task's training rows per class from all its labels and
@@ -92,9 +105,10 @@ class HeadStats:
         t = ~held_out(ids, self.seed, self.fold, xp)
         self.task_n = xp.bincount(y[t], minlength=self.C).astype(xp.float64)
 
-    def add(self, H: Any, X: Any, y: Any, ids: Any) -> None:
+    def add(self, H: Any, X: Any, y: Any, ids: Any, Z: Any = None) -> None:
         """Accumulate one batch of rows of the current task (`begin_task`
-        counted its labels)."""
+        counted its labels); `Z`, the up-sampling's pre-activation (H =
+        relu(Z)), when the state keeps DS-AL's stream."""
         xp = self.xp
         if self.task_n is None:
             raise ValueError("add: begin_task first (the task's labels counted)")
@@ -124,6 +138,21 @@ class HeadStats:
         for c in set(int(v) for v in y[t].tolist()):
             xc = X[t][y[t] == c]
             self.Sxx[c] += xc.T @ xc
+        if self.dsal_eta is not None:
+            if Z is None:
+                raise ValueError("add: DS-AL's stream needs Z, the pre-activation")
+            self._compensate(Ht, xp.asarray(Z, dtype=xp.float64)[t], Yt)
+
+    def _compensate(self, Ht: Any, Zt: Any, Yt: Any) -> None:
+        """DS-AL's step after the main stream took the batch: the residual
+        of W_main on the batch, old classes' columns zeroed, into the
+        compensation stream's sums."""
+        xp = self.xp
+        W = _chol_solve(self.G + self.dsal_eta * xp.eye(self.E), self.Q, xp)
+        R = (Yt - Ht @ W) * (self.task_n > 0)[None, :]  # the current task's columns
+        T = xp.tanh(Zt)
+        self.Gc += T.T @ T
+        self.Qc += T.T @ R
 
     def end_task(self) -> None:
         """Close the task: its classes may not recur. The rows added must be
@@ -144,6 +173,9 @@ class HeadStats:
         out = HeadStats(self.E, self.D, self.C, self.xp, self.seed, self.fold)
         for k in ("G", "Q", "Gv", "Qv", "n", "Hsum", "Xsum", "Sxx", "Gair", "Qair"):
             setattr(out, k, getattr(self, k) + getattr(other, k))
+        if self.dsal_eta is not None:  # sums of residuals each state took
+            out.dsal_eta = self.dsal_eta
+            out.Gc, out.Qc = self.Gc + other.Gc, self.Qc + other.Qc
         out.yv2 = self.yv2 + other.yv2
         out.done = self.done | other.done
         if self.task_n is not None and other.task_n is not None:
@@ -171,6 +203,20 @@ def air(s: HeadStats, eta: float) -> Any:
     inv = sum(1.0 / float(s.n[c]) for c in seen)
     scale = len(seen) / inv
     return _chol_solve(s.Gair + (eta / scale) * xp.eye(s.E), s.Qair, xp)
+
+
+def dsal(s: HeadStats, eta: float) -> Any:
+    """DS-AL's compensation W (E, C): (Gc + eta I) W = Qc."""
+    if s.Gc is None:
+        raise ValueError("dsal: the state keeps no DS-AL stream (dsal_eta)")
+    return _chol_solve(s.Gc + eta * s.xp.eye(s.E), s.Qc, s.xp)
+
+
+def dsal_scores(
+    H: Any, Z: Any, W_main: Any, W_comp: Any, ratio: float, xp: Any = np
+) -> Any:
+    """DS-AL's output: the main stream plus `ratio` times the compensation."""
+    return H @ W_main + ratio * (xp.tanh(Z) @ W_comp)
 
 
 def ncm(s: HeadStats, H: Any) -> Any:

@@ -147,3 +147,66 @@ def test_recurring_class_refused():
     s.add(H[:50], X[:50], y[:50], ids[:50])  # half the rows counted
     with pytest.raises(ValueError, match=r"^class \d: \d+ training rows added, "):
         s.end_task()
+
+
+def _dsal_reference(batches, gamma_main, gamma_comp):
+    """DS-AL's batch code (analytic/DSAL.py): both streams by the recursive
+    update, batch by batch; the residual of the main stream after its update,
+    with every column but the batch's task's new classes (`new`) zeroed."""
+    R = [np.eye(E) / gamma_main, np.eye(E) / gamma_comp]
+    W = [np.zeros((E, C)), np.zeros((E, C))]
+
+    def rls(i, F, Y):
+        K = np.linalg.inv(np.eye(len(F)) + F @ R[i] @ F.T)
+        R[i] = R[i] - R[i] @ F.T @ K @ F @ R[i]
+        W[i] = W[i] + R[i] @ F.T @ (Y - F @ W[i])
+
+    for Hb, Zb, Yb, new in batches:
+        rls(0, Hb, Yb)
+        Yc = Yb - Hb @ W[0]
+        Yc[:, ~new] = 0.0
+        rls(1, np.tanh(Zb), Yc)
+    return W
+
+
+def test_dsal_matches_its_batch_code_and_depends_on_the_order():
+    r = np.random.default_rng(4)
+    n = 160
+    X = r.normal(size=(n, D))
+    y = r.choice([0, 1, 2, 3], n)
+    Z = X @ r.normal(size=(D, E))
+    H = np.maximum(Z, 0)
+    ids = np.arange(n)
+    t = ~heads.held_out(ids, 3, 5)
+    every = np.ones(C, bool)
+    s = heads.HeadStats(E, D, C, seed=3, fold=5, dsal_eta=0.5)
+    s.begin_task(y, ids)
+    batches = []
+    for i in range(0, n, 40):
+        b = np.arange(i, i + 40)
+        s.add(H[b], X[b], y[b], ids[b], Z=Z[b])
+        k = b[t[b]]
+        batches.append((H[k], Z[k], np.eye(C)[y[k]], every))
+    main, comp = _dsal_reference(batches, 0.5, 0.2)
+    assert np.abs(heads.ridge(s, 0.5) - main).max() < 1e-9
+    assert np.abs(heads.dsal(s, 0.2) - comp).max() < 1e-9
+    out = heads.dsal_scores(H, Z, main, comp, 0.6)
+    assert np.abs(out - (H @ main + 0.6 * np.tanh(Z) @ comp)).max() < 1e-12
+    # the residuals follow the batches' order: reversed, another stream
+    _, other = _dsal_reference(batches[::-1], 0.5, 0.2)
+    assert np.abs(other - comp).max() > 1e-6
+    # a second task zeroes the first task's classes' residual columns
+    s = heads.HeadStats(E, D, C, seed=3, fold=5, dsal_eta=0.5)
+    batches = []
+    for classes in ([0, 1], [2, 3]):
+        task = np.flatnonzero(np.isin(y, classes))
+        s.begin_task(y[task], ids[task])
+        s.add(H[task], X[task], y[task], ids[task], Z=Z[task])
+        k = task[t[task]]
+        batches.append((H[k], Z[k], np.eye(C)[y[k]], np.isin(range(C), classes)))
+    _, comp = _dsal_reference(batches, 0.5, 0.2)
+    assert np.abs(heads.dsal(s, 0.2) - comp).max() < 1e-9
+    s = heads.HeadStats(E, D, C, seed=3, fold=5, dsal_eta=0.5)
+    s.begin_task(y, ids)
+    with pytest.raises(ValueError, match=r"^add: DS-AL's stream needs Z"):
+        s.add(H[:4], X[:4], y[:4], ids[:4])
