@@ -125,11 +125,13 @@ class SampleDataset(Dataset):
         if s.missing == Missing.IMAGE:
             pixels = self.dummy_item_image()
         else:
+            image = s.image
+            assert image is not None, "a sample with its image names its file"
             try:
                 pixels = (
-                    self._image(self.root / s.image)
+                    self._image(self.root / image)
                     if self.pixels is None
-                    else self._cached(s.image)
+                    else self._cached(self.pixels, image)
                 )
             except (
                 Exception
@@ -137,7 +139,7 @@ class SampleDataset(Dataset):
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 return {
                     "error": f"sample {s.id!r}: cannot read image "
-                    f"{self.root / s.image} ({reason})"
+                    f"{self.root / image} ({reason})"
                 }
         return {
             "index": i,
@@ -156,10 +158,10 @@ class SampleDataset(Dataset):
         x = images.decode_resized(path, ip, side, self.draft)
         return self._pixels(x)
 
-    def _cached(self, image: str) -> torch.Tensor:
+    def _cached(self, cache: PixelCache, image: str) -> torch.Tensor:
         """(3, h, w): the image `image` (its path under the root) as the
-        pixel cache holds it, processed as `_image` processes a decode."""
-        x = self.pixels.read(image)  # (3, h, w) uint8
+        pixel cache `cache` holds it, processed as `_image` processes a decode."""
+        x = cache.read(image)  # (3, h, w) uint8
         if self.uint8:
             return torch.from_numpy(x)
         x = x.transpose(1, 2, 0)
@@ -203,17 +205,17 @@ class Collate:
         )
         dummy = [it["dummy"] for it in items] + [False] * c + [True] * c
         pixel_values, pixel_mask = self._pad(images)
-        ids = (
+        id_rows = (
             [it["input_ids"] for it in items]
             + [self.empty_ids] * c
             + [items[i]["input_ids"] for i in comp]
         )
-        am = (
+        mask_rows = (
             [it["attention_mask"] for it in items]
             + [self.empty_mask] * c
             + [items[i]["attention_mask"] for i in comp]
         )
-        ids, am = torch.stack(ids), torch.stack(am)
+        ids, am = torch.stack(id_rows), torch.stack(mask_rows)
         # pad text only to the batch's longest: padded keys are masked, so this
         # changes nothing but float noise, and saves most of the text tokens
         T = int(am.sum(1).max())

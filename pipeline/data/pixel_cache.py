@@ -65,6 +65,11 @@ def processor_key(image_processor, image_side: int, draft: bool = True) -> dict:
     }
 
 
+# (image processor, dummy image side) of a decoding worker process, set by
+# `_init_worker` when the process starts
+_WORKER: tuple[object, int]
+
+
 def _init_worker(ip, image_side: int) -> None:
     global _WORKER
     _WORKER = (ip, image_side)
@@ -106,7 +111,10 @@ def write_cache(
     bytes whatever `workers`. A full disk ends the process with one line
     (`palcore.outputs.exits_when_full`), the temporary file removed."""
     rels = sorted(set(rels))
-    kept, sizes, offsets, bad, trying = [], [], [0], [], [0]
+    kept: list[str] = []  # images stored, in order
+    bad: list[str] = []  # images that did not decode
+    sizes: list[tuple[int, ...]] = []  # (h, w) of each stored image
+    offsets, trying = [0], [0]
     free = free_bytes(Path(path).parent)
 
     def needed() -> int:  # the bytes so far, scaled to every image
@@ -181,13 +189,16 @@ class PixelCache:
         self._file: h5py.File | None = None
         self._pid = -1
         self._index: dict[str, int] = {}
-        self._offsets = self._sizes = self._flat = None
+        # set by `_open`: the pixels (an HDF5 dataset) and their index
+        self._flat: h5py.Dataset | None = None
+        self._offsets: np.ndarray | None = None
+        self._sizes: np.ndarray | None = None
 
     def __getstate__(self) -> dict:
         return {"path": self.path}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+        PixelCache.__init__(self, state["path"])
 
     def check(self, image_processor, image_side: int, draft: bool = True) -> None:
         """Raise `PixelCacheError` unless the cache holds bytes made with
@@ -210,13 +221,16 @@ class PixelCache:
     def read(self, image: str) -> np.ndarray:
         """(3, h, w) uint8 of `image` (its path relative to `data.root`)."""
         self._open()
+        flat, offsets, sizes = self._flat, self._offsets, self._sizes
+        # _open has read them (or raised)
+        assert flat is not None and offsets is not None and sizes is not None
         i = self._index.get(image)
         if i is None:
             raise self._missing(image)
-        lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
-        h, w = (int(v) for v in self._sizes[i])
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        h, w = (int(v) for v in sizes[i])
         try:
-            x = self._flat[lo:hi]
+            x = flat[lo:hi]
         except OSError as exc:
             raise self._damaged(exc) from None
         return x.reshape(3, h, w)
