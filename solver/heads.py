@@ -30,6 +30,10 @@ Heads (source: the analytic-heads survey, sections 1.3, 1.4, 2 and 5):
   fixed shrinkage a); departs from FSA (total covariance + I). Keeps C x D x D.
 - `val_sse` and `eta_path`: validation squared error of any W from a fold's
   (G_v, Q_v, |Y_v|^2), and the whole eta grid from one eigendecomposition.
+- `eta_over_tasks`: the eta of a grid whose ridge (fitted without the folds)
+  has the least squared error on the held-out folds of every task seen, from
+  their kept statistics alone (no stored features). It scores squared error,
+  where `solve.eta: auto` scores accuracy on the current task's rows.
 
 Held-out fold: row with id i is held out when (i * 2654435761 + seed) mod
 `fold` == 0, a deterministic choice from the seed and the row's id.
@@ -247,6 +251,14 @@ def lda(s: HeadStats, shrinkage: float) -> tuple[Any, Any]:
 def val_sse(s: HeadStats, W: Any) -> float:
     """Held-out squared error |Y_v - H_v W|^2 = |Y_v|^2 - 2<W,Q_v> + <W,G_v W>."""
     return float(s.yv2 - 2 * (W * s.Qv).sum() + (W * (s.Gv @ W)).sum())
+
+
+def eta_over_tasks(s: HeadStats, etas: list[float]) -> tuple[float, list[float]]:
+    """The eta of `etas` with the least held-out squared error over every
+    task's fold, and each eta's error (ties: the first)."""
+    errors = [val_sse(s, W) for W in eta_path(s, etas)]
+    best = min(range(len(etas)), key=lambda i: errors[i])
+    return etas[best], errors
 
 
 def eta_path(s: HeadStats, etas: list[float]) -> list[Any]:

@@ -210,3 +210,30 @@ def test_dsal_matches_its_batch_code_and_depends_on_the_order():
     s.begin_task(y, ids)
     with pytest.raises(ValueError, match=r"^add: DS-AL's stream needs Z"):
         s.add(H[:4], X[:4], y[:4], ids[:4])
+
+
+def test_eta_over_tasks_scores_every_tasks_fold_without_its_rows():
+    """Two tasks: the error of each eta is the squared error, on both tasks'
+    held-out rows, of the ridge fitted on the other rows; the rule picks
+    the least."""
+    H, X, y, ids = _data(n=300)
+    s = heads.HeadStats(E, D, C, seed=3, fold=5)
+    for classes in ([0, 1], [2, 3]):
+        task = np.isin(y, classes)
+        s.begin_task(y[task], ids[task])
+        s.add(H[task], X[task], y[task], ids[task])
+    s.end_task()
+    v = heads.held_out(ids, 3, 5)
+    Y = np.eye(C)[y]
+    etas = [1e-3, 1e-1, 1e1, 1e3]
+    ref = []
+    for eta in etas:
+        W = np.linalg.solve(H[~v].T @ H[~v] + eta * np.eye(E), H[~v].T @ Y[~v])
+        ref.append(((Y[v] - H[v] @ W) ** 2).sum())
+    chosen, errors = heads.eta_over_tasks(s, etas)
+    assert np.allclose(errors, ref, rtol=1e-9, atol=0)
+    assert chosen == etas[int(np.argmin(ref))]
+    # a fold of the first task only would score another error
+    first = v & np.isin(y, [0, 1])
+    W = np.linalg.solve(H[~v].T @ H[~v] + etas[0] * np.eye(E), H[~v].T @ Y[~v])
+    assert abs(((Y[first] - H[first] @ W) ** 2).sum() - ref[0]) > 1e-6
