@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -46,17 +46,12 @@ def _parse_etas(text: str) -> float | tuple[float, ...] | str:
     return values[0] if len(values) == 1 else tuple(values)
 
 
-# the params a CLI overrides: SolveParams, or EvaluateParams (its device)
-P = TypeVar("P", bound=Any)
-
-
-def apply_overrides(params: P, **raw: str | None) -> P:
-    """`params` (a params dataclass) with the CLI's values (strings, None =
-    not given) put in.
+def apply_overrides(params: SolveParams, **raw: str | None) -> SolveParams:
+    """`params` with the CLI's values (strings, None = not given) put in.
 
     Errors name the option (`--eta`, `--width`, …), in one line.
     """
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for name, text in raw.items():
         if text is None:
             continue

@@ -78,10 +78,9 @@ class SolveParams:
     def etas(self) -> tuple[float, ...]:
         """The η values to solve for (one for a single run, several for a
         sweep; with `auto`, the one η each step starts from)."""
-        eta = self.eta
-        if isinstance(eta, str):  # auto
+        if self.is_auto:
             return (1.0,)
-        return eta if isinstance(eta, tuple) else (eta,)
+        return self.eta if isinstance(self.eta, tuple) else (self.eta,)
 
     @property
     def is_sweep(self) -> bool:

@@ -25,7 +25,9 @@ before comparing).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +36,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pipeline.model import vision
 from pipeline.model.rows import Read, read_ranges, take_rows
+
+if TYPE_CHECKING:  # transformers is imported where a model is loaded
+    from transformers import ViltModel
+    from transformers.models.vilt.modeling_vilt import ViltLayer
 
 SMALL_MODEL_WIDTH = 256  # CPU: below this hidden size, run single-threaded
 
@@ -65,7 +71,7 @@ class Backbone(nn.Module):
     `image_side` (the side of the square dummy image in pixels), `name`.
     """
 
-    def __init__(self, vilt: nn.Module, processor, name: str, max_text_len: int):
+    def __init__(self, vilt: ViltModel, processor, name: str, max_text_len: int):
         super().__init__()
         self.vilt = vilt.eval().requires_grad_(False)
         self.processor = processor
@@ -84,14 +90,25 @@ class Backbone(nn.Module):
         ip = processor.image_processor if processor is not None else None
         side = _shortest_edge(ip)
         divisor = int(getattr(ip, "size_divisor", None) or 1)
-        self.image_side = side // divisor * divisor if side else int(cfg.image_size)
+        if side:
+            self.image_side = side // divisor * divisor
+        else:
+            # ViLT's config gives its square image one side (the type allows pairs)
+            config_side = cfg.image_size
+            assert not isinstance(config_side, (list, tuple)), "one image side"
+            self.image_side = int(config_side)
         # Fused QKV projection per layer: one GEMM instead of three.
-        for i, layer in enumerate(vilt.encoder.layer):
+        for i, layer in enumerate(self._layers):
             a = layer.attention.attention
             w = torch.cat([a.query.weight, a.key.weight, a.value.weight], 0)
             b = torch.cat([_bias(a.query), _bias(a.key), _bias(a.value)], 0)
             self.register_buffer(f"qkv_w{i}", w.detach().clone(), persistent=False)
             self.register_buffer(f"qkv_b{i}", b.detach().clone(), persistent=False)
+
+    @property
+    def _layers(self) -> Sequence[ViltLayer]:
+        """The encoder's layers (ViltEncoder's ModuleList holds ViltLayers)."""
+        return cast("Sequence[ViltLayer]", self.vilt.encoder.layer)
 
     def train(self, mode: bool = True) -> Backbone:
         """The backbone stays in eval mode (frozen)."""
@@ -150,6 +167,7 @@ class Backbone(nn.Module):
             if not vision.samples_patches(self.vilt, sizes):
                 return self.embed_padded(input_ids, attention_mask, pixel_values, sizes)
         if pixel_mask is None:
+            assert sizes is not None, "embed needs a pixel mask or the image sizes"
             H, W = pixel_values.shape[2:]
             pixel_mask = vision.pixel_mask(sizes.to(pixel_values.device), H, W)
         elif self.fast_embed and vision.full_images(self.vilt, pixel_mask):
@@ -238,36 +256,40 @@ class Backbone(nn.Module):
         prompt_outputs: bool = False,
         read: Read | None = None,
     ) -> torch.Tensor:
-        last = len(self.vilt.encoder.layer) - 1
+        last = len(self._layers) - 1
         if mask is None and prompts:  # prompt masks are device values: a bias
             mask = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
         n_input = 0  # input-style prompt tokens currently at the front of h
-        mask_in = None
+        mask_in: torch.Tensor | None = None
         generation = 0  # counts the changes of mask_in, which keys the biases
         # one bias per distinct key mask; keyed by the prompts' own mask objects
         # (alive in `prompts` all along) and mask_in's generation, never by the
         # id of an accumulated mask_in: a freed one's id comes back
-        biases: dict[tuple[int, int], torch.Tensor] = {}
-        for i, layer in enumerate(self.vilt.encoder.layer):
+        biases: dict[tuple[int, int], torch.Tensor | None] = {}
+        for i, layer in enumerate(self._layers):
             p = prompts.get(i)
             if p is not None and p.tokens is not None and p.keep and n_input:
                 h = torch.cat([p.tokens.to(h.dtype), h], 1)
                 n_input += p.tokens.shape[1]
+                assert mask_in is not None  # set with the first input tokens
                 mask_in, generation = torch.cat([p.mask, mask_in], 1), generation + 1
             elif p is not None and p.tokens is not None:
                 h = torch.cat([p.tokens.to(h.dtype), h[:, n_input:]], 1)
                 generation += mask_in is not p.mask  # a shared mask keeps its bias
                 n_input, mask_in = p.tokens.shape[1], p.mask
-            prefix = (
-                (p.keys, p.values) if p is not None and p.keys is not None else None
-            )
-            key = (id(p.mask) if prefix else 0, generation)
+            prefix: tuple[torch.Tensor, torch.Tensor] | None = None
+            prefix_mask: torch.Tensor | None = None  # the prefix prompts' key mask
+            if p is not None and p.keys is not None:
+                assert p.values is not None, "prefix prompts have keys and values"
+                prefix, prefix_mask = (p.keys, p.values), p.mask
+            key = (id(prefix_mask) if prefix_mask is not None else 0, generation)
             if key not in biases:
-                parts = [p.mask] if prefix else []
-                parts += [mask_in, mask] if mask_in is not None else [mask]
-                biases[key] = (
-                    None if mask is None else self._bias(torch.cat(parts, 1), h.dtype)
-                )
+                bias = None
+                if mask is not None:
+                    parts = [prefix_mask] if prefix_mask is not None else []
+                    parts += [mask_in, mask] if mask_in is not None else [mask]
+                    bias = self._bias(torch.cat(parts, 1), h.dtype)
+                biases[key] = bias
             rows = None
             if i == last and read is not None:
                 offset = 0 if prompt_outputs else n_input
@@ -286,7 +308,7 @@ class Backbone(nn.Module):
     def _layer(
         self,
         i: int,
-        layer: nn.Module,
+        layer: ViltLayer,
         h: torch.Tensor,
         bias: torch.Tensor | None,
         prefix: tuple[torch.Tensor, torch.Tensor] | None,
@@ -365,7 +387,7 @@ def _shortest_edge(image_processor) -> int | None:
     return int(value) if value else None
 
 
-def interpolate_text_positions(vilt: nn.Module, length: int) -> None:
+def interpolate_text_positions(vilt: ViltModel, length: int) -> None:
     """Stretch the text position table (40, D) to (length, D) by linear
     interpolation, as the missing-modality literature does for long texts."""
     te = vilt.embeddings.text_embeddings
