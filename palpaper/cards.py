@@ -112,6 +112,7 @@ def check_card(entry: Any, where: str) -> Card:
         _number(entry[key], where, key, positive=True)
     for key in SECONDS:
         _number(entry[key], where, key)
+    per_method: tuple[tuple[str, bool], ...]
     if isinstance(entry["extract_per_s"], Mapping):
         per_method = (("tune_per_s", True), ("extract_per_s", True))
     else:

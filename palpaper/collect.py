@@ -110,7 +110,9 @@ def collect(
     classes = None
     for c in cells:
         commit = finished.get(repo.exp_name(c))
-        m = None if commit is None else repo.metrics(commit, dataset)
+        if commit is None:
+            continue
+        m = repo.metrics(commit, dataset)
         if m is not None:
             metrics[c.name], commits[c.name] = m, commit
             if classes is None:

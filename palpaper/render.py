@@ -212,7 +212,7 @@ def build(
     from palpaper.departures import sentence
 
     pub = published().get(result.id, {}).get(dataset)
-    runs = next((d["runs"] for d in data.values() if d), [])
+    runs: list[int] = next((d["runs"] for d in data.values() if d), [])
     if cited and result.cites:
         table = _metric_block(result, columns, data, pub, cited)
     else:
@@ -296,11 +296,13 @@ def _steps(
     n = max(
         len((data[c.key].get("pal") or {}).get("step_accuracy", [])) for c in columns
     )
-    lines = []
+    lines: list[tuple[list[str], list[Value]]] = []
     for c in columns:
         for row in result.rows:
             steps = (data[c.key].get(row) or {}).get("step_accuracy", [])
-            values = [(steps[k] if k < len(steps) else None, None) for k in range(n)]
+            values: list[Value] = [
+                (steps[k] if k < len(steps) else None, None) for k in range(n)
+            ]
             lines.append(([c.label, row_name(data, row, result.id)], values))
     return Table("", ["Scenario", "Method"], [f"step {k + 1}" for k in range(n)], lines)
 

@@ -58,11 +58,12 @@ def parse_time(text: str | None) -> int | None:
             f"'{text}' is none of sbatch's formats: MIN, MIN:SEC, H:MM:SS, D-H, "
             "D-H:MM, D-H:MM:SS"
         )
-    days, a, b, c = (int(g) if g else None for g in match.groups())
+    days, first, b, c = (int(g) if g else None for g in match.groups())
+    a = int(first or 0)  # the pattern's one group that always matches
     if days is not None:  # D-H[:MM[:SS]]
         seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
     elif c is not None:  # H:MM:SS
-        seconds = a * 3600 + b * 60 + c
+        seconds = a * 3600 + (b or 0) * 60 + c
     else:  # MIN[:SEC]
         seconds = a * 60 + (b or 0)
     if seconds <= 0:

@@ -172,7 +172,7 @@ def _score_group(
     for shards in steps:
         final = shards.step == K
         Ws = [backend.asarray(e.weights.W(shards.step)) for e in members]
-        rows = [([], []) for _ in members]
+        rows: list[tuple[list[int], list[int]]] = [([], []) for _ in members]
         bp_row: tuple[list[int], list[int]] = ([], [])
         for task in range(1, shards.step + 1):
             block = shards.test[task]
@@ -190,7 +190,7 @@ def _score_group(
                     correct[j] += int(hit.sum())
                     if final:
                         _count_missing(members[j].al, backend.to_host(hit), m)
-                if logits is not None:
+                if bp is not None and logits is not None:  # read with bp only
                     hit_bp = np.argmax(logits, axis=1) == y
                     bp_correct += int(hit_bp.sum())
                     if final:

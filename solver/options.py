@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -46,12 +46,17 @@ def _parse_etas(text: str) -> float | tuple[float, ...] | str:
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def apply_overrides(params: SolveParams, **raw: str | None) -> SolveParams:
-    """`params` with the CLI's values (strings, None = not given) put in.
+# the params a CLI overrides: SolveParams, or EvaluateParams (its device)
+P = TypeVar("P", bound=Any)
+
+
+def apply_overrides(params: P, **raw: str | None) -> P:
+    """`params` (a params dataclass) with the CLI's values (strings, None =
+    not given) put in.
 
     Errors name the option (`--eta`, `--width`, …), in one line.
     """
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}
     for name, text in raw.items():
         if text is None:
             continue

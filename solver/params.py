@@ -78,9 +78,10 @@ class SolveParams:
     def etas(self) -> tuple[float, ...]:
         """The η values to solve for (one for a single run, several for a
         sweep; with `auto`, the one η each step starts from)."""
-        if self.is_auto:
+        eta = self.eta
+        if isinstance(eta, str):  # auto
             return (1.0,)
-        return self.eta if isinstance(self.eta, tuple) else (self.eta,)
+        return eta if isinstance(eta, tuple) else (eta,)
 
     @property
     def is_sweep(self) -> bool:

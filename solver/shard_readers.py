@@ -92,7 +92,9 @@ class BlockReader:
                             raise ShardError(f"{where}: {name} row {row} is NaN or Inf")
                     yield xc, yc, mc, bc
 
-    def read_all(self, with_bp_logits: bool = False) -> tuple[np.ndarray, ...]:
+    def read_all(
+        self, with_bp_logits: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """Whole block in memory (for test sets): features, labels, missing, bp."""
         parts = list(self.iter_chunks(max(self.n_rows, 1), with_bp_logits))
         if not parts:
@@ -148,7 +150,7 @@ def open_features(features_dir: str | Path, first: int = 1) -> list[StepShards]:
     root = Path(features_dir)
     if not root.is_dir():
         raise ShardError(f"{root}: features folder not found")
-    found = {}
+    found: dict[int, Path] = {}
     for child in root.iterdir():
         match = _STEP_DIR.match(child.name)
         if match and child.is_dir():
@@ -246,12 +248,13 @@ def _open(path: Path) -> h5py.File:
 
 
 def _block_reader(files: tuple[Path, ...], group: str, step: int) -> BlockReader:
-    n_rows, dim, classes, has_bp = 0, None, None, None
+    n_rows, has_bp = 0, None
+    dim = classes = -1  # from the first file's attrs
     for path in files:
         with _open(path) as f:
             a = f.attrs
             _check_attrs(path, a, step)
-            if dim is None:
+            if path == files[0]:
                 dim, classes = int(a["feature_dim"]), int(a["classes_seen"])
             elif (int(a["feature_dim"]), int(a["classes_seen"])) != (dim, classes):
                 raise ShardError(f"{path}: attrs differ from {files[0]}")

@@ -31,7 +31,7 @@ from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.options import apply_overrides, override_options, verified_option
 from solver.params import SolveParams, check_memory
-from solver.rls import Expander, RidgeRLS, make_expander, make_rls
+from solver.rls import Expander, GramRLS, RidgeRLS, make_expander, make_rls
 from solver.select import EtaSelector
 from solver.shard_readers import StepShards, open_features
 from solver.state import SolverState, StateInfo, check_state, load_state, save_state
@@ -78,7 +78,7 @@ def solve(
     first = start_from.info.step + 1 if start_from else 1
     steps = open_features(features_dir, first=first)
     feature_dim = steps[0].feature_dim
-    if start_from is not None:
+    if state is not None and start_from is not None:
         check_state(state, start_from.info, _state_keys(params, feature_dim))
     fit = _build(params, backend, steps)
     # W_k of the steps before `first`, per η, when the state has them for these η
@@ -233,6 +233,8 @@ def _choose_eta(fit: _Fit, shards: StepShards) -> float | None:
     None otherwise (every η of `solve.eta` is solved)."""
     if fit.selector is None:
         return None
+    # eta auto needs solve.method gram (SolveParams checks it)
+    assert isinstance(fit.rls, GramRLS)
     chosen, accs = fit.selector.choose(fit.rls, shards.classes_seen, fit.expand)
     log.info(
         "solve: step %d: eta %g (held-out accuracy %s)",
