@@ -32,7 +32,7 @@ from palcore.cliutil import clean_errors, setup_logging
 from palcore.errors import ParamsError
 from palcore.params import DEFAULT_PARAMS
 from palcore.paramsfile import read_params_file
-from palpaper import cluster, running, slurm, workers
+from palpaper import cluster, running, slurm, slurm_state, workers
 from palpaper.cells import check_cells, untracked_inputs
 from palpaper.collect import collect, command
 from palpaper.experiments import ExperimentError, Repo
@@ -357,7 +357,7 @@ def submit_cmd(
     params = _params(DEFAULT_PARAMS)
     cite = _cite(baselines, ids, params)
     todo = running.select_cells(ids, params, run_ids, _cells(cells), None, cite)
-    pending, held = slurm.to_submit(repo, todo)
+    pending, held = slurm_state.to_submit(repo, todo)
     if held:
         click.echo(f"{held} cells still in SLURM's queue (running or waiting): kept")
     if not pending:
@@ -400,11 +400,11 @@ def status_cmd(
     params = _params(DEFAULT_PARAMS)
     cite = _cite(baselines, ids, params)
     todo = running.select_cells(ids, params, _runs(runs), None, None, cite)
-    report = slurm.status_report(repo, todo)
+    report = slurm_state.status_report(repo, todo)
     if as_json:
         click.echo(json.dumps(report, indent=1))
         return
-    for line in slurm.status_lines(report):
+    for line in slurm_state.status_lines(report):
         click.echo(line)
 
 

@@ -385,7 +385,7 @@ def test_status_names_each_cells_experiment_within_100_columns(
 
 
 def test_a_cells_log_is_on_a_line_of_its_own() -> None:
-    from palpaper.slurm import status_lines
+    from palpaper.slurm_state import status_lines
 
     log = ".dvc/tmp/slurm/20261129-001500-abcdef0/task-11.out"
     report = {
