@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -128,10 +129,17 @@ def png_bytes(fig: Any) -> bytes:
 
 def pdf_bytes(fig: Any) -> bytes:
     """The figure as PDF bytes, without a date or a producer: the same figure
-    gives the same bytes."""
+    gives the same bytes. fontTools, which subsets the embedded font, logs
+    each step at INFO: kept to warnings, so a stage's log stays its own."""
     buf = io.BytesIO()
     meta = {"CreationDate": None, "Producer": None, "Creator": None}
-    fig.savefig(buf, format="pdf", metadata=meta)
+    fonts = logging.getLogger("fontTools")
+    level = fonts.level
+    fonts.setLevel(logging.WARNING)
+    try:
+        fig.savefig(buf, format="pdf", metadata=meta)
+    finally:
+        fonts.setLevel(level)
     return buf.getvalue()
 
 

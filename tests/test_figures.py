@@ -85,3 +85,11 @@ def test_a_report_figure_is_a_column_wide_at_300_dpi_and_repeats() -> None:
     assert steps_figure(report(["pal"], runs=1))["step_accuracy.png"][:8] == (
         b"\x89PNG\r\n\x1a\n"
     )
+
+
+def test_a_pdf_adds_no_line_to_a_stages_log(caplog: pytest.LogCaptureFixture) -> None:
+    """fontTools logs each step of subsetting the PDF's font at INFO; a stage
+    logs at INFO, so those lines would fill its log."""
+    with caplog.at_level("INFO"):
+        steps_figure(report(["pal", "bp"]))
+    assert [r.name for r in caplog.records if r.name.startswith("fontTools")] == []
