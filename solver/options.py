@@ -6,13 +6,16 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from palcore import recorded
 from palcore.errors import ParamsError
 from solver.params import SolveParams, check_etas
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 _FLOAT_OPTIONS = ("eta",)
 _INT_OPTIONS = {"width": 1, "seed": 0, "batch_rows": 1}  # option -> minimum
@@ -47,7 +50,7 @@ def _parse_etas(text: str) -> float | tuple[float, ...] | str:
 
 
 # the params a CLI overrides: SolveParams, or EvaluateParams (its device)
-P = TypeVar("P", bound=Any)
+P = TypeVar("P", bound="DataclassInstance")
 
 
 def apply_overrides(params: P, **raw: str | None) -> P:
@@ -56,7 +59,7 @@ def apply_overrides(params: P, **raw: str | None) -> P:
 
     Errors name the option (`--eta`, `--width`, …), in one line.
     """
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for name, text in raw.items():
         if text is None:
             continue
