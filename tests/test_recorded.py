@@ -213,3 +213,48 @@ def test_pal_verify_says_what_it_cannot_check(tmp_path: Path) -> None:
     (root / "dvc.lock").unlink()
     with pytest.raises(PalError, match="dvc.lock: not found: no output is recorded"):
         read_lock(root)
+
+
+def test_a_cache_false_folder_is_checked_whole_by_its_hash(tmp_path: Path) -> None:
+    """DVC keeps no manifest of a `cache: false` folder (the report's
+    headline/, in git): pal verify hashes its files' manifest as DVC does and
+    compares it with the lock's, here the hash `dvc commit` recorded."""
+    import subprocess
+
+    from pipeline.stages.verify import folder_md5, unlisted
+
+    folder = "results/demo/headline"
+    root = tmp_path / "project"
+    (root / ".dvc").mkdir(parents=True)
+    committed = yaml.safe_load(
+        subprocess.run(
+            ["git", "show", "HEAD:dvc.lock"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    (out,) = [o for o in committed["stages"]["evaluate"]["outs"] if o["path"] == folder]
+    (root / folder).mkdir(parents=True)
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"HEAD:{folder}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in listed:
+        blob = subprocess.run(
+            ["git", "show", f"HEAD:{folder}/{name}"], capture_output=True, check=True
+        ).stdout
+        (root / folder / name).write_bytes(blob)
+    lock = {"schema": "2.0", "stages": {"evaluate": {"cmd": "x", "outs": [out]}}}
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock))
+    stages = {"evaluate": {folder}}
+    assert folder_md5(root / folder) == out["md5"]
+    assert unlisted(root, stages) == []
+    (root / folder / "pal.json").write_text("{}\n")
+    (damage,) = unlisted(root, stages)
+    assert damage.line() == (
+        f"{folder} (stage evaluate): its files are not the ones dvc.lock records "
+        "(a `cache: false` folder, checked whole by its hash): `git checkout -- "
+        f"{folder}`, or `dvc repro -f -s evaluate`"
+    )
+    # a cached folder without its manifest is still named unverifiable
+    assert "is not in DVC's cache" in unlisted(root, {"evaluate": set()})[0].line()

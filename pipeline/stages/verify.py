@@ -18,6 +18,8 @@ checked their inputs): docs/USAGE.md says how to purge those.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,25 +92,49 @@ def read_lock(root: Path) -> dict[str, dict]:
     return stages
 
 
+def folder_md5(folder: Path) -> str:
+    """DVC 3's hash of a folder: the md5 of its manifest (each file's md5 and
+    path, sorted by path, as JSON with sorted keys), then `.dir`."""
+    entries = [
+        {"md5": md5_of(p), "relpath": p.relative_to(folder).as_posix()}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    ]
+    entries.sort(key=lambda e: e["relpath"])
+    text = json.dumps(entries, sort_keys=True)
+    return hashlib.md5(text.encode()).hexdigest() + ".dir"
+
+
 def unlisted(root: Path, stages: dict[str, set[str]]) -> list[Damage]:
     """The folder outputs of `stages` whose manifest (`….dir`) is not in DVC's
-    cache: their files cannot be listed, so none of them can be checked."""
+    cache: their files cannot be listed, so none of them can be checked. A
+    `cache: false` folder (in git; DVC keeps no manifest of it) is checked
+    whole instead: its files' manifest hashed here against the lock's."""
     cache = cache_dir(root)
     found = []
     for name, entry in sorted(read_lock(root).items()):
         if name not in stages:
             continue
         for out in entry.get("outs") or []:
-            md5 = str(out.get("md5", ""))
-            if md5.endswith(".dir") and not cache_object(cache, md5).is_file():
+            md5, path = str(out.get("md5", "")), str(out.get("path"))
+            if not md5.endswith(".dir") or cache_object(cache, md5).is_file():
+                continue
+            if path in stages[name]:  # cache: false
+                if (root / path).is_dir() and folder_md5(root / path) == md5:
+                    continue
                 what = (
-                    f"its manifest {md5} is not in DVC's cache, so none of its "
-                    "files can be checked"
+                    "its files are not the ones dvc.lock records (a `cache: "
+                    "false` folder, checked whole by its hash)"
                 )
-                repair = (
-                    f"`dvc fetch {name}` from a remote, or `dvc repro -f -s {name}`"
-                )
-                found.append(Damage(str(out.get("path")), name, what, repair))
+                repair = f"`git checkout -- {path}`, or `dvc repro -f -s {name}`"
+                found.append(Damage(path, name, what, repair))
+                continue
+            what = (
+                f"its manifest {md5} is not in DVC's cache, so none of its "
+                "files can be checked"
+            )
+            repair = f"`dvc fetch {name}` from a remote, or `dvc repro -f -s {name}`"
+            found.append(Damage(path, name, what, repair))
     return found
 
 
