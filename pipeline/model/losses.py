@@ -260,11 +260,33 @@ def static_loss(
     count) and valid (B,) bool (not padding), all on the device; task, the
     training task (int, 1-based).
     """
+    lo, hi = model.train_range(task)
+    view = _static_view(inputs, cache, dummy, task)
+    target = torch.where(view.valid, inputs["labels"] - lo, -100)
+    # static steps run only for a graphable method (`pipeline.model.steps`)
+    assert model.prompts is not None, "a static step without a prompt method"
+    out = model.prompts.static_features(model.backbone, view)
+    logits = model.head(out.x)[:, lo:hi]
+    ce = F.cross_entropy(logits, target, ignore_index=-100)
+    return ce + recon_weight * out.aux, {
+        "ce": ce.detach(),
+        "aux": out.aux.detach(),
+        "aux_rows": out.aux_rows,
+        "correct": ((logits.argmax(-1) == target) & view.valid).sum(),
+    }
+
+
+def _static_view(
+    inputs: Mapping[str, torch.Tensor],
+    cache: QueryCache,
+    dummy: DummySegments | None,
+    task: int,
+) -> StaticView:
+    """What a method's `static_features` reads: the rows, their copies and
+    frozen queries, and the masks standing in for counts (`static_loss`)."""
     index, missing, labels = inputs["index"], inputs["missing"], inputs["labels"]
     q = cache.q[index]  # (B, 2, D)
-    lo, hi = model.train_range(task)
     valid = labels >= 0
-    target = torch.where(valid, labels - lo, -100)
     complete = (missing == Missing.COMPLETE) & valid
     h, mask, T = inputs["h"], inputs["mask"], inputs["text_mask"].shape[1]
     if dummy is None:
@@ -272,7 +294,7 @@ def static_loss(
         copies = (h, mask, h, mask)
     else:
         copies = splice_copies(h, mask, T, complete, dummy)
-    view = StaticView(
+    return StaticView(
         h=h,
         mask=mask,
         T=T,
@@ -285,14 +307,3 @@ def static_loss(
         valid=valid,
         task=task,
     )
-    # static steps run only for a graphable method (`pipeline.model.steps`)
-    assert model.prompts is not None, "a static step without a prompt method"
-    out = model.prompts.static_features(model.backbone, view)
-    logits = model.head(out.x)[:, lo:hi]
-    ce = F.cross_entropy(logits, target, ignore_index=-100)
-    return ce + recon_weight * out.aux, {
-        "ce": ce.detach(),
-        "aux": out.aux.detach(),
-        "aux_rows": out.aux_rows,
-        "correct": ((logits.argmax(-1) == target) & valid).sum(),
-    }
