@@ -4,6 +4,7 @@ import pytest
 from solver import heads
 
 E, D, C = 12, 6, 4
+NO_DSAL = tuple(h for h in heads.HEADS if h != "dsal")
 
 
 def _data(seed=0, n=200, classes=range(C)):
@@ -15,8 +16,8 @@ def _data(seed=0, n=200, classes=range(C)):
 
 
 def _stats(H, X, y, ids, bs=37):
-    s = heads.HeadStats(E, D, C, seed=3, fold=5)
-    s.begin_task(y, ids)
+    s = heads.HeadStats(E, D, C, seed=3, holdout=0.2, heads=NO_DSAL)
+    s.begin_task(y)
     for i in range(0, len(y), bs):
         s.add(H[i : i + bs], X[i : i + bs], y[i : i + bs], ids[i : i + bs])
     s.end_task()
@@ -24,8 +25,8 @@ def _stats(H, X, y, ids, bs=37):
 
 
 def _train(H, X, y, ids):
-    t = ~heads.held_out(ids, 3, 5)
-    return H[t], X[t], y[t], t
+    """Every head is fitted on every row (the fold only scores eta)."""
+    return H, X, y, np.ones(len(y), bool)
 
 
 def test_ridge_matches_direct_solve():
@@ -59,15 +60,17 @@ def test_air_over_two_tasks_holds_one_gram_and_merges():
     that saw them all."""
     H, X, y, ids = _data(n=300)
     tasks = [np.isin(y, [0, 1]), np.isin(y, [2, 3])]
-    whole = heads.HeadStats(E, D, C, seed=3, fold=5)
-    halves = [heads.HeadStats(E, D, C, seed=3, fold=5) for _ in range(2)]
+    whole = heads.HeadStats(E, D, C, seed=3, holdout=0.2, heads=NO_DSAL)
+    halves = [
+        heads.HeadStats(E, D, C, seed=3, holdout=0.2, heads=NO_DSAL) for _ in range(2)
+    ]
     for task in tasks:
         Ht, Xt, yt, it = H[task], X[task], y[task], ids[task]
-        whole.begin_task(yt, it)
+        whole.begin_task(yt)
         whole.add(Ht, Xt, yt, it)
         whole.end_task()
         for k, half in enumerate(halves):
-            half.begin_task(yt, it)  # every shard's labels counted
+            half.begin_task(yt)  # every shard's labels counted
             part = slice(k * len(yt) // 2, (k + 1) * len(yt) // 2)
             half.add(Ht[part], Xt[part], yt[part], it[part])
     merged = halves[0].merge(halves[1])
@@ -106,7 +109,7 @@ def test_lda_matches_sklearn():
 def test_val_sse_matches_fold_residual():
     H, X, y, ids = _data()
     s = _stats(H, X, y, ids)
-    v = heads.held_out(ids, 3, 5)
+    v = heads.held_out(ids, 3, 0.2)
     W = np.random.default_rng(1).normal(size=(E, C))
     ref = ((np.eye(C)[y[v]] - H[v] @ W) ** 2).sum()
     assert abs(heads.val_sse(s, W) - ref) < 1e-9 * max(1.0, ref)
@@ -116,16 +119,21 @@ def test_eta_path_matches_direct():
     H, X, y, ids = _data()
     s = _stats(H, X, y, ids)
     etas = [0.01, 1.0, 100.0]
+    v = heads.held_out(ids, 3, 0.2)
+    Hf, Y = H[~v], np.eye(C)[y[~v]]  # the rows outside the fold
     for W, e in zip(heads.eta_path(s, etas), etas, strict=True):
-        assert np.abs(W - heads.ridge(s, e)).max() < 1e-9
+        ref = np.linalg.solve(Hf.T @ Hf + e * np.eye(E), Hf.T @ Y)
+        assert np.abs(W - ref).max() < 1e-9
+    # the path is fitted without the fold: not the ridge on every row
+    assert np.abs(heads.eta_path(s, [1.0])[0] - heads.ridge(s, 1.0)).max() > 1e-3
 
 
 def test_merge_equals_all_rows():
     H, X, y, ids = _data()
-    a = heads.HeadStats(E, D, C, seed=3, fold=5)
-    b = heads.HeadStats(E, D, C, seed=3, fold=5)
-    a.begin_task(y, ids)
-    b.begin_task(y, ids)
+    a = heads.HeadStats(E, D, C, seed=3, holdout=0.2, heads=NO_DSAL)
+    b = heads.HeadStats(E, D, C, seed=3, holdout=0.2, heads=NO_DSAL)
+    a.begin_task(y)
+    b.begin_task(y)
     a.add(H[:90], X[:90], y[:90], ids[:90])
     b.add(H[90:], X[90:], y[90:], ids[90:])
     m = a.merge(b)
@@ -139,13 +147,15 @@ def test_recurring_class_refused():
     H, X, y, ids = _data(classes=[0, 1])
     s = _stats(H, X, y, ids)
     with pytest.raises(ValueError, match=r"^class 0 recurs after its task ended$"):
-        s.begin_task(np.zeros(5, int), ids[:5])
-    s = heads.HeadStats(E, D, C, seed=3, fold=5)
+        s.begin_task(np.zeros(5, int))
+    s = heads.HeadStats(E, D, C, seed=3, holdout=0.2, heads=NO_DSAL)
     with pytest.raises(ValueError, match=r"^add: begin_task first"):
         s.add(H[:5], X[:5], y[:5], ids[:5])
-    s.begin_task(y[:100], ids[:100])
+    s.begin_task(y[:100])
     s.add(H[:50], X[:50], y[:50], ids[:50])  # half the rows counted
-    with pytest.raises(ValueError, match=r"^class \d: \d+ training rows added, "):
+    with pytest.raises(
+        ValueError, match=r"^class \d: \d+ rows added, \d+ counted by begin_task$"
+    ):
         s.end_task()
 
 
@@ -177,16 +187,14 @@ def test_dsal_matches_its_batch_code_and_depends_on_the_order():
     Z = X @ r.normal(size=(D, E))
     H = np.maximum(Z, 0)
     ids = np.arange(n)
-    t = ~heads.held_out(ids, 3, 5)
     every = np.ones(C, bool)
-    s = heads.HeadStats(E, D, C, seed=3, fold=5, dsal_eta=0.5)
-    s.begin_task(y, ids)
+    s = heads.HeadStats(E, D, C, seed=3, holdout=0.2, dsal_eta=0.5)
+    s.begin_task(y)
     batches = []
     for i in range(0, n, 40):
         b = np.arange(i, i + 40)
         s.add(H[b], X[b], y[b], ids[b], Z=Z[b])
-        k = b[t[b]]
-        batches.append((H[k], Z[k], np.eye(C)[y[k]], every))
+        batches.append((H[b], Z[b], np.eye(C)[y[b]], every))
     main, comp = _dsal_reference(batches, 0.5, 0.2)
     assert np.abs(heads.ridge(s, 0.5) - main).max() < 1e-9
     assert np.abs(heads.dsal(s, 0.2) - comp).max() < 1e-9
@@ -196,18 +204,18 @@ def test_dsal_matches_its_batch_code_and_depends_on_the_order():
     _, other = _dsal_reference(batches[::-1], 0.5, 0.2)
     assert np.abs(other - comp).max() > 1e-6
     # a second task zeroes the first task's classes' residual columns
-    s = heads.HeadStats(E, D, C, seed=3, fold=5, dsal_eta=0.5)
+    s = heads.HeadStats(E, D, C, seed=3, holdout=0.2, dsal_eta=0.5)
     batches = []
     for classes in ([0, 1], [2, 3]):
         task = np.flatnonzero(np.isin(y, classes))
-        s.begin_task(y[task], ids[task])
+        s.begin_task(y[task])
         s.add(H[task], X[task], y[task], ids[task], Z=Z[task])
-        k = task[t[task]]
-        batches.append((H[k], Z[k], np.eye(C)[y[k]], np.isin(range(C), classes)))
+        new = np.isin(range(C), classes)
+        batches.append((H[task], Z[task], np.eye(C)[y[task]], new))
     _, comp = _dsal_reference(batches, 0.5, 0.2)
     assert np.abs(heads.dsal(s, 0.2) - comp).max() < 1e-9
-    s = heads.HeadStats(E, D, C, seed=3, fold=5, dsal_eta=0.5)
-    s.begin_task(y, ids)
+    s = heads.HeadStats(E, D, C, seed=3, holdout=0.2, dsal_eta=0.5)
+    s.begin_task(y)
     with pytest.raises(ValueError, match=r"^add: DS-AL's stream needs Z"):
         s.add(H[:4], X[:4], y[:4], ids[:4])
 
@@ -217,13 +225,13 @@ def test_eta_over_tasks_scores_every_tasks_fold_without_its_rows():
     held-out rows, of the ridge fitted on the other rows; the rule picks
     the least."""
     H, X, y, ids = _data(n=300)
-    s = heads.HeadStats(E, D, C, seed=3, fold=5)
+    s = heads.HeadStats(E, D, C, seed=3, holdout=0.2, heads=NO_DSAL)
     for classes in ([0, 1], [2, 3]):
         task = np.isin(y, classes)
-        s.begin_task(y[task], ids[task])
+        s.begin_task(y[task])
         s.add(H[task], X[task], y[task], ids[task])
     s.end_task()
-    v = heads.held_out(ids, 3, 5)
+    v = heads.held_out(ids, 3, 0.2)
     Y = np.eye(C)[y]
     etas = [1e-3, 1e-1, 1e1, 1e3]
     ref = []
