@@ -16,6 +16,7 @@ from palcore.params import check
 SolveMethod = Literal["gram", "woodbury"]
 SolveDevice = Literal["auto", "cpu", "cuda"]
 SolveDtype = Literal["float64", "float32"]
+HeadName = Literal["ridge", "ridge_all", "air", "dsal", "ncm", "lda"]
 
 
 def check_etas(etas: Sequence[float], key: str, listed: bool) -> None:
@@ -48,7 +49,13 @@ class SolveParams:
     dtype: SolveDtype = "float64"  # accumulation / solve precision
     batch_rows: int = 4096  # rows per streamed chunk (and per Woodbury update)
     eta_grid: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 100.0)  # eta: auto's choices
-    holdout: float = 0.2  # eta: auto: share of each step's rows held out to choose
+    holdout: float = 0.2  # eta: auto and head ridge_all: share of rows held out
+    # closed-form heads fitted beside weights.h5 from the same pass (heads.h5,
+    # scored by evaluate into heads.md): ridge, ridge_all (eta over every
+    # task's held-out fold), air, dsal, ncm, lda; empty: none
+    heads: tuple[HeadName, ...] = ()
+    dsal_ratio: float = 1.0  # head dsal: weight of the compensation stream
+    lda_shrinkage: float = 0.1  # head lda: shrinkage a of the shared covariance
 
     def __post_init__(self) -> None:
         if self.eta == "auto":
@@ -67,6 +74,22 @@ class SolveParams:
             0.0 < self.holdout < 1.0,
             "solve.holdout",
             f"must lie in (0, 1), got {self.holdout}",
+        )
+        self._check_heads()
+
+    def _check_heads(self) -> None:
+        dupes = sorted({h for h in self.heads if self.heads.count(h) > 1})
+        if dupes:
+            raise ParamsError(f"solve.heads lists {dupes[0]!r} twice")
+        check(
+            math.isfinite(self.dsal_ratio) and self.dsal_ratio >= 0,
+            "solve.dsal_ratio",
+            f"must be >= 0 and finite, got {self.dsal_ratio!r}",
+        )
+        check(
+            0.0 <= self.lda_shrinkage <= 1.0,
+            "solve.lda_shrinkage",
+            f"must lie in [0, 1], got {self.lda_shrinkage!r}",
         )
 
     @property

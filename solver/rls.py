@@ -60,9 +60,13 @@ class Expander:
 
     def __call__(self, X: np.ndarray) -> Any:
         xp = self.backend.xp
-        H = self.backend.asarray(X).astype(self.dtype) @ self.W_up
+        H = self.pre(X)
         xp.maximum(H, 0, out=H)
         return H
+
+    def pre(self, X: np.ndarray) -> Any:
+        """Z = X W_up, the pre-activation (H = max(Z, 0)): DS-AL's tanh(Z)."""
+        return self.backend.asarray(X).astype(self.dtype) @ self.W_up
 
 
 def make_expander(

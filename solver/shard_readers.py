@@ -109,6 +109,20 @@ class BlockReader:
         bp = np.concatenate(bs) if bs[0] is not None else None
         return np.concatenate(xs), np.concatenate(ys), np.concatenate(ms), bp
 
+    def labels(self) -> np.ndarray:
+        """The n labels (int64) of the block, in row order, features unread."""
+        out = []
+        for path in self.files:
+            with _open(path) as f:
+                g = f[self.group] if self.group else f
+                try:
+                    out.append(np.asarray(g["labels"][()], dtype=np.int64))
+                except OSError as exc:
+                    raise ShardError(
+                        f"{path}: unreadable labels ({hdf5_reason(exc)})"
+                    ) from None
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
     def sample_ids(self) -> list[str]:
         """The n sample ids of the block, in row order."""
         out: list[str] = []

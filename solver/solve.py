@@ -29,6 +29,7 @@ from palcore.params import Source, load_section
 from palcore.progress import tqdm
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
+from solver.head_fit import HEADS_FILE, HeadsFit, write_heads
 from solver.options import apply_overrides, override_options, verified_option
 from solver.params import SolveParams, check_memory
 from solver.rls import Expander, GramRLS, RidgeRLS, make_expander, make_rls
@@ -49,6 +50,7 @@ class _Fit:
     expand: Expander
     rls: RidgeRLS
     selector: EtaSelector | None  # solve.eta: auto only
+    heads: HeadsFit | None  # solve.heads not empty only
 
 
 def solve(
@@ -72,6 +74,8 @@ def solve(
     """
     if params.is_auto and (state is not None or save_state is not None):
         raise PalError("solve.eta auto does not combine with --state/--save-state")
+    if params.heads and (state is not None or save_state is not None):
+        raise PalError("solve.heads does not combine with --state/--save-state")
     backend = backend or get_backend(params.device)
     check_memory(params, *backend.memory(), gpu=backend.name == "cupy")
     start_from = load_state(state) if state is not None else None
@@ -96,6 +100,7 @@ def solve(
         if save_state is not None:
             _save_state(save_state, fit.rls, params, feature_dim, steps[-1], known)
         paths = [w.commit() for w in writers]
+        _write_heads(Path(out_dir), fit, feature_dim)
     finally:
         for w in writers:
             w.discard()
@@ -146,7 +151,10 @@ def _build(params: SolveParams, backend: Backend, steps: list[StepShards]) -> _F
             params.holdout,
             params.seed,
         )
-    return _Fit(params, backend, expand, rls, selector)
+    heads = None
+    if params.heads:
+        heads = HeadsFit(params, backend, steps[0].feature_dim, max_classes)
+    return _Fit(params, backend, expand, rls, selector, heads)
 
 
 def _log_start(
@@ -212,6 +220,9 @@ def _stream(
             for writer, earlier, W in zip(writers, known, Ws, strict=True):
                 writer.add_step(shards.step, W, eta=chosen)
                 earlier[shards.step] = W
+            if fit.heads is not None:
+                eta = fit.params.etas[0] if chosen is None else chosen
+                fit.heads.end_step(shards.step, shards.classes_seen, eta)
 
 
 def _absorb_step(fit: _Fit, shards: StepShards, bar: tqdm) -> None:
@@ -219,12 +230,21 @@ def _absorb_step(fit: _Fit, shards: StepShards, bar: tqdm) -> None:
     held-out statistics)."""
     if fit.selector is not None:
         fit.selector.start_step(shards.step, shards.train.n_rows)
+    if fit.heads is not None:
+        fit.heads.start_step(shards.train.labels())
     for X, y, _, _ in shards.train.iter_chunks(fit.params.batch_rows):
-        H = fit.expand(X)  # (r, d), freed before the next chunk's
+        Z = None
+        if fit.heads is not None and fit.heads.needs_z:
+            Z = fit.expand.pre(X)  # DS-AL's stream reads tanh(Z)
+            H = fit.backend.xp.maximum(Z, 0)
+        else:
+            H = fit.expand(X)  # (r, d), freed before the next chunk's
         fit.rls.partial_fit(H, fit.backend.asarray(y), shards.classes_seen, X=X)
         if fit.selector is not None:
             fit.selector.absorb(H, X, y)
-        del H
+        if fit.heads is not None:
+            fit.heads.absorb(H, X, y, Z)
+        del H, Z
         bar.update(len(y))
 
 
@@ -245,6 +265,18 @@ def _choose_eta(fit: _Fit, shards: StepShards) -> float | None:
         ),
     )
     return chosen
+
+
+def _write_heads(out_dir: Path, fit: _Fit, feature_dim: int) -> None:
+    """heads.h5 when `solve.heads` asks for heads; else a heads.h5 left by
+    an earlier solve is removed, so that evaluate scores no stale heads."""
+    path = out_dir / HEADS_FILE
+    if fit.heads is not None:
+        write_heads(path, fit.heads, feature_dim)
+        log.info("solve: wrote %s (%s)", path, ", ".join(fit.params.heads))
+    elif path.exists():
+        path.unlink()
+        log.info("solve: removed %s (solve.heads is empty)", path)
 
 
 def _save_state(

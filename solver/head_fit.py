@@ -1,0 +1,158 @@
+"""The solve stage's closed-form heads (`solve.heads`): fitted from the pass
+that fits weights.h5 and written to `heads.h5` beside it.
+
+Each step's rows enter one `solver.heads.HeadStats` (its labels counted
+first, a read of the labels alone); at the step's end every head asked is
+solved from the sums and its arrays are kept for the file. A head's η is the
+one weights.h5 holds for the step (the chosen η with `solve.eta: auto`, the
+first of a sweep); `ridge_all` chooses its own from `solve.eta_grid` on the
+held-out folds of every task so far.
+
+heads.h5: attrs `heads` (JSON list), width, seed, dtype, feature_dim,
+dsal_ratio, lda_shrinkage, holdout, eta_grid (JSON), state_bytes; one group
+`step_XX` per step (attrs classes_seen, eta) holding `<head>/<array>`:
+ridge/W, ridge_all/W (attrs eta, sse: the grid's held-out squared errors),
+air/W, dsal/W_main and dsal/W_comp, ncm/means, lda/coef and lda/intercept;
+W (width, C_k), means (C_k, width), coef (C_k, D), intercept (C_k,).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from palcore.outputs import atomic_path
+from solver import heads as hd
+from solver.backend import Backend
+from solver.params import SolveParams
+
+log = logging.getLogger(__name__)
+
+HEADS_FILE = "heads.h5"
+
+
+class HeadsFit:
+    """The heads' statistics of one chain, and each step's solved arrays."""
+
+    def __init__(
+        self, params: SolveParams, backend: Backend, feature_dim: int, classes: int
+    ) -> None:
+        self.params = params
+        self.backend = backend
+        self.stats = hd.HeadStats(
+            params.width,
+            feature_dim,
+            classes,
+            xp=backend.xp,
+            seed=params.seed,
+            holdout=params.holdout,
+            heads=params.heads,
+            dsal_eta=params.etas[0],
+        )
+        self.needs_z = "dsal" in params.heads
+        self.solved: dict[int, dict[str, Any]] = {}
+        self._row = 0
+
+    def start_step(self, labels: np.ndarray) -> None:
+        """Count the step's training labels (AIR's and LDA's 1/n_y)."""
+        self.stats.begin_task(self.backend.asarray(labels))
+        self._row = 0
+
+    def absorb(self, H: Any, X: np.ndarray, y: np.ndarray, Z: Any = None) -> None:
+        """Add one chunk; a row's id is its index among the step's rows."""
+        ids = np.arange(self._row, self._row + len(y))
+        self._row += len(y)
+        xp = self.backend.xp
+        self.stats.add(H, xp.asarray(X), xp.asarray(y), xp.asarray(ids), Z)
+
+    def end_step(self, step: int, classes_seen: int, eta: float) -> None:
+        """Close the step and solve every head asked (arrays on the host)."""
+        self.stats.end_task()
+        out: dict[str, Any] = {"eta": eta, "classes_seen": classes_seen}
+        for name in self.params.heads:
+            out[name] = _solve_head(self.stats, name, eta, self.params)
+        self.solved[step] = self._to_host(out, classes_seen)
+        if "ridge_all" in out:
+            log.info(
+                "solve: step %d: head ridge_all eta %g", step, out["ridge_all"]["eta"]
+            )
+
+    def _to_host(self, out: dict[str, Any], k: int) -> dict[str, Any]:
+        """Arrays to the host, cut to the C_k classes seen."""
+        host: dict[str, Any] = {}
+        for name, value in out.items():
+            if isinstance(value, dict):
+                value = {key: self._host(key, a, k) for key, a in value.items()}
+            host[name] = value
+        return host
+
+    def _host(self, key: str, a: Any, k: int) -> Any:
+        if not hasattr(a, "shape"):
+            return a  # eta, sse
+        a = self.backend.to_host(a)
+        cut = a[:, :k] if key in ("W", "W_main", "W_comp") else a[:k]
+        return np.ascontiguousarray(cut)
+
+
+def _solve_head(
+    s: hd.HeadStats, name: str, eta: float, params: SolveParams
+) -> dict[str, Any]:
+    """One head's arrays from the sums (see `solver.heads`)."""
+    if name == "ridge":
+        return {"W": hd.ridge(s, eta)}
+    if name == "ridge_all":
+        grid = list(params.eta_grid)
+        chosen, sse = hd.eta_over_tasks(s, grid)
+        return {"W": hd.ridge(s, chosen), "eta": chosen, "sse": sse}
+    if name == "air":
+        return {"W": hd.air(s, eta)}
+    if name == "dsal":
+        return {"W_main": hd.ridge(s, eta), "W_comp": hd.dsal(s, eta)}
+    if name == "ncm":
+        return {"means": hd.class_means(s)}
+    if name == "lda":
+        coef, icpt = hd.lda(s, params.lda_shrinkage)
+        return {"coef": coef, "intercept": icpt}
+    raise AssertionError(name)
+
+
+def write_heads(path: Path, fit: HeadsFit, feature_dim: int) -> Path:
+    """heads.h5 of every step solved, renamed into place when whole."""
+    p = fit.params
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        attrs = {
+            "heads": json.dumps(list(p.heads)),
+            "width": p.width,
+            "seed": p.seed,
+            "dtype": p.dtype,
+            "feature_dim": feature_dim,
+            "dsal_ratio": p.dsal_ratio,
+            "lda_shrinkage": p.lda_shrinkage,
+            "holdout": p.holdout,
+            "eta_grid": json.dumps(list(p.eta_grid)),
+            "state_bytes": fit.stats.nbytes(),
+        }
+        f.attrs.update(attrs)
+        for step, solved in sorted(fit.solved.items()):
+            _write_step(f.create_group(f"step_{step:02d}"), solved)
+    return path
+
+
+def _write_step(g: h5py.Group, solved: Mapping[str, Any]) -> None:
+    g.attrs["classes_seen"] = solved["classes_seen"]
+    g.attrs["eta"] = solved["eta"]
+    for name, arrays in solved.items():
+        if not isinstance(arrays, dict):
+            continue
+        head = g.create_group(name)
+        for key, value in arrays.items():
+            if isinstance(value, np.ndarray):
+                head.create_dataset(key, data=value)
+            else:
+                head.attrs[key] = json.dumps(value) if key == "sse" else value
