@@ -46,6 +46,7 @@ from palcore.progress import tqdm
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.classifier import Classifier
+from solver.head_eval import evaluate_heads
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
 from solver.options import apply_overrides, metavar, verified_option
 from solver.params import EvaluateParams, SolveParams
@@ -351,6 +352,9 @@ def cli(
         score = list(weights) or [solve]
         backend = get_backend(params.device)
         evaluate(features, score, out, backend, params.batch_rows, solve_params=solved)
+        if not weights:  # the heads solve wrote beside the weights, if any
+            steps = open_features(features)
+            evaluate_heads(steps, Path(solve), Path(out), backend, params.batch_rows)
         return
     if weights:
         raise PalError("--pipeline reads each chain's weights from --solve")
@@ -391,6 +395,14 @@ def evaluate_pipeline(
             params.batch_rows,
             plot=False,
             solve_params=solved,
+        )
+        chain_features = open_features(Path(features) / chain)
+        evaluate_heads(
+            chain_features,
+            Path(solve_dir) / chain,
+            Path(out) / chain,
+            backend,
+            params.batch_rows,
         )
     if report is not None:
         from solver.report import protocol_report

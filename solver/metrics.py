@@ -18,6 +18,7 @@ With one step there is nothing to forget: `fg` and `fg_diag` are 0.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,3 +160,13 @@ def matrix_csv(matrix: list[list[float]]) -> str:
         cells = [f"{a:.4f}" for a in row] + [""] * (K - len(row))
         lines.append(f"{k}," + ",".join(cells))
     return "\n".join(lines) + "\n"
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (ddof 1; None for one value)."""
+    n = len(values)
+    mean = math.fsum(values) / n
+    if n < 2:
+        return mean, None
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var)

@@ -37,7 +37,8 @@ from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
 from palcore.params import ProtocolParams, load_section
 from palcore.variants import VariantRow, pipeline_variants, variant_rows
-from solver.metrics import matrix_csv, metrics_json
+from solver.head_eval import HEADS_MD, heads_table
+from solver.metrics import matrix_csv, mean_std, metrics_json
 from solver.plots import matrix_figure, steps_figure
 from solver.tables import (
     GROUPS,
@@ -58,16 +59,6 @@ BP_ROW = "bp"
 
 class ReportError(PalError):
     """A run's metrics are absent or not what `pal-solver evaluate` writes."""
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (ddof 1; None for one value)."""
-    n = len(values)
-    mean = math.fsum(values) / n
-    if n < 2:
-        return mean, None
-    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var)
 
 
 def _round(x: float | None) -> float | None:
@@ -349,6 +340,8 @@ def protocol_report(
         raise ReportError("--variants: name at least one variant")
     report = build(evaluations, names, protocol, variant_rows(params_file, names))
     write_report(out, report)
+    table = heads_table(evaluations, names, protocol.runs)
+    write_bytes_atomic(out / HEADS_MD, table.encode())
     pal = report["rows"][names[0]]["acc"]
     log.info(
         "report: %d rows over %d runs in %s; %s Acc %s",

@@ -1,0 +1,163 @@
+"""`solve.heads` through the solve and evaluate stages: heads.h5 from the
+one pass that writes weights.h5, each head's arrays equal to the heads of
+`solver.heads` on the same rows, scored into heads.json and heads.md."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from palcore.errors import ParamsError
+from solver import heads as hd
+from solver.backend import get_backend
+from solver.evaluate import evaluate
+from solver.head_eval import evaluate_heads, heads_table, read_heads
+from solver.params import SolveParams
+from solver.rls import upsampling_matrix
+from solver.shard_readers import open_features
+from solver.solve import solve
+from solver.synthetic import make_features
+from solver.weights import WeightsFile
+
+D, WIDTH = 16, 48
+ALL = ("ridge", "ridge_all", "air", "dsal", "ncm", "lda")
+
+
+@pytest.fixture(scope="module")
+def feats(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads")
+    return make_features(root / "x", [90, 60, 120], [2, 3, 2], feature_dim=D, seed=5)
+
+
+def _solve(feats, out, **kw):
+    params = SolveParams(width=WIDTH, eta=0.5, heads=ALL, **kw)
+    solve(feats, out, params, backend=get_backend("cpu"))
+    return read_heads(Path(out) / "heads.h5")
+
+
+def _reference(feats, eta=0.5):
+    """Every step's heads from `solver.heads` on all rows read at once."""
+    W_up = upsampling_matrix(D, WIDTH, 0)
+    s = hd.HeadStats(WIDTH, D, 7, heads=ALL, dsal_eta=eta)
+    out = {}
+    for step in open_features(feats):
+        X, y, _, _ = step.train.read_all()
+        X = X.astype(np.float64)
+        Z = X @ W_up
+        s.begin_task(y)
+        s.add(np.maximum(Z, 0), X, y, np.arange(len(y)), Z=Z)
+        s.end_task()
+        k = step.classes_seen
+        coef, icpt = hd.lda(s, 0.1)
+        out[step.step] = {
+            "ridge": hd.ridge(s, eta)[:, :k],
+            "air": hd.air(s, eta)[:, :k],
+            "dsal": hd.dsal(s, eta)[:, :k],
+            "ncm": hd.class_means(s)[:k],
+            "lda": (coef[:k], icpt[:k]),
+            "ridge_all": hd.eta_over_tasks(s, [0.01, 0.1, 1.0, 10.0, 100.0]),
+        }
+    return out
+
+
+def test_heads_file_equals_the_heads_on_the_same_rows(feats, tmp_path):
+    attrs, solved = _solve(feats, tmp_path / "a", batch_rows=4096)
+    ref = _reference(feats)
+    weights = WeightsFile(tmp_path / "a" / "weights.h5")
+    assert attrs["heads"] == list(ALL) and sorted(solved) == [1, 2, 3]
+    for k, r in ref.items():
+        got = solved[k]
+        assert got["ridge"]["W"].shape == (WIDTH, weights.classes_seen[k - 1])
+        assert np.abs(got["ridge"]["W"] - weights.W(k)).max() < 1e-9
+        assert np.abs(got["ridge"]["W"] - r["ridge"]).max() < 1e-9
+        assert np.abs(got["air"]["W"] - r["air"]).max() < 1e-9
+        assert np.abs(got["dsal"]["W_comp"] - r["dsal"]).max() < 1e-9
+        assert np.abs(got["ncm"]["means"] - r["ncm"]).max() < 1e-9
+        assert np.abs(got["lda"]["coef"] - r["lda"][0]).max() < 1e-9
+        assert np.abs(got["lda"]["intercept"] - r["lda"][1]).max() < 1e-9
+        chosen, sse = r["ridge_all"]
+        assert got["ridge_all"]["eta"] == chosen
+        assert np.allclose(got["ridge_all"]["sse"], sse, rtol=1e-9, atol=0)
+    # the state's sums: G, Gv, Gair, Gc (E x E); Q, Qv, Qair, Qc and Hsum
+    # (E x C); n (C); Xsum (C x D); Sw (D x D)
+    assert attrs["state_bytes"] == 8 * (
+        4 * WIDTH**2 + 5 * WIDTH * 7 + 7 + 7 * D + D * D
+    )
+
+
+def test_heads_do_not_depend_on_the_chunks_but_dsal(feats, tmp_path):
+    _, one = _solve(feats, tmp_path / "one", batch_rows=4096)
+    _, many = _solve(feats, tmp_path / "many", batch_rows=17)
+    for k in one:
+        for head, key in [("ridge", "W"), ("air", "W"), ("ridge_all", "W"),
+                          ("ncm", "means"), ("lda", "coef")]:  # fmt: skip
+            assert np.abs(one[k][head][key] - many[k][head][key]).max() < 1e-9
+    # DS-AL's residuals follow the chunks: its stream is another
+    diff = max(
+        np.abs(one[k]["dsal"]["W_comp"] - many[k]["dsal"]["W_comp"]).max() for k in one
+    )
+    assert diff > 1e-6
+
+
+def test_evaluate_scores_each_head_and_ridge_is_the_weights(feats, tmp_path):
+    _solve(feats, tmp_path / "s")
+    backend = get_backend("cpu")
+    evaluate(feats, [tmp_path / "s"], tmp_path / "e", backend)
+    steps = open_features(feats)
+    path = evaluate_heads(steps, tmp_path / "s", tmp_path / "e", backend, 25)
+    assert path == tmp_path / "e" / "heads.json"
+    got = json.loads(path.read_text())
+    main = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert sorted(got) == sorted((*ALL, "state_bytes"))
+    for key in ("acc", "fg", "last", "aia", "matrix"):
+        assert got["ridge"][key] == main[key]
+    assert got["ridge"]["eta_by_step"] == [0.5, 0.5, 0.5]
+    assert "eta_by_step" not in got["ncm"] and "eta_by_step" not in got["lda"]
+    for head in ALL:
+        assert [len(row) for row in got[head]["matrix"]] == [1, 2, 3]
+    # heads.md: one row per variant x head, mean ± std over the runs
+    for run in (1, 2):
+        (tmp_path / "ev" / "pal" / str(run)).mkdir(parents=True)
+        (tmp_path / "ev" / "pal" / str(run) / "heads.json").write_text(path.read_text())
+    table = heads_table([tmp_path / "ev"], ["pal"], [1, 2])
+    rows = [line for line in table.splitlines() if line.startswith("| pal |")]
+    assert len(rows) == 6 + 4  # the scores, then the η of the 4 heads with one
+    acc = f"{got['ridge']['acc']:.2f} ± 0.00"
+    assert f"| pal | ridge | {acc} |" in table
+    assert heads_table([tmp_path / "none"], ["pal"], [1]) == (
+        "No heads: solve.heads is empty.\n"
+    )
+
+
+def test_an_empty_heads_list_removes_a_stale_heads_file(feats, tmp_path):
+    _solve(feats, tmp_path / "s")
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "heads.json").write_text("{}")
+    solve(feats, tmp_path / "s", SolveParams(width=WIDTH), backend=get_backend("cpu"))
+    assert not (tmp_path / "s" / "heads.h5").exists()
+    steps = open_features(feats)
+    backend = get_backend("cpu")
+    assert evaluate_heads(steps, tmp_path / "s", tmp_path / "e", backend, 25) is None
+    assert not (tmp_path / "e" / "heads.json").exists()
+
+
+def test_heads_params_are_checked():
+    with pytest.raises(ParamsError, match=r"^solve.heads lists 'air' twice$"):
+        SolveParams(heads=("air", "ncm", "air"))
+    with pytest.raises(ParamsError, match=r"^solve.lda_shrinkage must lie in"):
+        SolveParams(lda_shrinkage=1.5)
+    with pytest.raises(ValueError, match=r"^unknown head 'svm': one of ridge, "):
+        hd.HeadStats(4, 2, 2, heads=("svm",))
+
+
+def test_lda_scores_only_the_classes_seen():
+    r = np.random.default_rng(0)
+    X = r.normal(size=(60, 3))
+    y = np.repeat([0, 1, 2], 20)
+    s = hd.HeadStats(5, 3, 5, heads=("lda",))
+    s.begin_task(y)
+    s.add(np.abs(X @ r.normal(size=(3, 5))), X, y, np.arange(60))
+    coef, icpt = hd.lda(s, 0.2)
+    assert np.isneginf(icpt[3:]).all() and (coef[3:] == 0).all()
+    assert np.isfinite(icpt[:3]).all()
