@@ -35,7 +35,7 @@ from palcore.paramsfile import read_params_file
 from palpaper import cluster, running, slurm, slurm_state, workers
 from palpaper.cells import check_cells, untracked_inputs
 from palpaper.collect import collect, command
-from palpaper.experiments import ExperimentError, Repo
+from palpaper.experiments import Repo
 from palpaper.grids import RESULTS, GridError, check_cite, get, result
 from palpaper.options import (
     GPUS_HELP,
@@ -49,6 +49,7 @@ from palpaper.options import (
     shard_option,
 )
 from palpaper.plan import CARD_ENV, PAPER, paper_report, plan_report, tunings
+from palpaper.tools import ExperimentError
 from palpaper.views import list_lines, list_report, plan_text
 
 __all__ = ["main", "tunings"]

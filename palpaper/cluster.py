@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from palcore.outputs import write_bytes_atomic
-from palpaper.experiments import TARGET, ExperimentError, _env, _run, _tool
+from palpaper.experiments import TARGET
+from palpaper.tools import ExperimentError, find_tool, run_tool, tool_env
 
 log = logging.getLogger(__name__)
 
@@ -64,23 +65,23 @@ def prepare_clone(origin: Path, clone: Path, baseline: str, copies: list[str]) -
         return
     tmp = clone.with_name(f"{clone.name}.tmp{os.getpid()}")
     clone.parent.mkdir(parents=True, exist_ok=True)
-    _run(["git", "clone", "-q", "--no-checkout", str(origin), str(tmp)], origin)
-    _run(["git", "checkout", "-q", "--detach", baseline], tmp)
-    dvc = _tool("dvc")
-    cache = _run([dvc, "cache", "dir"], origin).strip()
-    _run([dvc, "cache", "dir", "--local", cache], tmp)
+    run_tool(["git", "clone", "-q", "--no-checkout", str(origin), str(tmp)], origin)
+    run_tool(["git", "checkout", "-q", "--detach", baseline], tmp)
+    dvc = find_tool("dvc")
+    cache = run_tool([dvc, "cache", "dir"], origin).strip()
+    run_tool([dvc, "cache", "dir", "--local", cache], tmp)
     for key in ("cache.type", "cache.shared", "core.site_cache_dir"):
         try:
-            value = _run([dvc, "config", key], origin).strip()
+            value = run_tool([dvc, "config", key], origin).strip()
         except ExperimentError:  # not set (DVC 3.x: exit 251)
             continue
         if value:  # not set (some DVC versions: exit 0, no output)
-            _run([dvc, "config", "--local", key, value], tmp)
+            run_tool([dvc, "config", "--local", key, value], tmp)
     for rel in copies:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / rel).symlink_to((origin / rel).resolve())
     try:  # the baseline's outputs, linked from the cache: unchanged stages skip
-        _run([dvc, "checkout", "--allow-missing"], tmp)
+        run_tool([dvc, "checkout", "--allow-missing"], tmp)
     except ExperimentError as exc:  # `dvc exp run` restores or reruns them
         log.warning("%s", exc)
     tmp.rename(clone)
@@ -126,9 +127,10 @@ def clear_stopped_run(clone: Path) -> list[str]:
     locks = sorted(p for p in git.rglob("*.lock") if p.is_file())
     for path in locks:
         path.unlink()
-    refs = _run(["git", "for-each-ref", "--format=%(refname)", *RUN_REFS], clone)
+    refs = run_tool(["git", "for-each-ref", "--format=%(refname)", *RUN_REFS], clone)
     for ref in refs.split():
-        _run(["git", "update-ref", "--no-deref", "-d", ref], clone)  # a symref itself
+        # --no-deref: a symref itself, not its target
+        run_tool(["git", "update-ref", "--no-deref", "-d", ref], clone)
     return [str(p.relative_to(clone)) for p in locks] + refs.split()
 
 
@@ -139,14 +141,14 @@ def run_cell(clone: Path, name: str, set_args: list[str], stop: Stop) -> int:
     signal ends it (SIGKILL after GRACE_S)."""
     if left := clear_stopped_run(clone):
         log.info("cleared what a stopped try left: %s", ", ".join(left))
-    _run(["git", "checkout", "-q", "-f", "HEAD", "--", "."], clone)
-    dvc = _tool("dvc")
+    run_tool(["git", "checkout", "-q", "-f", "HEAD", "--", "."], clone)
+    dvc = find_tool("dvc")
     if stop.signal is not None:  # stopped before the cell started
         return 128 + stop.signal
     args = [dvc, "exp", "run", "-n", name, *set_args, TARGET]
     log.info("%s", " ".join([Path(dvc).name, *args[1:]]))
     sys.stdout.flush()
-    proc = subprocess.Popen(args, cwd=clone, env=_env(), stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(args, cwd=clone, env=tool_env(), stdin=subprocess.DEVNULL)
     stop.running = True
     if stop.signal is not None:  # a signal between the check and the start
         stop.interrupt()
@@ -187,7 +189,7 @@ def run_task(sub: Path, array: str, index: int) -> int:
     if not has_ref(clone, ref):
         rc = run_cell(clone, name, cell["set_args"], stop)
     if rc == 0 and has_ref(clone, ref):
-        _run(["git", "push", "-q", str(origin), f"{ref}:{ref}"], clone)
+        run_tool(["git", "push", "-q", str(origin), f"{ref}:{ref}"], clone)
         log.info("cell %s finished: experiment %s in the project", cell["name"], name)
         write_state(state, exp=name, state="finished", job=job)
         return 0
@@ -198,7 +200,7 @@ def run_task(sub: Path, array: str, index: int) -> int:
     why = signal.Signals(stop.signal).name
     write_state(state, exp=name, state="stopped", job=job, signal=why)
     if stop.signal == signal.SIGUSR1:  # the time limit is near: come back
-        _run(["scontrol", "requeue", job], origin)
+        run_tool(["scontrol", "requeue", job], origin)
         log.info(
             "cell %s stopped by %s ahead of the time limit: requeued", cell["name"], why
         )

@@ -22,8 +22,9 @@ from palcore.outputs import write_bytes_atomic
 from palcore.variants import variant_row
 from palpaper import render
 from palpaper.departures import departures, prepared_classes
-from palpaper.experiments import ExperimentError, QueueDamaged, Repo
+from palpaper.experiments import QueueDamaged, Repo
 from palpaper.grids import RESULTS, Cell, Column, cited_variants, get
+from palpaper.tools import ExperimentError
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ from typing import Any
 from palpaper import plan, workers
 from palpaper.cells import announce_copies, check_cells, untracked_inputs
 from palpaper.collect import collect, grid
-from palpaper.experiments import ExperimentError, Repo, wait
+from palpaper.experiments import Repo, wait
 from palpaper.grids import RESULTS, Cell, GridError
+from palpaper.tools import ExperimentError
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ import click
 
 from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
-from palpaper.experiments import Repo
 from palpaper.grids import RESULTS, Cell
 from palpaper.plan import Packing, card, cell_seconds, costs
+from palpaper.refs import ExperimentRefs
 
 FOLDER = Path(".dvc") / "tmp" / "slurm"
 SIGNAL_S = 180  # SIGUSR1 at most this long before the time limit
@@ -265,7 +265,7 @@ def call_slurm(args: list[str], cwd: Path) -> str:
     return proc.stdout
 
 
-def new_folder(repo: Repo) -> Path:
+def new_folder(repo: ExperimentRefs) -> Path:
     base = repo.root.resolve() / FOLDER
     n = 1
     while (base / f"{repo.short}-{n}").exists():
@@ -274,7 +274,7 @@ def new_folder(repo: Repo) -> Path:
 
 
 def submit(
-    repo: Repo,
+    repo: ExperimentRefs,
     cells: Sequence[Cell],
     copies: list[str],
     collect_args: list[str],

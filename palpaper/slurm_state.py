@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from palpaper.experiments import Repo
 from palpaper.grids import Cell
+from palpaper.refs import ExperimentRefs
 from palpaper.slurm import FOLDER, call_slurm
 
 
@@ -34,7 +34,7 @@ def _queue(job_ids: Sequence[str], root: Path) -> dict[str, tuple[str, str]]:
     return jobs
 
 
-def _submissions(repo: Repo) -> list[tuple[Path, dict]]:
+def _submissions(repo: ExperimentRefs) -> list[tuple[Path, dict]]:
     """This commit's submission folders and records, oldest first."""
     subs = sorted(
         (repo.root.resolve() / FOLDER).glob(f"{repo.short}-*/submission.json"),
@@ -44,7 +44,7 @@ def _submissions(repo: Repo) -> list[tuple[Path, dict]]:
 
 
 def cell_states(
-    repo: Repo, cells: Sequence[Cell], records: list[tuple[Path, dict]]
+    repo: ExperimentRefs, cells: Sequence[Cell], records: list[tuple[Path, dict]]
 ) -> tuple[dict[str, tuple[str, str, str]], dict[str, tuple[str, str]]]:
     """Each cell's (state, detail, log) by its name, from the project's
     experiments, `squeue` and the newest submission of the cell in
@@ -68,7 +68,7 @@ def cell_states(
 IN_QUEUE = ("running", "waiting")  # states of a cell whose task SLURM still holds
 
 
-def status_report(repo: Repo, cells: Sequence[Cell]) -> dict[str, Any]:
+def status_report(repo: ExperimentRefs, cells: Sequence[Cell]) -> dict[str, Any]:
     """`pal-paper status`: each cell's state (finished, running, waiting,
     stopped or failed) with its experiment, SLURM job and log, the count of
     each state, and the collect job of the newest submission."""
@@ -117,7 +117,7 @@ def status_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def to_submit(repo: Repo, cells: Sequence[Cell]) -> tuple[list[Cell], int]:
+def to_submit(repo: ExperimentRefs, cells: Sequence[Cell]) -> tuple[list[Cell], int]:
     """The cells neither finished nor held by SLURM (running or waiting: a
     second task would run the same cell in the same clone), and how many
     SLURM holds."""

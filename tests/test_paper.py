@@ -533,7 +533,7 @@ def test_ctrl_c_stops_the_workers_or_says_how_to() -> None:
     that fails, the line says the workers may go on and how to stop them.
     tests/test_paper_gpus.py interrupts a real grid."""
     from palpaper import running
-    from palpaper.experiments import ExperimentError
+    from palpaper.tools import ExperimentError
 
     class Stops:
         stopped = 0
@@ -765,8 +765,9 @@ class _Queue:
 def test_a_cell_a_worker_is_taking_is_not_lost() -> None:
     """Between `Queued` and `Running` DVC lists a task nowhere for a poll or
     two; the wait goes on. Absent for LOST_POLLS polls in a row, it is lost."""
-    from palpaper.experiments import LOST_POLLS, ExperimentError, wait
+    from palpaper.experiments import LOST_POLLS, wait
     from palpaper.grids import Cell
+    from palpaper.tools import ExperimentError
 
     a, b = Cell((("solve.eta", 0.5),)), Cell((("solve.eta", 2),))
     running, queued = {a.name: "Running"}, {a.name: "Queued"}
@@ -789,16 +790,19 @@ def test_a_cell_a_worker_is_taking_is_not_lost() -> None:
 def test_a_dvc_error_is_passed_on_whole_on_one_line() -> None:
     """DVC wraps a long message over several lines after its ERROR: the grid's
     error keeps all of it (it once kept the last line only), on one line."""
-    from palpaper.experiments import _message
+    from palpaper.tools import failure_message
 
     out = (
         "Collecting stages\n"
         "ERROR: Experiment 'abc-eta=0.5' already exists. To override it, use\n"
         "  `--force`, or remove it with `dvc exp remove abc-eta=0.5`.\n"
     )
-    assert _message(out) == (
+    assert failure_message(out) == (
         "ERROR: Experiment 'abc-eta=0.5' already exists. To override it, use "
         "`--force`, or remove it with `dvc exp remove abc-eta=0.5`."
     )
-    assert _message("fatal: not a git repository\n") == "fatal: not a git repository"
-    assert _message("") == "(no output)"
+    assert (
+        failure_message("fatal: not a git repository\n")
+        == "fatal: not a git repository"
+    )
+    assert failure_message("") == "(no output)"

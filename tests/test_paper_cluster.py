@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from palpaper.cluster import Stop, exp_ref, has_ref, prepare_clone, run_cell
-from palpaper.experiments import _tool
+from palpaper.tools import find_tool
 
 GIT_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -37,10 +37,10 @@ def _project(path: Path, stage: bool = False) -> str:
     to out.txt."""
     path.mkdir()
     _git(["init", "-q"], path)
-    subprocess.run([_tool("dvc"), "init", "-q"], cwd=path, check=True)
+    subprocess.run([find_tool("dvc"), "init", "-q"], cwd=path, check=True)
     if stage:
         (path / "params.yaml").write_text("x: 1\n")
-        add = [_tool("dvc"), "stage", "add", "-q", "-n", "evaluate", "-p", "x"]
+        add = [find_tool("dvc"), "stage", "add", "-q", "-n", "evaluate", "-p", "x"]
         add += ["-o", "out.txt", "cp params.yaml out.txt"]
         subprocess.run(add, cwd=path, check=True)
     _git(["add", "-A"], path)
@@ -73,7 +73,7 @@ def test_the_group_cache_settings_go_to_the_clone(tmp_path: Path) -> None:
     origin = tmp_path / "origin"
     head = _project(origin)
     shared = tmp_path / "shared-cache"
-    dvc = _tool("dvc")
+    dvc = find_tool("dvc")
     for key, value in (
         ("cache.dir", str(shared)),
         ("cache.type", "symlink"),
@@ -112,7 +112,7 @@ def test_a_try_after_a_stopped_one_runs_its_cell_once(
         "Repo('.').experiments.workspace_queue.put("
         "params={'params.yaml': ['x=2']}, targets=['evaluate'], name='a')"
     )
-    python = str(Path(_tool("dvc")).with_name("python"))
+    python = str(Path(find_tool("dvc")).with_name("python"))
     subprocess.run([python, "-c", stale], cwd=clone, check=True, capture_output=True)
     assert _git(["for-each-ref", "--format=%(refname)", "refs/exps"], clone) == (
         "refs/exps/stash"
