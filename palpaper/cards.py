@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from palpaper.grids import GridError
+from palpaper.overrides import GridError
 from palpaper.packaged import package_yaml
 
 CARD_ENV = "PAL_PAPER_CARD"  # the card a GPU is priced as (NAME or PATH)

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from palcore.errors import ParamsError
-from palpaper.grids import Cell, get
+from palpaper.overrides import Cell, get
 
 log = logging.getLogger(__name__)
 

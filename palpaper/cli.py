@@ -36,7 +36,7 @@ from palpaper import cluster, running, slurm, slurm_state, workers
 from palpaper.cells import check_cells, untracked_inputs
 from palpaper.collect import collect, command
 from palpaper.experiments import Repo
-from palpaper.grids import RESULTS, GridError, check_cite, get, result
+from palpaper.grids import RESULTS, check_cite, result
 from palpaper.options import (
     GPUS_HELP,
     JOBS_HELP,
@@ -48,6 +48,7 @@ from palpaper.options import (
     runs_option,
     shard_option,
 )
+from palpaper.overrides import GridError, get
 from palpaper.plan import CARD_ENV, PAPER, paper_report, plan_report, tunings
 from palpaper.tools import ExperimentError
 from palpaper.views import list_lines, list_report, plan_text

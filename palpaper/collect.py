@@ -23,7 +23,8 @@ from palcore.variants import variant_row
 from palpaper import render
 from palpaper.departures import departures, prepared_classes
 from palpaper.experiments import QueueDamaged, Repo
-from palpaper.grids import RESULTS, Cell, Column, cited_variants, get
+from palpaper.grids import RESULTS, Column, cited_variants
+from palpaper.overrides import Cell, get
 from palpaper.tools import ExperimentError
 
 log = logging.getLogger(__name__)

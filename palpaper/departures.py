@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from palpaper.grids import Column, GridError, get
+from palpaper.grids import Column
+from palpaper.overrides import GridError, get
 from palpaper.packaged import published
 
 DEVICES = {"cpu": "CPU", "cuda": "GPU"}

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from palpaper import workers
-from palpaper.grids import Cell
+from palpaper.overrides import Cell
 from palpaper.refs import ExperimentRefs
 from palpaper.tools import ExperimentError, find_tool, run_tool, tool_env
 from palpaper.workers import alive

@@ -1,139 +1,28 @@
 """The paper's results as grids of cells: which params each cell changes.
 
-A cell is one DVC experiment: the committed params plus its overrides. Its
-name is made from the overrides that differ from the committed params, so a
-cell two results share (the base scenario, a missing rate that both the
-tables and the step figure use) is one experiment, run once.
-
-Each result lists its columns (the cells, in the paper's order) and the rows
-it reads from each cell's `results/<dataset>/metrics.json` (PAL, its BP head,
-the variants of `ablation`). The values of a grid follow the dataset: the
-paper's for its datasets, scaled ones for the 20-class, 4-layer demo.
-Table 3's one cell runs the variants of `pipelines.main` and then those of
+Each result lists its columns (the cells, in the paper's order; a cell is
+one DVC experiment, `overrides.Cell`) and the rows it reads from each cell's
+`results/<dataset>/metrics.json` (PAL, its BP head, the variants of
+`ablation`). The values of a grid follow the dataset: the paper's for its
+datasets, scaled ones for the 20-class, 4-layer demo. Table 3's one cell
+runs the variants of `pipelines.main` and then those of
 `pipelines.ablation`: the whole ablation, whose report (every variant's row)
 is also kept in `results/<dataset>/ablation/`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from palcore.errors import PalError
+from palpaper.overrides import Cell, GridError, fmt_value, get, make_cell
 from palpaper.packaged import published
-
-
-class GridError(PalError):
-    """A result, a cell or an option of `pal-paper` that does not exist."""
-
 
 RATES = (0.1, 0.3, 0.5, 0.7, 0.9)
 TYPES = ("text", "image", "both")  # the paper's column order within a rate
 STEP_RATES = (0.1, 0.5, 0.7)
 MISSING_WORDS = {"text": "text missing", "image": "image missing", "both": "both"}
-
-
-def get(params: Mapping[str, Any], key: str) -> Any:
-    """The value at a dotted key of a params dict."""
-    node: Any = params
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            raise GridError(f"params: no key '{key}'")
-        node = node[part]
-    return node
-
-
-def _fmt(value: Any) -> str:
-    """A value as a name part: lists joined with '-', floats in short form."""
-    if isinstance(value, (list, tuple)):
-        return "-".join(_fmt(v) for v in value)
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-def _flow(value: Any) -> str:
-    """A value as `dvc exp run -S key=value` reads it (YAML flow style)."""
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_flow(v) for v in value) + "]"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-# a cell's name is at most this long: `<7-char commit>-<name>` fits 40 columns
-NAME_CHARS = 32
-_LONG_PART = 16  # parts longer than this go last in a name
-# the keys the paper's grids vary, shortened in a cell's name (other keys: the
-# last part of their dotted key); the missing type's value names itself
-_SHORT_KEYS = {"data.missing_rate": "rate", "prompt.pool_size": "pool"}
-
-
-def _name_order(override: tuple[str, Any]) -> tuple[int, str]:
-    """The missing type first, the runs last, the other keys in order."""
-    key = override[0]
-    return ({"data.missing_type": 0, "protocol.runs": 2}.get(key, 1), key)
-
-
-def _part(key: str, value: Any) -> str:
-    """One override in a cell's name: `rate=0.1`, `layers=2-3`, `text`."""
-    if key == "data.missing_type":
-        return _fmt(value)
-    return f"{_SHORT_KEYS.get(key, key.rsplit('.', 1)[-1])}={_fmt(value)}"
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One experiment: the overrides (sorted by key) of the committed params."""
-
-    overrides: tuple[tuple[str, Any], ...]
-
-    @property
-    def name(self) -> str:
-        """A short name of its overrides, at most NAME_CHARS characters (with
-        the commit's short hash the experiment's name fits 40): `text+rate=0.1`,
-        `width=546`; a longer one (a list of eight methods) keeps its first
-        characters and ends in a digest of the whole (`..._3f9a2c`)."""
-        if not self.overrides:
-            return "base"
-        parts = [_part(k, v) for k, v in sorted(self.overrides, key=_name_order)]
-        parts.sort(key=lambda part: len(part) > _LONG_PART)  # the long ones last
-        whole = "+".join(parts)
-        if len(whole) <= NAME_CHARS:
-            return whole
-        digest = hashlib.sha256(whole.encode()).hexdigest()[:6]
-        return f"{whole[: NAME_CHARS - 7].rstrip('+=-')}_{digest}"
-
-    @property
-    def set_args(self) -> list[str]:
-        """`-S key=value` for each override, as `dvc exp run` takes them."""
-        return [a for k, v in self.overrides for a in ("-S", f"{k}={_flow(v)}")]
-
-    def pairs(self) -> list[str]:
-        """Its overrides as `key=value`, as `dvc exp run -S` takes them."""
-        return [f"{k}={_flow(v)}" for k, v in self.overrides]
-
-    def describe(self) -> str:
-        if not self.overrides:
-            return "the committed params"
-        return " ".join(self.pairs())
-
-    def value(self, params: Mapping[str, Any], key: str) -> Any:
-        """The cell's value of `key`: its override, else the committed one."""
-        return dict(self.overrides).get(key, get(params, key))
-
-
-def make_cell(params: Mapping[str, Any], changes: Mapping[str, Any]) -> Cell:
-    """The cell of `changes` over `params`: keys equal to params' are dropped."""
-    kept = []
-    for key, value in sorted(changes.items()):
-        if isinstance(value, tuple):
-            value = list(value)
-        if get(params, key) != value:
-            kept.append((key, value))
-    return Cell(tuple(kept))
 
 
 @dataclass(frozen=True)
@@ -297,7 +186,9 @@ def _prompt(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
         pools = [16, 32, 64, 128, 256]
     out: list[tuple[str, str, dict[str, Any]]] = []
     for v in layers:
-        out.append((f"layers-{_fmt(v)}", f"layers {_fmt(v)}", {"prompt.layers": v}))
+        out.append(
+            (f"layers-{fmt_value(v)}", f"layers {fmt_value(v)}", {"prompt.layers": v})
+        )
     for n in lengths:
         out.append((f"length-{n}", f"length {n}", {"prompt.length": n}))
     for n in pools:

@@ -37,7 +37,8 @@ from palpaper.cards import (  # noqa: F401  (plan's names for its callers)
     check_card,
     costs,
 )
-from palpaper.grids import RESULTS, Cell, GridError, cited_variants, get
+from palpaper.grids import RESULTS, cited_variants
+from palpaper.overrides import Cell, GridError, get
 from palpaper.packaged import published
 from palpaper.prices import (  # noqa: F401  (plan's names for its callers)
     Variant,

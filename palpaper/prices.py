@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from palpaper.cards import Card
-from palpaper.grids import RESULTS, Cell, GridError, Result, get
+from palpaper.grids import RESULTS, Result
+from palpaper.overrides import Cell, GridError, get
 
 FREE_KEYS = {"pipelines.main", "protocol.runs"}
 

@@ -1,7 +1,7 @@
 """Finished cells as git refs: the experiments on a baseline commit.
 
 Every cell is an experiment on the commit the grid runs from (the baseline),
-named `<baseline short hash>-<cell name>` (`grids.Cell.name`).
+named `<baseline short hash>-<cell name>` (`overrides.Cell.name`).
 A finished experiment is a git ref `refs/exps/<baseline[:2]>/<baseline[2:]>/
 <name>` (how DVC stores them); its `results/<dataset>/metrics.json` is read
 from that commit with `git show`, so collecting needs neither the workspace
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from palpaper.grids import Cell, GridError, get
+from palpaper.overrides import Cell, GridError, get
 from palpaper.tools import ExperimentError, run_tool
 
 

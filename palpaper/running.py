@@ -18,7 +18,8 @@ from palpaper import plan, workers
 from palpaper.cells import announce_copies, check_cells, untracked_inputs
 from palpaper.collect import collect, grid
 from palpaper.experiments import Repo, wait
-from palpaper.grids import RESULTS, Cell, GridError
+from palpaper.grids import RESULTS
+from palpaper.overrides import Cell, GridError
 from palpaper.tools import ExperimentError
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ import click
 
 from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
-from palpaper.grids import RESULTS, Cell
+from palpaper.grids import RESULTS
+from palpaper.overrides import Cell
 from palpaper.plan import Packing, card, cell_seconds, costs
 from palpaper.refs import ExperimentRefs
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from palpaper.grids import Cell
+from palpaper.overrides import Cell
 from palpaper.refs import ExperimentRefs
 from palpaper.slurm import FOLDER, call_slurm
 

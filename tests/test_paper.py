@@ -20,7 +20,8 @@ import yaml
 from helpers import committed, committed_params, pal_paper
 
 from palpaper.collect import labelled
-from palpaper.grids import RESULTS, Cell, make_cell
+from palpaper.grids import RESULTS
+from palpaper.overrides import Cell, make_cell
 from palpaper.render import build, cell, row_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +91,7 @@ def test_tables_1_2_run_acil_and_pal_whatever_main_a_rehearsal_committed() -> No
 
 
 def test_cells_are_chosen_by_name_or_by_column_key() -> None:
-    from palpaper.grids import GridError
+    from palpaper.overrides import GridError
     from palpaper.running import select_cells
 
     missing = {c.key: c.cell for c in RESULTS["missing"].columns(PARAMS, [0])}
@@ -766,7 +767,7 @@ def test_a_cell_a_worker_is_taking_is_not_lost() -> None:
     """Between `Queued` and `Running` DVC lists a task nowhere for a poll or
     two; the wait goes on. Absent for LOST_POLLS polls in a row, it is lost."""
     from palpaper.experiments import LOST_POLLS, wait
-    from palpaper.grids import Cell
+    from palpaper.overrides import Cell
     from palpaper.tools import ExperimentError
 
     a, b = Cell((("solve.eta", 0.5),)), Cell((("solve.eta", 2),))

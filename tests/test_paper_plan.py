@@ -20,7 +20,8 @@ import pytest
 import yaml
 from helpers import committed, pal_paper
 
-from palpaper.grids import RESULTS, GridError, make_cell
+from palpaper.grids import RESULTS
+from palpaper.overrides import GridError, make_cell
 from palpaper.plan import (
     CARD_KEYS,
     Variant,
