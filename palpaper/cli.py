@@ -20,23 +20,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from palcore.cliutil import clean_errors, setup_logging
 from palcore.errors import ParamsError
 from palcore.params import DEFAULT_PARAMS
-from palcore.paramsfile import read_params_file
-from palpaper import cluster, running, slurm, slurm_state, workers
-from palpaper.cells import check_cells, untracked_inputs
+from palpaper import cluster, running, slurm, slurm_state
 from palpaper.collect import collect, command
 from palpaper.experiments import Repo
-from palpaper.grids import RESULTS, check_cite, result
+from palpaper.grids import RESULTS
+from palpaper.inputs import (
+    parse_baselines,
+    parse_cells,
+    parse_results,
+    parse_runs,
+    read_params,
+)
 from palpaper.options import (
     GPUS_HELP,
     JOBS_HELP,
@@ -48,69 +50,12 @@ from palpaper.options import (
     runs_option,
     shard_option,
 )
-from palpaper.overrides import GridError, get
-from palpaper.plan import CARD_ENV, PAPER, paper_report, plan_report, tunings
-from palpaper.tools import ExperimentError
+from palpaper.plan import CARD_ENV, named_report, tunings
 from palpaper.views import list_lines, list_report, plan_text
 
 __all__ = ["main", "tunings"]
 
 log = logging.getLogger(__name__)
-
-# the keys the grids read beyond the ones they change
-REQUIRED = (
-    "data.dataset",
-    "solve.width",
-    "pipelines.main",
-    "protocol.runs",
-    "ablation",
-)
-
-
-def _params(path: Path, text: str | None = None) -> dict[str, Any]:
-    """The params file (or its `text` at a commit), with the keys grids read."""
-    if text is None:
-        params = read_params_file(path)
-    else:
-        try:
-            params = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ParamsError(f"{path}: not valid YAML") from None
-    for key in REQUIRED:
-        try:
-            get(params, key)
-        except GridError:
-            raise ParamsError(f"{path}: no key '{key}'") from None
-    return params
-
-
-def _results(names: Sequence[str]) -> list[str]:
-    if not names or list(names) == ["all"]:
-        return list(RESULTS)
-    return [result(n).id for n in names]
-
-
-def _runs(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        runs = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise GridError(f"--runs: run ids separated by commas, got '{text}'") from None
-    if not runs:
-        raise GridError("--runs: name at least one run id")
-    return runs
-
-
-def _shard(text: str) -> slice:
-    """K/N: the slice of every N-th cell from the K-th."""
-    try:
-        k, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise GridError(f"--shard: K/N such as 1/4, got '{text}'") from None
-    if not 1 <= k <= n:
-        raise GridError(f"--shard: K must be 1 to N, got '{text}'")
-    return slice(k - 1, None, n)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -136,10 +81,11 @@ def list_cmd(
     params_file: Path, runs: str | None, baselines: str, as_json: bool
 ) -> None:
     """Each result: where it is in the paper, its cells and their params."""
-    params = _params(params_file)
-    cite = _cite(baselines, list(RESULTS), params)
+    params = read_params(params_file)
+    cite = parse_baselines(baselines, list(RESULTS), params)
     listing = {
-        name: (r, r.columns(params, _runs(runs), cite)) for name, r in RESULTS.items()
+        name: (r, r.columns(params, parse_runs(runs), cite))
+        for name, r in RESULTS.items()
     }
     if as_json:
         click.echo(json.dumps(list_report(listing), indent=1))
@@ -183,59 +129,12 @@ def run_cmd(
     Ctrl-C, or SIGTERM from a batch scheduler, stops DVC's queue workers and
     the cells they run; the same command resumes the grid.
     """
-    ids, run_ids = _results(names), _runs(runs)
-    if shard is not None:
-        _shard(shard)  # checked before the workspace
-    cards = workers.parse_gpus(
-        gpus if gpus is not None else os.environ.get(workers.ENV)
+    run, params = running.grid_run(
+        names, runs, jobs, cells, shard, gpus, no_wait, baselines, out
     )
-    wanted = _cells(cells)
-    # checked before the workspace, as the other options are
-    cite = _cite(baselines, ids, _params(DEFAULT_PARAMS))
-    if cards is None and jobs is None:  # fill every card torch sees
-        cards = running.fill_cards(ids, _params(DEFAULT_PARAMS), run_ids, cite)
-    jobs = jobs or 1
-    rerun = command(ids, run_ids, wanted, shard, jobs, cite=cite)
     repo = Repo(Path.cwd())
     running.refuse_uncommitted(repo, out)
-    part = None if shard is None else _shard(shard)
-    run = running.GridRun(
-        ids=ids,
-        runs=run_ids,
-        cells=wanted,
-        shard=part,
-        jobs=jobs,
-        cards=cards,
-        no_wait=no_wait,
-        out=out,
-        rerun=rerun,
-        cite=cite,
-    )
-    # SIGTERM (what a batch scheduler or `kill` sends) stops the grid as Ctrl-C
-    previous = signal.signal(signal.SIGTERM, _as_ctrl_c)
-    try:
-        running.run_grid(repo, run, _params(DEFAULT_PARAMS))
-    except KeyboardInterrupt:
-        raise ExperimentError(running.interrupted(repo, rerun)) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _cite(baselines: str, ids: Sequence[str], params: dict[str, Any]) -> bool:
-    """--baselines: True for `cited`, once `check_cite` passed."""
-    if baselines != "cited":
-        return False
-    check_cite(ids, params)
-    return True
-
-
-def _cells(text: str | None) -> list[str] | None:
-    """--cells NAME[,NAME…]: the names given, blanks dropped."""
-    return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
-
-
-def _as_ctrl_c(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    running.run_interruptible(repo, run, params)
 
 
 @main.command("collect")
@@ -264,10 +163,10 @@ def collect_cmd(
     params_text = repo.show(repo.baseline, DEFAULT_PARAMS.as_posix())
     if params_text is None:
         raise ParamsError(f"params.yaml: not in commit {repo.short}")
-    params = _params(Path(f"params.yaml at {repo.short}"), params_text)
-    ids = _results(names)
-    cite = _cite(baselines, ids, params)
-    collect(repo, ids, params, _runs(runs), out, cite)
+    params = read_params(Path(f"params.yaml at {repo.short}"), params_text)
+    ids = parse_results(names)
+    cite = parse_baselines(baselines, ids, params)
+    collect(repo, ids, params, parse_runs(runs), out, cite)
 
 
 @main.command("plan")
@@ -311,18 +210,7 @@ def plan_cmd(
     memory of the largest solve. `pal-paper plan paper`: the whole paper,
     Food101's results (configs/food101.yaml) and N24News's Table 2 and step
     figure (configs/n24news.yaml), and their total."""
-    run_ids = _runs(runs)
-    if "paper" in names:
-        if list(names) != ["paper"]:
-            raise GridError(
-                f"plan: paper (the whole paper) is named alone, got {' '.join(names)}"
-            )
-        presets = [(path, _params(Path(path))) for path, _ in PAPER]
-        report = paper_report(presets, run_ids, cards, card_name)
-    else:
-        params = _params(params_file)
-        ids = _results(names)
-        report = plan_report(ids, params, run_ids, str(params_file), cards, card_name)
+    report = named_report(names, params_file, parse_runs(runs), cards, card_name)
     if as_json:
         click.echo(json.dumps(report, indent=1))
         return
@@ -353,30 +241,22 @@ def submit_cmd(
     `pal-paper status RESULT…` shows the cells; the same command again
     submits only the cells neither finished nor still in SLURM's queue
     (docs/USAGE.md)."""
-    ids, run_ids = _results(names), _runs(runs)
+    ids, run_ids = parse_results(names), parse_runs(runs)
     repo = Repo(Path.cwd())
     running.refuse_uncommitted(repo, Path("results/paper"))
-    params = _params(DEFAULT_PARAMS)
-    cite = _cite(baselines, ids, params)
-    todo = running.select_cells(ids, params, run_ids, _cells(cells), None, cite)
+    params = read_params(DEFAULT_PARAMS)
+    cite = parse_baselines(baselines, ids, params)
+    todo = running.select_cells(ids, params, run_ids, parse_cells(cells), None, cite)
     pending, held = slurm_state.to_submit(repo, todo)
     if held:
         click.echo(f"{held} cells still in SLURM's queue (running or waiting): kept")
+    elif not pending:
+        click.echo(f"every cell finished on {repo.short}: `pal-paper collect` renders")
     if not pending:
-        if not held:
-            click.echo(
-                f"every cell finished on {repo.short}: `pal-paper collect` renders"
-            )
         return
-    check_cells(repo.root, params, pending)
-    options = slurm.Options(**opts)
-    limit = time_min or slurm.time_limit(
-        ids, pending, params, options.gpus, run_ids, cite
+    jobs, limit = slurm.submit_cells(
+        repo, pending, params, ids, runs, cite, opts, time_min, dry_run
     )
-    collect_args = [*ids, *(["--runs", runs] if runs else [])]
-    collect_args += ["--baselines", "cited"] * cite
-    copies = untracked_inputs(repo.root, params)
-    jobs = slurm.submit(repo, pending, copies, collect_args, options, limit, dry_run)
     if jobs is not None:
         click.echo(
             f"submitted {len(pending)} cells of {repo.short} as array job {jobs[0]} "
@@ -397,11 +277,11 @@ def status_cmd(
     """Each cell of RESULT… on this commit: finished, running, waiting,
     stopped or failed (from the experiments, squeue and each task's last
     word), with its SLURM job and log."""
-    ids = _results(names)
+    ids = parse_results(names)
     repo = Repo(Path.cwd())
-    params = _params(DEFAULT_PARAMS)
-    cite = _cite(baselines, ids, params)
-    todo = running.select_cells(ids, params, _runs(runs), None, None, cite)
+    params = read_params(DEFAULT_PARAMS)
+    cite = parse_baselines(baselines, ids, params)
+    todo = running.select_cells(ids, params, parse_runs(runs), None, None, cite)
     report = slurm_state.status_report(repo, todo)
     if as_json:
         click.echo(json.dumps(report, indent=1))

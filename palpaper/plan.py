@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from palpaper.cards import (  # noqa: F401  (plan's names for its callers)
@@ -38,6 +39,7 @@ from palpaper.cards import (  # noqa: F401  (plan's names for its callers)
     costs,
 )
 from palpaper.grids import RESULTS, cited_variants
+from palpaper.inputs import parse_results, read_params
 from palpaper.overrides import Cell, GridError, get
 from palpaper.packaged import published
 from palpaper.prices import (  # noqa: F401  (plan's names for its callers)
@@ -203,6 +205,28 @@ def paper_report(
         ],
         "paper": paper,
     }
+
+
+def named_report(
+    names: Sequence[str],
+    params_file: Path,
+    runs: Sequence[int] | None,
+    cards: int = 1,
+    card_name: str | None = None,
+) -> dict[str, Any]:
+    """`pal-paper plan RESULT…`'s report: `paper`, named alone, prices the
+    whole paper (PAPER's params files, `paper_report`); other names the
+    results on `params_file` (`plan_report`)."""
+    if "paper" in names:
+        if list(names) != ["paper"]:
+            raise GridError(
+                f"plan: paper (the whole paper) is named alone, got {' '.join(names)}"
+            )
+        presets = [(path, read_params(Path(path))) for path, _ in PAPER]
+        return paper_report(presets, runs, cards, card_name)
+    params = read_params(params_file)
+    ids = parse_results(names)
+    return plan_report(ids, params, runs, str(params_file), cards, card_name)
 
 
 ROUTE_NAMES = {False: "measured", True: "cited"}

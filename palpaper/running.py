@@ -10,15 +10,27 @@ resumes where it stopped.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from palcore.params import DEFAULT_PARAMS
 from palpaper import plan, workers
 from palpaper.cells import announce_copies, check_cells, untracked_inputs
-from palpaper.collect import collect, grid
+from palpaper.collect import collect, command, grid
 from palpaper.experiments import Repo, wait
 from palpaper.grids import RESULTS
+from palpaper.inputs import (
+    parse_baselines,
+    parse_cells,
+    parse_results,
+    parse_runs,
+    parse_shard,
+    read_params,
+)
 from palpaper.overrides import Cell, GridError
 from palpaper.tools import ExperimentError
 
@@ -64,6 +76,46 @@ class GridRun:
     out: Path  # where the results are rendered
     rerun: str  # the command line that resumes this run
     cite: bool = False  # --baselines cited: Tables 1-2's baselines from the paper
+
+
+def grid_run(
+    names: Sequence[str],
+    runs: str | None,
+    jobs: int | None,
+    cells: str | None,
+    shard: str | None,
+    gpus: str | None,
+    no_wait: bool,
+    baselines: str,
+    out: Path,
+) -> tuple[GridRun, dict[str, Any]]:
+    """`pal-paper run`'s options, read and checked before the workspace is:
+    the run (its workers every card filled where neither --gpus,
+    PAL_PAPER_GPUS nor -j says, `fill_cards`) and the params it runs on."""
+    ids, run_ids = parse_results(names), parse_runs(runs)
+    part = None if shard is None else parse_shard(shard)
+    cards = workers.parse_gpus(
+        gpus if gpus is not None else os.environ.get(workers.ENV)
+    )
+    wanted = parse_cells(cells)
+    params = read_params(DEFAULT_PARAMS)
+    cite = parse_baselines(baselines, ids, params)
+    if cards is None and jobs is None:  # fill every card torch sees
+        cards = fill_cards(ids, params, run_ids, cite)
+    jobs = jobs or 1
+    run = GridRun(
+        ids=ids,
+        runs=run_ids,
+        cells=wanted,
+        shard=part,
+        jobs=jobs,
+        cards=cards,
+        no_wait=no_wait,
+        out=out,
+        rerun=command(ids, run_ids, wanted, shard, jobs, cite=cite),
+        cite=cite,
+    )
+    return run, params
 
 
 def run_grid(repo: Repo, run: GridRun, params: dict[str, Any]) -> None:
@@ -228,3 +280,19 @@ def interrupted(repo: Repo, rerun: str) -> str:
         "interrupted: the grid's workers and their cells were stopped; "
         f"finished cells are kept, `{rerun}` runs the rest"
     )
+
+
+def run_interruptible(repo: Repo, run: GridRun, params: dict[str, Any]) -> None:
+    """`run_grid`, where SIGTERM (what a batch scheduler or `kill` sends)
+    stops the grid as Ctrl-C does: an ExperimentError of `interrupted`'s line."""
+    previous = signal.signal(signal.SIGTERM, _as_ctrl_c)
+    try:
+        run_grid(repo, run, params)
+    except KeyboardInterrupt:
+        raise ExperimentError(interrupted(repo, run.rerun)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _as_ctrl_c(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -29,7 +29,9 @@ import click
 
 from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
+from palpaper.cells import check_cells, untracked_inputs
 from palpaper.grids import RESULTS
+from palpaper.inputs import parse_runs
 from palpaper.overrides import Cell
 from palpaper.plan import Packing, card, cell_seconds, costs
 from palpaper.refs import ExperimentRefs
@@ -322,6 +324,33 @@ def submit(
     record["collect"] = after.strip().split(";")[0]
     _save(sub, record)
     return array, record["collect"]
+
+
+def submit_cells(
+    repo: ExperimentRefs,
+    cells: Sequence[Cell],
+    params: dict[str, Any],
+    ids: Sequence[str],
+    runs: str | None,
+    cite: bool,
+    opts: dict[str, Any],
+    time_min: int | None,
+    dry_run: bool,
+) -> tuple[tuple[str, str] | None, int]:
+    """`pal-paper submit`'s work once its cells are known: check their params,
+    set a task's time limit (`time_min`, else `time_limit`) and `submit` them
+    with the job that renders the results `ids` (--runs `runs` as given,
+    --baselines cited where `cite`); `opts`: the other sbatch options
+    (`Options`). The job ids (None on a dry run) and the limit in minutes."""
+    check_cells(repo.root, params, cells)
+    sbatch = Options(**opts)
+    limit = time_min or time_limit(
+        ids, cells, params, sbatch.gpus, parse_runs(runs), cite
+    )
+    collect_args = [*ids, *(["--runs", runs] if runs else [])]
+    collect_args += ["--baselines", "cited"] * cite
+    copies = untracked_inputs(repo.root, params)
+    return submit(repo, cells, copies, collect_args, sbatch, limit, dry_run), limit
 
 
 def _save(sub: Path, record: dict[str, Any]) -> None:
