@@ -11,11 +11,12 @@ H to each class mean; lda X coefᵀ + intercept. The class is the argmax.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import h5py
+import numpy as np
 
 from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
@@ -27,7 +28,7 @@ from solver.rls import make_expander
 from solver.shard_readers import StepShards
 
 HEADS_JSON = "heads.json"
-HEADS_MD = "heads.md"
+HEADS_MD = "heads.md"  # the report's; with heads.json beside it
 COLUMNS = ("acc", "fg", "last", "aia")
 ETA_HEADS = ("ridge", "ridge_all", "air", "dsal")  # the heads with an η
 
@@ -38,6 +39,7 @@ def read_heads(path: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
         with h5py.File(path, "r") as f:
             attrs = dict(f.attrs)
             attrs["heads"] = json.loads(attrs["heads"])
+            attrs["head_bytes"] = json.loads(attrs["head_bytes"])
             steps = {int(name[5:]): _read_step(f[name]) for name in sorted(f)}
     except (OSError, KeyError) as exc:
         raise PalError(f"{path}: not a readable heads file ({exc})") from None
@@ -51,6 +53,36 @@ def _read_step(g: h5py.Group) -> dict[str, Any]:
         for k, v in g[head].attrs.items():
             out[head][k] = json.loads(v) if k == "sse" else float(v)
     return out
+
+
+def head_logits(
+    path: Path, head: str, step: int, backend: Backend
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Scores (n, C_step) on the host of backbone features X (n, D) by one
+    head of a heads.h5 after `step`: what `pal predict --head` ranks by."""
+    if not path.is_file():
+        raise PalError(
+            f"{path}: not found (solve.heads was empty: add {head} to it and "
+            "rerun `pal-solver solve`)"
+        )
+    attrs, solved = read_heads(path)
+    if head not in attrs["heads"]:
+        raise PalError(
+            f"{path}: no head {head!r} (it holds {', '.join(attrs['heads'])}; "
+            "add it to solve.heads and rerun `pal-solver solve`)"
+        )
+    if step not in solved:
+        raise PalError(f"{path}: holds steps {min(solved)}..{max(solved)}, not {step}")
+    scorer, arrays = _Scorer(backend, attrs), solved[step][head]
+    xp = backend.xp
+
+    def logits(X: np.ndarray) -> np.ndarray:
+        Z = scorer.expand.pre(X)
+        Xd = xp.asarray(X, dtype=xp.float64)
+        s = head_scores(head, arrays, xp.maximum(Z, 0), Z, Xd, scorer.ratio, xp)
+        return backend.to_host(s)
+
+    return logits
 
 
 def head_scores(
@@ -96,7 +128,8 @@ def score_heads(
                 solved[k][key]["eta"] if key else solved[k]["eta"]
                 for k in sorted(solved)
             ]
-    out["state_bytes"] = int(attrs["state_bytes"])
+        out[n]["state_bytes"] = attrs["head_bytes"][n]
+    out["shared_bytes"] = attrs["head_bytes"]["shared"]
     return out
 
 
@@ -156,43 +189,67 @@ def evaluate_heads(
     return write_bytes_atomic(target, metrics_json(result).encode())
 
 
-def heads_table(
+def heads_report(
     evaluations: Sequence[Path], variants: Sequence[str], runs: Sequence[int]
-) -> str:
-    """heads.md: a row per variant × head (mean ± std over `runs` of Acc, FG,
-    Last, AIA), then the η per step of each run; one line when no run has
-    heads."""
-    lines = ["| Variant | Head | Acc | FG | Last | AIA |", "|---|---|---|---|---|---|"]
-    etas: list[str] = []
+) -> dict[str, Any]:
+    """The report's heads.json: per head, per variant, a row as metrics.json
+    holds one (Acc, FG, Last, AIA as mean, std and runs; `label`), with
+    `eta_by_step` (per run) for the heads with an η and `state_bytes`, the
+    bytes of the head's own sums. Empty when no run has heads."""
+    out: dict[str, Any] = {}
     for variant in variants:
         per_run = _runs(evaluations, variant, runs)
         if per_run is None:
             continue
-        for head in (k for k in per_run[0] if k != "state_bytes"):
-            cells = [_cell([m[head][c] for m in per_run]) for c in COLUMNS]
-            lines.append(f"| {variant} | {head} | " + " | ".join(cells) + " |")
-            if head in ETA_HEADS:
-                by_run = [_etas(m[head]["eta_by_step"]) for m in per_run]
-                etas.append(f"| {variant} | {head} | " + " | ".join(by_run) + " |")
-    if len(lines) == 2:
+        for head in (k for k in per_run[0] if k != "shared_bytes"):
+            out.setdefault(head, {})[variant] = _head_row(variant, head, per_run)
+    return out
+
+
+def _head_row(variant: str, head: str, per_run: list[dict[str, Any]]) -> dict:
+    row: dict[str, Any] = {"label": f"{variant}, head {head}"}
+    for key in COLUMNS:
+        values = [m[head][key] for m in per_run]
+        mean, std = mean_std(values)
+        row[key] = {"mean": round(mean, 6), "std": _round(std), "runs": values}
+    if head in ETA_HEADS:
+        row["eta_by_step"] = [m[head]["eta_by_step"] for m in per_run]
+    row["state_bytes"] = per_run[0][head]["state_bytes"]
+    return row
+
+
+def heads_table(report: dict[str, Any], runs: Sequence[int]) -> str:
+    """heads.md from `heads_report`: a row per variant × head (mean ± std
+    over the runs; the head's own state in MiB), then the η per step of each
+    run; one line when there are no heads."""
+    if not report:
         return "No heads: solve.heads is empty.\n"
-    head = "| Variant | Head | " + " | ".join(f"run {r}" for r in runs) + " |"
-    return (
-        "\n".join(
-            [
-                *lines,
-                "",
-                "η per step (ridge_all: chosen by least squared error on the held-out "
-                "folds of every task so far; the others: the η of weights.h5, which "
-                "solve.eta auto chooses by accuracy on the current task's rows):",
-                "",
-                head,
-                "|---|---|" + "---|" * len(runs),
-                *etas,
-            ]
-        )
-        + "\n"
+    lines = [
+        "| Variant | Head | Acc | FG | Last | AIA | Own state (MiB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    etas: list[str] = []
+    for head, rows in report.items():
+        for variant, row in rows.items():
+            cells = [_cell(row[c]) for c in COLUMNS]
+            mib = f"{row['state_bytes'] / 2**20:.2f}"
+            lines.append(f"| {variant} | {head} | " + " | ".join([*cells, mib]) + " |")
+            if "eta_by_step" in row:
+                by_run = " | ".join(_etas(e) for e in row["eta_by_step"])
+                etas.append(f"| {variant} | {head} | {by_run} |")
+    title = "| Variant | Head | " + " | ".join(f"run {r}" for r in runs) + " |"
+    note = (
+        "η per step (ridge_all: the η of solve.eta_grid with the least squared "
+        "error on the held-out folds of every task so far; the others: the η "
+        "of weights.h5, which solve.eta auto chooses by accuracy on the "
+        "current task's held-out rows):"
     )
+    rule = "|---|---|" + "---|" * len(runs)
+    return "\n".join([*lines, "", note, "", title, rule, *etas]) + "\n"
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
 
 
 def _runs(
@@ -212,6 +269,6 @@ def _etas(values: list[float]) -> str:
     return "; ".join(f"{e:g}" for e in values)
 
 
-def _cell(values: list[float]) -> str:
-    mean, std = mean_std(values)
+def _cell(stat: dict[str, Any]) -> str:
+    mean, std = stat["mean"], stat["std"]
     return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"

@@ -122,6 +122,13 @@ def _solve_head(
     raise AssertionError(name)
 
 
+def _head_bytes(fit: HeadsFit) -> dict[str, int]:
+    """Bytes of each head's own sums, and `shared`: G, Q and the counts."""
+    s = fit.stats
+    out = {"shared": 8 * (s.E * s.E + s.E * s.C + s.C)}
+    return out | {h: hd.head_bytes(s.E, s.D, s.C, h) for h in fit.params.heads}
+
+
 def write_heads(path: Path, fit: HeadsFit, feature_dim: int) -> Path:
     """heads.h5 of every step solved, renamed into place when whole."""
     p = fit.params
@@ -137,6 +144,7 @@ def write_heads(path: Path, fit: HeadsFit, feature_dim: int) -> Path:
             "holdout": p.holdout,
             "eta_grid": json.dumps(list(p.eta_grid)),
             "state_bytes": fit.stats.nbytes(),
+            "head_bytes": json.dumps(_head_bytes(fit)),
         }
         f.attrs.update(attrs)
         for step, solved in sorted(fit.solved.items()):

@@ -66,6 +66,14 @@ _SUMS = {  # the sums each head needs beyond G, Q and the class counts
 }
 
 
+def head_bytes(E: int, D: int, C: int, head: str) -> int:
+    """Bytes of the float64 sums a head keeps beyond the joint ridge's G, Q
+    and the class counts (which every head shares)."""
+    size = {"Gv": E * E, "Qv": E * C, "Gair": E * E, "Qair": E * C, "Gc": E * E,
+            "Qc": E * C, "Hsum": C * E, "Xsum": C * D, "Sw": D * D}  # fmt: skip
+    return 8 * sum(size[k] for k in _SUMS[head])
+
+
 def held_out(ids: Any, seed: int, holdout: float, xp: Any = np) -> Any:
     """Boolean mask (n,) of rows in the held-out fold, from row ids and a seed."""
     ids = xp.asarray(ids).astype(xp.int64)

@@ -37,7 +37,7 @@ from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
 from palcore.params import ProtocolParams, load_section
 from palcore.variants import VariantRow, pipeline_variants, variant_rows
-from solver.head_eval import HEADS_MD, heads_table
+from solver.head_eval import HEADS_JSON, HEADS_MD, heads_report, heads_table
 from solver.metrics import matrix_csv, mean_std, metrics_json
 from solver.plots import matrix_figure, steps_figure
 from solver.tables import (
@@ -340,8 +340,10 @@ def protocol_report(
         raise ReportError("--variants: name at least one variant")
     report = build(evaluations, names, protocol, variant_rows(params_file, names))
     write_report(out, report)
-    table = heads_table(evaluations, names, protocol.runs)
-    write_bytes_atomic(out / HEADS_MD, table.encode())
+    heads = heads_report(evaluations, names, protocol.runs)
+    runs = {"runs": list(protocol.runs), "vary": list(protocol.vary)}
+    write_bytes_atomic(out / HEADS_JSON, metrics_json(runs | heads).encode())
+    write_bytes_atomic(out / HEADS_MD, heads_table(heads, protocol.runs).encode())
     pal = report["rows"][names[0]]["acc"]
     log.info(
         "report: %d rows over %d runs in %s; %s Acc %s",

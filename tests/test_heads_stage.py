@@ -7,15 +7,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from palcore.errors import ParamsError
 from solver import heads as hd
 from solver.backend import get_backend
 from solver.evaluate import evaluate
-from solver.head_eval import evaluate_heads, heads_table, read_heads
+from solver.head_eval import evaluate_heads, heads_report, heads_table, read_heads
+from solver.metrics import metrics_json
 from solver.params import SolveParams
 from solver.rls import upsampling_matrix
 from solver.shard_readers import open_features
+from solver.show import cli as show_cli
 from solver.solve import solve
 from solver.synthetic import make_features
 from solver.weights import WeightsFile
@@ -109,7 +112,9 @@ def test_evaluate_scores_each_head_and_ridge_is_the_weights(feats, tmp_path):
     assert path == tmp_path / "e" / "heads.json"
     got = json.loads(path.read_text())
     main = json.loads((tmp_path / "e" / "metrics.json").read_text())
-    assert sorted(got) == sorted((*ALL, "state_bytes"))
+    assert sorted(got) == sorted((*ALL, "shared_bytes"))
+    assert got["shared_bytes"] == 8 * (WIDTH**2 + WIDTH * 7 + 7)
+    assert got["air"]["state_bytes"] == 8 * (WIDTH**2 + WIDTH * 7)
     for key in ("acc", "fg", "last", "aia", "matrix"):
         assert got["ridge"][key] == main[key]
     assert got["ridge"]["eta_by_step"] == [0.5, 0.5, 0.5]
@@ -120,14 +125,38 @@ def test_evaluate_scores_each_head_and_ridge_is_the_weights(feats, tmp_path):
     for run in (1, 2):
         (tmp_path / "ev" / "pal" / str(run)).mkdir(parents=True)
         (tmp_path / "ev" / "pal" / str(run) / "heads.json").write_text(path.read_text())
-    table = heads_table([tmp_path / "ev"], ["pal"], [1, 2])
+    report = heads_report([tmp_path / "ev"], ["pal"], [1, 2])
+    assert list(report) == sorted(ALL) and list(report["air"]) == ["pal"]
+    assert report["ridge"]["pal"]["acc"] == {
+        "mean": got["ridge"]["acc"],
+        "std": 0.0,
+        "runs": [got["ridge"]["acc"]] * 2,
+    }
+    assert report["ncm"]["pal"]["state_bytes"] == 8 * 7 * WIDTH  # its class sums
+    table = heads_table(report, [1, 2])
     rows = [line for line in table.splitlines() if line.startswith("| pal |")]
     assert len(rows) == 6 + 4  # the scores, then the η of the 4 heads with one
     acc = f"{got['ridge']['acc']:.2f} ± 0.00"
     assert f"| pal | ridge | {acc} |" in table
-    assert heads_table([tmp_path / "none"], ["pal"], [1]) == (
-        "No heads: solve.heads is empty.\n"
+    assert "| pal | ridge | 0.5; 0.5; 0.5 | 0.5; 0.5; 0.5 |" in table
+    # pal-solver show --head: the head's rows of the report's heads.json
+    folder = tmp_path / "report"
+    folder.mkdir()
+    runs = {"runs": [1, 2], "vary": ["upsampling"]}
+    (folder / "heads.json").write_text(metrics_json(runs | report))
+    shown = CliRunner().invoke(show_cli, [str(folder), "--head", "ncm"])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0] == f"{folder / 'heads.json'}: head ncm, accuracy (%)"
+    assert lines[2].split()[:4] == ["pal", f"{got['ncm']['acc']:.2f}", "±", "0.00"]
+    shown = CliRunner().invoke(show_cli, [str(folder), "--head", "svm"])
+    assert shown.exit_code == 1
+    assert shown.output.splitlines()[-1] == (
+        f"Error: {folder / 'heads.json'}: no head 'svm' (heads: air, dsal, lda, "
+        "ncm, ridge, ridge_all; add it to solve.heads and rerun solve and evaluate)"
     )
+    assert heads_report([tmp_path / "none"], ["pal"], [1]) == {}
+    assert heads_table({}, [1]) == "No heads: solve.heads is empty.\n"
 
 
 def test_an_empty_heads_list_removes_a_stale_heads_file(feats, tmp_path):
