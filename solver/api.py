@@ -11,7 +11,9 @@ imports another.
   `pal-solver solve` does); `fit_pipeline(source, name, features, out)`
   fits every (variant, run) chain of a pipeline on one backend.
 - Classify: `Classifier(weights_file)` gives `logits(X, step)` =
-  max(X W_up, 0) W_step for features X (n, D), with the file's own up-sampling.
+  max(X W_up, 0) W_step for features X (n, D), with the file's own up-sampling;
+  `head_logits(heads_file, head, step, backend)` the scores of one head of
+  `solve.heads` (heads.h5 beside weights.h5).
 - Evaluate: `evaluate(features, [weights], out)` scores one chain;
   `evaluate_pipeline(...)` every chain, then with `report=DIR` the report
   (`report(evaluations, variants, out, params)`), whose metrics.json holds
@@ -36,6 +38,7 @@ from solver import heads
 from solver.backend import Backend, _cupy_or_reason, get_backend
 from solver.classifier import Classifier
 from solver.evaluate import evaluate, evaluate_pipeline
+from solver.head_eval import head_logits
 from solver.params import EvaluateParams, SolveParams, check_memory
 from solver.plots import (
     PAGE_IN,
@@ -64,6 +67,7 @@ __all__ = [
     "check_memory",
     "cupy_or_reason",
     "evaluate",
+    "head_logits",
     "evaluate_pipeline",
     "fit",
     "fit_pipeline",

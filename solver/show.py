@@ -21,6 +21,7 @@ import click
 from palcore.cliutil import clean_errors, params_option
 from palcore.errors import PalError
 from palcore.paramsfile import read_params_file
+from solver.head_eval import HEADS_JSON
 from solver.tables import COLUMNS, caption, cell
 
 # (key in a row of metrics.json, its group or None, the column's header)
@@ -40,7 +41,7 @@ class ShowError(PalError):
     """A metrics file that is absent or not what `pal-solver report` writes."""
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path, rows: bool = True) -> dict[str, Any]:
     try:
         metrics = json.loads(path.read_text(encoding="utf-8"))
     except OSError:
@@ -53,9 +54,24 @@ def _read(path: Path) -> dict[str, Any]:
     if not isinstance(runs, list) or not all(_whole(r) for r in runs):
         raise ShowError(f"{path}: 'runs' is {runs!r}, not a list of run numbers")
     for name, row in metrics.items():
-        if name not in ("runs", "vary"):
+        if rows and name not in ("runs", "vary"):
             _check_row(path, name, row)
     return metrics
+
+
+def _head_rows(path: Path, head: str) -> dict[str, Any]:
+    """The rows of one head from the heads.json beside a metrics.json, as
+    metrics.json holds rows."""
+    heads = _read(path.with_name(HEADS_JSON), rows=False)
+    if head not in heads:
+        have = ", ".join(k for k in heads if k not in ("runs", "vary")) or "none"
+        raise ShowError(
+            f"{path.with_name(HEADS_JSON)}: no head {head!r} (heads: {have}; "
+            "add it to solve.heads and rerun solve and evaluate)"
+        )
+    for name, row in heads[head].items():
+        _check_row(path.with_name(HEADS_JSON), name, row)
+    return {"runs": heads["runs"], "vary": heads.get("vary", []), **heads[head]}
 
 
 def _whole(value: Any) -> bool:
@@ -154,9 +170,17 @@ def _files(paths: Sequence[str], params_file: str) -> list[Path]:
     metavar="N",
     help="Most columns a line takes.",
 )
+@click.option(
+    "--head",
+    default="ridge",
+    show_default=True,
+    metavar="NAME",
+    help="The analytic head to show: ridge (the joint ridge of weights.h5, "
+    "metrics.json) or one of solve.heads, read from heads.json beside it.",
+)
 @params_option
 @clean_errors
-def cli(paths: tuple[str, ...], width: int, params_file: str) -> None:
+def cli(paths: tuple[str, ...], width: int, head: str, params_file: str) -> None:
     """Print a report's metrics.json as a table of at most N columns.
 
     REPORT is a metrics.json or the folder that holds one (default: the
@@ -165,11 +189,13 @@ def cli(paths: tuple[str, ...], width: int, params_file: str) -> None:
     mean ± sample std over the runs, in %.
     """
     for n, path in enumerate(_files(paths, params_file)):
-        metrics = _read(path)
+        metrics = _read(path) if head == "ridge" else _head_rows(path, head)
         runs = {"runs": metrics["runs"], "vary": metrics.get("vary", [])}
-        head = f"{path}: accuracy (%), {caption(runs)}"
+        title = f"{path}: accuracy (%), {caption(runs)}"
+        if head != "ridge":
+            title = f"{path.with_name(HEADS_JSON)}: head {head}, accuracy (%)"
         lines = [
-            *textwrap.wrap(head, width),
+            *textwrap.wrap(title, width),
             *table_lines(metrics, width, _order(path)),
         ]
         click.echo(("\n" if n else "") + "\n".join(lines))

@@ -248,3 +248,34 @@ def test_hostile_rows_are_refused_per_row_and_the_others_predicted(
     assert summary["errors"] == 3  # the text, the folder, the FIFO
     reference, _ = predict(inside, tune_dir, weights)
     assert [p["top"] for p in allowed[1:3]] == [p["top"] for p in reference]
+
+
+def test_a_head_of_solve_heads_ranks_as_evaluate_scored_it(solved, tmp_path):
+    """`--head lda`: the top-1 class of every test sample is the head's,
+    whose pooled accuracy after the last step is the one heads.json holds."""
+    from solver.backend import get_backend
+    from solver.head_eval import evaluate_heads
+    from solver.shard_readers import open_features
+
+    prepare, tune_dir, weights, _ = solved
+    features = weights.parent.parent / "extract"
+    params = SolveParams(width=WIDTH, device="cpu", heads=("ridge", "lda"))
+    (own,) = solve(features, tmp_path / "solve", params)
+    backend = get_backend("cpu")
+    scored = evaluate_heads(
+        open_features(features), tmp_path / "solve", tmp_path / "ev", backend, 64
+    )
+    lda = json.loads(scored.read_text())["lda"]
+    rows, names = _test_rows(prepare, tmp_path)
+    inp = _jsonl(tmp_path / "in.jsonl", rows)
+    preds, summary = predict(inp, tune_dir, own, head="lda")
+    hits = sum(p["top"][0]["class"] == y for p, y in zip(preds, names, strict=True))
+    assert summary["head"] == "lda" and summary["step"] == 3
+    assert abs(100 * hits / len(rows) - lda["step_accuracy"][-1]) < 1e-4
+    base = ["--tune", tune_dir, "--weights", own, "--params", tmp_path / "none"]
+    code, out = _cli(inp, *base, "--head", "air")
+    assert code == 1
+    assert out[-1] == (
+        f"Error: {tmp_path / 'solve' / 'heads.h5'}: no head 'air' (it holds ridge, "
+        "lda; add it to solve.heads and rerun `pal-solver solve`)"
+    )

@@ -59,7 +59,7 @@ from pipeline.stages.predict_rows import (
     prepared_rows,
     row_id,
 )
-from solver.api import Classifier, SolveParams
+from solver.api import Classifier, SolveParams, head_logits
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,12 @@ def predict(
     strict: bool = False,
     allow_outside: bool = False,
     max_pixels: int = MAX_PIXELS,
+    head: str = "ridge",
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Predictions of every row of `input_path` (in order) and a summary; a
     row that cannot be predicted gets its error (with `strict`, the first one
-    is raised). Image paths outside the input's folder only `allow_outside`."""
+    is raised). Image paths outside the input's folder only `allow_outside`.
+    `head`: ridge (weights.h5) or a head of `solve.heads` (heads.h5 beside it)."""
     t0 = time.perf_counter()
     input_path, tune_dir = Path(input_path), Path(tune_dir)
     raw, made, errors = prepared_rows(input_path, strict, allow_outside, max_pixels)
@@ -93,13 +95,17 @@ def predict(
     model = _model(ckpt, weights, device)
     names = ckpt["tasks"]["class_order"][: W.shape[1]]
     k = min(top_k, W.shape[1])
+    score: Callable[[np.ndarray], np.ndarray] = partial(weights.logits, step=step, W=W)
+    if head != "ridge":
+        heads_file = Path(weights_path).with_name("heads.h5")
+        score = head_logits(heads_file, head, step, weights.backend)
     predicted: dict[int, list[dict[str, Any]]] = {}
     if good:
         predicted = _scored(
             model,
             good,
             folder,
-            partial(weights.logits, step=step, W=W),
+            score,
             names,
             k,
             batch_size,
@@ -114,6 +120,7 @@ def predict(
         "errors": len(errors),
         "step": step,
         "classes": int(W.shape[1]),
+        "head": head,
         "seconds": round(seconds, 2),
         "rows_per_second": round(len(good) / seconds, 1),
     }
@@ -290,6 +297,14 @@ def row_options(command: Callable) -> Callable:
     "Weights file written by `pal-solver solve` (default: run 0 of PAL).",
 )
 @row_options
+@click.option(
+    "--head",
+    default="ridge",
+    show_default=True,
+    metavar="NAME",
+    help="Rank by this analytic head: ridge (the weights file) or one of "
+    "solve.heads, read from heads.h5 beside the weights file.",
+)
 @click.option(
     "--out",
     default="-",
