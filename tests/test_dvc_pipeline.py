@@ -153,8 +153,18 @@ def test_comment_edits_rerun_no_gpu_stage_nor_a_grid_cell(
     assert _run(["git", "status", "--porcelain", "results"], path, env) == ""
     _run(["git", "commit", "-qam", "comments"], path, env)
     _run([dvc, "exp", "run", "--queue", "-S", "solve.eta=0.5"], path, env)
+    heads = ["-S", "solve.heads=[ridge,ridge_all,ncm]"]  # the heads: analytic too
+    _run([dvc, "exp", "run", "--queue", *heads, "-n", "heads"], path, env)
     out = _run([dvc, "exp", "run", "--run-all"], path, env)
-    assert _ran(out) == {"solve", "evaluate"}, out
+    assert re.findall(r"Running stage '(\w+)'", out) == ["solve", "evaluate"] * 2, out
+    refs = _run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], path, env)
+    ref = next(r for r in refs.split() if r.endswith("/heads"))
+    table = _run(["git", "show", f"{ref}:results/demo/heads.md"], path, env)
+    assert re.findall(r"^\| (\w+) \| (\w+) \| \d", table, re.M)[:3] == [
+        ("pal", "ncm"),
+        ("pal", "ridge"),
+        ("pal", "ridge_all"),
+    ], table
 
 
 def test_an_edit_of_pal_stops_repro_then_a_raise_retunes_its_chains(
