@@ -31,6 +31,7 @@ from palcore.outputs import atomic_path
 from solver import heads as hd
 from solver.backend import Backend
 from solver.params import SolveParams
+from solver.rls import GramRLS, RidgeRLS
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,17 @@ class HeadsFit:
     """The heads' statistics of one chain, and each step's solved arrays."""
 
     def __init__(
-        self, params: SolveParams, backend: Backend, feature_dim: int, classes: int
+        self,
+        params: SolveParams,
+        backend: Backend,
+        feature_dim: int,
+        classes: int,
+        rls: RidgeRLS | None = None,
     ) -> None:
         self.params = params
         self.backend = backend
+        # the solve's float64 G and Q serve the heads: no second E x E sum
+        self.rls = rls if isinstance(rls, GramRLS) and rls.dtype == np.float64 else None
         self.stats = hd.HeadStats(
             params.width,
             feature_dim,
@@ -54,6 +62,7 @@ class HeadsFit:
             holdout=params.holdout,
             heads=params.heads,
             dsal_eta=params.etas[0],
+            own_gram=self.rls is None,
         )
         self.needs_z = "dsal" in params.heads
         self.solved: dict[int, dict[str, Any]] = {}
@@ -69,14 +78,32 @@ class HeadsFit:
         ids = np.arange(self._row, self._row + len(y))
         self._row += len(y)
         xp = self.backend.xp
+        if self.needs_z:  # DS-AL's residual reads the main stream's G and Q
+            self._lend()
         self.stats.add(H, xp.asarray(X), xp.asarray(y), xp.asarray(ids), Z)
 
-    def end_step(self, step: int, classes_seen: int, eta: float) -> None:
-        """Close the step and solve every head asked (arrays on the host)."""
+    def _lend(self) -> None:
+        """The solve's G (its lower triangle, made whole) and Q, when shared."""
+        if self.rls is None:
+            return
+        xp, G = self.backend.xp, self.rls.G_
+        full = xp.tril(G)
+        full += xp.tril(G, -1).T
+        self.stats.lend_gram(full, self.rls.Q_)
+
+    def end_step(
+        self, step: int, classes_seen: int, eta: float, W_ridge: np.ndarray
+    ) -> None:
+        """Close the step and solve every head asked (arrays on the host);
+        `W_ridge`: the step's W of weights.h5, which is the ridge head."""
         self.stats.end_task()
+        self._lend()
         out: dict[str, Any] = {"eta": eta, "classes_seen": classes_seen}
         for name in self.params.heads:
-            out[name] = _solve_head(self.stats, name, eta, self.params)
+            if name == "ridge":
+                out[name] = {"W": W_ridge}
+            else:
+                out[name] = _solve_head(self.stats, name, eta, self.params, W_ridge)
         self.solved[step] = self._to_host(out, classes_seen)
         if "ridge_all" in out:
             log.info(
@@ -95,21 +122,21 @@ class HeadsFit:
     def _host(self, key: str, a: Any, k: int) -> Any:
         if not hasattr(a, "shape"):
             return a  # eta, sse
-        a = self.backend.to_host(a)
+        a = a if isinstance(a, np.ndarray) else self.backend.to_host(a)
         cut = a[:, :k] if key in ("W", "W_main", "W_comp") else a[:k]
         return np.ascontiguousarray(cut)
 
 
 def _solve_head(
-    s: hd.HeadStats, name: str, eta: float, params: SolveParams
+    s: hd.HeadStats, name: str, eta: float, params: SolveParams, W_ridge: Any
 ) -> dict[str, Any]:
-    """One head's arrays from the sums (see `solver.heads`)."""
-    if name == "ridge":
-        return {"W": hd.ridge(s, eta)}
+    """One head's arrays from the sums (see `solver.heads`); `W_ridge`, the
+    joint ridge at `eta`, serves ridge_all when its rule chooses `eta`."""
     if name == "ridge_all":
         grid = list(params.eta_grid)
         chosen, sse = hd.eta_over_tasks(s, grid)
-        return {"W": hd.ridge(s, chosen), "eta": chosen, "sse": sse}
+        W = W_ridge if chosen == eta else hd.ridge(s, chosen)
+        return {"W": W, "eta": chosen, "sse": sse}
     if name == "air":
         return {"W": hd.air(s, eta)}
     if name == "dsal":

@@ -153,7 +153,7 @@ def _build(params: SolveParams, backend: Backend, steps: list[StepShards]) -> _F
         )
     heads = None
     if params.heads:
-        heads = HeadsFit(params, backend, steps[0].feature_dim, max_classes)
+        heads = HeadsFit(params, backend, steps[0].feature_dim, max_classes, rls)
     return _Fit(params, backend, expand, rls, selector, heads)
 
 
@@ -222,7 +222,7 @@ def _stream(
                 earlier[shards.step] = W
             if fit.heads is not None:
                 eta = fit.params.etas[0] if chosen is None else chosen
-                fit.heads.end_step(shards.step, shards.classes_seen, eta)
+                fit.heads.end_step(shards.step, shards.classes_seen, eta, Ws[0])
 
 
 def _absorb_step(fit: _Fit, shards: StepShards, bar: tqdm) -> None:

@@ -82,11 +82,25 @@ def test_heads_file_equals_the_heads_on_the_same_rows(feats, tmp_path):
         chosen, sse = r["ridge_all"]
         assert got["ridge_all"]["eta"] == chosen
         assert np.allclose(got["ridge_all"]["sse"], sse, rtol=1e-9, atol=0)
-    # the state's sums: G, Gv, Gair, Gc (E x E); Q, Qv, Qair, Qc and Hsum
-    # (E x C); n (C); Xsum (C x D); Sw (D x D)
+    # the heads' own sums: Gv, Gair, Gc (E x E); Qv, Qair, Qc, Hsum (E x C);
+    # n (C); Xsum (C x D); Sw (D x D). G and Q are the solve's, lent.
+    assert attrs["state_bytes"] == 8 * (
+        3 * WIDTH**2 + 4 * WIDTH * 7 + 7 + 7 * D + D * D
+    )
+
+
+def test_heads_sum_their_own_gram_beside_woodbury(feats, tmp_path):
+    """With solve.method woodbury (no G to lend) the heads sum G and Q
+    themselves: the same heads as beside gram."""
+    attrs, own = _solve(feats, tmp_path / "w", method="woodbury")
+    _, lent = _solve(feats, tmp_path / "g")
     assert attrs["state_bytes"] == 8 * (
         4 * WIDTH**2 + 5 * WIDTH * 7 + 7 + 7 * D + D * D
     )
+    for k in own:
+        for head, key in [("ridge", "W"), ("air", "W"), ("ridge_all", "W"),
+                          ("dsal", "W_comp"), ("lda", "coef")]:  # fmt: skip
+            assert np.abs(own[k][head][key] - lent[k][head][key]).max() < 1e-8
 
 
 def test_heads_do_not_depend_on_the_chunks_but_dsal(feats, tmp_path):
