@@ -254,9 +254,10 @@ def submit_cmd(
         click.echo(f"every cell finished on {repo.short}: `pal-paper collect` renders")
     if not pending:
         return
-    jobs, limit = slurm.submit_cells(
-        repo, pending, params, ids, runs, cite, opts, time_min, dry_run
+    ask = slurm.Request(
+        ids=ids, runs=runs, cite=cite, opts=opts, time_min=time_min, dry_run=dry_run
     )
+    jobs, limit = slurm.submit_cells(repo, pending, params, ask)
     if jobs is not None:
         click.echo(
             f"submitted {len(pending)} cells of {repo.short} as array job {jobs[0]} "

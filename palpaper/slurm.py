@@ -326,31 +326,38 @@ def submit(
     return array, record["collect"]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What `pal-paper submit` was asked: the results `ids`, --runs as given
+    (`runs`), cited baselines (`cite`), the sbatch options (`opts`, the
+    fields of `Options`), --time (`time_min`) and --dry-run."""
+
+    ids: Sequence[str]
+    runs: str | None
+    cite: bool
+    opts: dict[str, Any]
+    time_min: int | None
+    dry_run: bool
+
+
 def submit_cells(
-    repo: ExperimentRefs,
-    cells: Sequence[Cell],
-    params: dict[str, Any],
-    ids: Sequence[str],
-    runs: str | None,
-    cite: bool,
-    opts: dict[str, Any],
-    time_min: int | None,
-    dry_run: bool,
+    repo: ExperimentRefs, cells: Sequence[Cell], params: dict[str, Any], ask: Request
 ) -> tuple[tuple[str, str] | None, int]:
     """`pal-paper submit`'s work once its cells are known: check their params,
-    set a task's time limit (`time_min`, else `time_limit`) and `submit` them
-    with the job that renders the results `ids` (--runs `runs` as given,
-    --baselines cited where `cite`); `opts`: the other sbatch options
-    (`Options`). The job ids (None on a dry run) and the limit in minutes."""
+    set a task's time limit (--time, else `time_limit`) and `submit` them
+    with the job that renders the results asked. The job ids (None on a dry
+    run) and the limit in minutes."""
     check_cells(repo.root, params, cells)
-    sbatch = Options(**opts)
-    limit = time_min or time_limit(
-        ids, cells, params, sbatch.gpus, parse_runs(runs), cite
+    sbatch = Options(**ask.opts)
+    runs = parse_runs(ask.runs)
+    limit = ask.time_min or time_limit(
+        ask.ids, cells, params, sbatch.gpus, runs, ask.cite
     )
-    collect_args = [*ids, *(["--runs", runs] if runs else [])]
-    collect_args += ["--baselines", "cited"] * cite
+    collect_args = [*ask.ids, *(["--runs", ask.runs] if ask.runs else [])]
+    collect_args += ["--baselines", "cited"] * ask.cite
     copies = untracked_inputs(repo.root, params)
-    return submit(repo, cells, copies, collect_args, sbatch, limit, dry_run), limit
+    jobs = submit(repo, cells, copies, collect_args, sbatch, limit, ask.dry_run)
+    return jobs, limit
 
 
 def _save(sub: Path, record: dict[str, Any]) -> None:
