@@ -13,7 +13,8 @@ imports another.
 - Classify: `Classifier(weights_file)` gives `logits(X, step)` =
   max(X W_up, 0) W_step for features X (n, D), with the file's own up-sampling;
   `head_logits(heads_file, head, step, backend)` the scores of one head of
-  `solve.heads` (heads.h5 beside weights.h5).
+  `solve.heads` (heads.h5 beside weights.h5); `HEADS`, their names;
+  `solve_flops(E, n, D, C, steps, chunk)`, what each head adds to a solve.
 - Evaluate: `evaluate(features, [weights], out)` scores one chain;
   `evaluate_pipeline(...)` every chain, then with `report=DIR` the report
   (`report(evaluations, variants, out, params)`), whose metrics.json holds
@@ -39,6 +40,7 @@ from solver.backend import Backend, _cupy_or_reason, get_backend
 from solver.classifier import Classifier
 from solver.evaluate import evaluate, evaluate_pipeline
 from solver.head_eval import head_logits
+from solver.heads import HEADS, solve_flops
 from solver.params import EvaluateParams, SolveParams, check_memory
 from solver.plots import (
     PAGE_IN,
@@ -60,6 +62,7 @@ from solver.synthetic import make_features
 from solver.weights import weights_name
 
 __all__ = [
+    "HEADS",
     "Backend",
     "Classifier",
     "EvaluateParams",
@@ -83,6 +86,7 @@ __all__ = [
     "new_figure",
     "paper_style",
     "png_bytes",
+    "solve_flops",
     "style_of",
     "report",
     "upsampling_matrix",

@@ -343,3 +343,23 @@ def eta_path(s: HeadStats, etas: list[float]) -> list[Any]:
     xp = s.xp
     G, Q = s.G - s.Gv, s.Q - s.Qv
     return [_chol_solve(G + e * xp.eye(s.E), Q, xp) for e in etas]
+
+
+def solve_flops(
+    E: int, n: int, D: int, C: int, steps: int, chunk: int, grid: int = 5
+) -> dict[str, float]:
+    """A FLOP model: the plain solve's (up-sampling GEMM, SYRK, Q and a
+    factorisation per step) and what each head adds beside it (its sums,
+    and its factorisations: ridge_all one per eta of a `grid` and step and
+    its refit, DS-AL one per `chunk` rows). n rows, E width, D features,
+    C classes; a 20 % fold for ridge_all."""
+    chol = E**3 / 3 + 2 * E * E * C  # one factorisation and its solves
+    return {
+        "solve": 2 * n * D * E + n * E * E + 2 * n * E * C + steps * chol,
+        "ridge": 0.0,  # the solve's own W
+        "ridge_all": 0.2 * n * E * E + steps * (grid + 1) * chol,
+        "air": n * E * E + steps * chol,
+        "dsal": n * E * E + -(-n // chunk) * chol + steps * chol,
+        "ncm": 2 * n * E * C,
+        "lda": 2 * n * D * D + 2 * n * D * C + steps * D**3 / 3,
+    }

@@ -25,11 +25,11 @@ On synthetic shards (default: D = 768, 20,000 training rows over 10 steps,
 - an η sweep of 5 values in one `pal-solver solve --eta a,b,c,d,e` process
   against five separate solves (5 × the best single gram time).
 
-`--heads` times instead each analytic head of solver.heads from one state
-(ridge, AIR, NCM, LDA, the η path), as ratios to one joint-ridge solve.
+`--heads` times instead whole solves with `solve.heads` against the plain
+solve, with a FLOP model of each head at this size and Food101's (heads.py).
 
 Run (CPU):  .venv/bin/python bench/solver            (about 15-25 minutes)
-            .venv/bin/python bench/solver --heads --widths 1000 --rows 10000
+            .venv/bin/python bench/solver --heads --widths 2000 --rows 16000
             .venv/bin/python bench/solver --quick    (seconds; smoke test)
 Run (GPU):  PYTHONPATH=. python3 bench/solver --device cuda
                 --widths 4096,8192,15000   (one command line)
@@ -106,9 +106,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run each")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--workdir", type=Path, help="keep shards and weights here")
-    ap.add_argument("--heads", action="store_true", help="time each analytic head "
-                    "from one pass instead, as ratios to one joint-ridge solve, at "
-                    "the first of --widths and --rows rows (heads.py)")  # fmt: skip
+    ap.add_argument("--heads", action="store_true", help="time solves with "
+                    "solve.heads instead, as ratios to the plain solve, at the "
+                    "first of --widths (heads.py)")  # fmt: skip
     a = ap.parse_args()
     if a.quick:
         a.widths, a.rows, a.steps, a.classes, a.repeat = "512", 2000, 4, 20, 1
@@ -139,14 +139,14 @@ class Bench:
 
 def main() -> None:
     a = parse_args()
-    if a.heads:
-        import heads  # bench/solver/
-
-        heads.main(int(a.widths.split(",")[0]), a.rows)
-        return
     work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     features = make_data(work / "extract", a.rows, a.steps, a.classes, a.dim)
+    if a.heads:
+        import heads  # bench/solver/
+
+        heads.run(a, work, features)
+        return
     half = make_data(work / "extract-half", a.rows // 2, a.steps, a.classes, a.dim)
     Xs, ys, seen = load_all(features)
     k = Kernels(a.device)
