@@ -12,6 +12,7 @@ stage wrote it.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -115,6 +116,9 @@ def collect(
         if commit is None:
             continue
         m = repo.metrics(commit, dataset)
+        if m is not None and any(RESULTS[rid].id == "heads" for rid in ids):
+            heads = repo.show(commit, f"results/{dataset}/heads.json")
+            m[render.HEADS_KEY] = _heads_of(heads)
         if m is not None:
             metrics[c.name], commits[c.name] = m, commit
             if classes is None:
@@ -141,6 +145,17 @@ def collect(
                 for rid in empty
             )
         )
+
+
+def _heads_of(text: str | None) -> dict[str, Any]:
+    """A cell's heads.json without its runs: head -> variant -> row."""
+    if text is None:
+        return {}
+    try:
+        heads = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return {k: v for k, v in heads.items() if k not in ("runs", "vary")}
 
 
 def _warn_lacking(
@@ -230,8 +245,11 @@ def _write(
     if cited and not r.cites:  # no numbers of theirs to cite: left out
         r = replace(r, rows=tuple(row for row in r.rows if row not in cited))
     table = render.build(r, columns, data, dataset, rerun, departs, cited)
+    markdown = table.markdown()
+    if rid == "heads":
+        markdown += "\n".join(render.heads_etas(columns, data)) + "\n"
     files = {
-        f"{rid}.md": table.markdown().encode(),
+        f"{rid}.md": markdown.encode(),
         f"{rid}.csv": table.csv().encode(),
     }
     partial = not all(data.values())

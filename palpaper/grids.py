@@ -213,6 +213,23 @@ def _upsampling(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
     ]
 
 
+# every head of solve.heads (solver.api.HEADS, checked by a test)
+HEAD_NAMES = ("ridge", "ridge_all", "air", "dsal", "ncm", "lda")
+
+
+def _heads(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every head at the committed η, and the ridge with each η rule."""
+    eta = get(params, "solve.eta")
+    return [
+        ("fixed", f"η {fmt_value(eta)}", {"solve.heads": list(HEAD_NAMES)}),
+        (
+            "auto",
+            "η auto (ridge: the current task's rule)",
+            {"solve.heads": ["ridge", "ridge_all"], "solve.eta": "auto"},
+        ),
+    ]
+
+
 def _tasks(params: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     dataset = get(params, "data.dataset")
     ks = {"demo": [2, 5, 10, 20], "n24news": [3, 6, 12, 24]}.get(
@@ -233,6 +250,7 @@ _GRIDS = {
     "upsampling": _upsampling,
     "tasks": _tasks,
     "stability": _base,
+    "heads": _heads,
 }
 
 RESULTS = {
@@ -299,6 +317,15 @@ RESULTS = {
             rows=("pal", "bp"),
             variants=None,
             figure=True,
+        ),
+        Result(
+            "heads",
+            "Beyond the paper (closed-form heads)",
+            "Acc, FG, Last and AIA (%) of each closed-form head of solve.heads on "
+            "the same cached features",
+            rows=("pal", "init", "frozen"),
+            variants=None,
+            keeps_features=True,
         ),
     )
 }

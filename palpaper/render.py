@@ -27,6 +27,7 @@ from palpaper.packaged import published
 DATASETS = {"food101": "UPMC-Food101", "n24news": "N24News"}
 Stat = Mapping[str, Any]  # {"mean": float, "std": float | None, ...}
 Value = tuple[Stat | None, float | None]  # measured, published
+HEADS_KEY = "heads.json"  # a cell's heads.json, kept beside its metrics' rows
 
 
 def _row_entry(data: Mapping[str, Any], row: str) -> Mapping[str, Any]:
@@ -326,6 +327,44 @@ def _rows_of_one_cell(
     return Table("", ["Method"], heads, lines)
 
 
+HEAD_KEYS = ("acc", "fg", "last", "aia")
+
+
+def _heads(
+    result: Result, columns: Sequence[Column], data: Mapping[str, Any], pub: Any
+) -> Table:
+    """The heads: a line per cell, method and head, from each cell's
+    heads.json (collected as its metrics' `heads`)."""
+    lines: list[tuple[list[str], list[Value]]] = []
+    for c in columns:
+        heads = (data[c.key] or {}).get(HEADS_KEY) or {}
+        for row in result.rows:
+            for head, rows in heads.items():
+                if row in rows:
+                    values: list[Value] = [(rows[row].get(k), None) for k in HEAD_KEYS]
+                    lines.append(
+                        ([c.label, row_name(data, row, result.id), head], values)
+                    )
+    return Table("", ["η", "Method", "Head"], ["Acc", "FG", "Last", "AIA"], lines)
+
+
+def heads_etas(columns: Sequence[Column], data: Mapping[str, Any]) -> list[str]:
+    """Markdown lines under the heads' table: the η each rule chose per step,
+    per run (`;` between steps), for each cell's heads that have one."""
+    out = ["", "η per step, each run (`;` between steps):", ""]
+    out += ["| η | Method | Head | runs |", "|---|---|---|---|"]
+    for c in columns:
+        heads = (data[c.key] or {}).get(HEADS_KEY) or {}
+        for head, rows in heads.items():
+            for row, entry in rows.items():
+                if "eta_by_step" in entry:
+                    runs = " / ".join(
+                        "; ".join(f"{e:g}" for e in r) for r in entry["eta_by_step"]
+                    )
+                    out.append(f"| {c.label} | {row} | {head} | {runs} |")
+    return out
+
+
 def _swept(
     result: Result, columns: Sequence[Column], data: Mapping[str, Any], pub: Any
 ) -> Table:
@@ -364,4 +403,5 @@ _BUILDERS = {
     "prompt": _swept,
     "upsampling": _swept,
     "tasks": _swept,
+    "heads": _heads,
 }

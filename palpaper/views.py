@@ -75,6 +75,11 @@ def _grid_lines(grid: Mapping[str, Any], card: Mapping[str, Any]) -> list[str]:
         f"  largest solve: width {solve['width']}, a {solve['dtype']} Gram matrix of "
         f"{solve['gram_gb']:.1f} GB (solve.device {solve['device']})"
     )
+    if "heads" in solve:
+        lines.append(
+            f"  solve.heads ({', '.join(solve['heads'])}): {solve['heads_flops_x']:.2f}"
+            "x a plain solve's FLOPs, on the solve's device, no card work"
+        )
     return [*lines, *_minutes_lines(grid["minutes"])]
 
 

@@ -449,7 +449,7 @@ def test_run_refuses_a_dirty_workspace_and_unknown_names(
     assert out.returncode == 1
     assert out.stderr.strip() == (
         "Error: no result 'table9'; the results: missing, steps, ablation, "
-        "prompt, upsampling, tasks, stability"
+        "prompt, upsampling, tasks, stability, heads"
     )
     out = paper(repo, "run", "upsampling")
     assert out.returncode == 1
