@@ -83,8 +83,9 @@ class HeadsFit:
         self.stats.add(H, xp.asarray(X), xp.asarray(y), xp.asarray(ids), Z)
 
     def _lend(self) -> None:
-        """The solve's G (its lower triangle, made whole) and Q, when shared."""
-        if self.rls is None:
+        """The solve's G (its lower triangle, made whole) and Q, when shared
+        and a head reads them (ridge_all's path, DS-AL's main stream)."""
+        if self.rls is None or not {"ridge_all", "dsal"} & set(self.params.heads):
             return
         xp, G = self.backend.xp, self.rls.G_
         full = xp.tril(G)

@@ -180,7 +180,8 @@ class HeadStats:
             s["Hsum"] += Y.T @ H
         if self._has("Xsum"):
             s["Xsum"] += Y.T @ X
-            s["Sw"] += (X * w[:, None]).T @ X
+            Xw = X * xp.sqrt(w)[:, None]  # one symmetric product, as AIR's
+            s["Sw"] += Xw.T @ Xw
         if self._has("Gc"):
             if Z is None:
                 raise ValueError("add: DS-AL's stream needs Z, the pre-activation")
