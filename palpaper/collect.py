@@ -247,7 +247,7 @@ def _write(
     table = render.build(r, columns, data, dataset, rerun, departs, cited)
     markdown = table.markdown()
     if rid == "heads":
-        markdown += "\n".join(render.heads_etas(columns, data)) + "\n"
+        markdown += "\n".join(render.heads_etas(r, columns, data)) + "\n"
     files = {
         f"{rid}.md": markdown.encode(),
         f"{rid}.csv": table.csv().encode(),

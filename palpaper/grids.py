@@ -320,7 +320,7 @@ RESULTS = {
         ),
         Result(
             "heads",
-            "Beyond the paper (closed-form heads)",
+            "beyond the paper",
             "Acc, FG, Last and AIA (%) of each closed-form head of solve.heads on "
             "the same cached features",
             rows=("pal", "init", "frozen"),

@@ -167,7 +167,10 @@ def caption(
     protocol; `missing`: cells without a finished experiment (marked –);
     `cited`: the sentence on the baselines `--baselines cited` did not run."""
     where = DATASETS.get(dataset, f"the {dataset} dataset")
-    text = f"{result.paper} of the paper: {result.title}; {where}, {_runs_words(runs)}."
+    source = (
+        "Beyond the paper" if result.id == "heads" else f"{result.paper} of the paper"
+    )
+    text = f"{source}: {result.title}; {where}, {_runs_words(runs)}."
     if missing:
         text += (
             f" Partial: {missing} cell{'s' * (missing != 1)} not run yet (marked –)."
@@ -348,20 +351,29 @@ def _heads(
     return Table("", ["η", "Method", "Head"], ["Acc", "FG", "Last", "AIA"], lines)
 
 
-def heads_etas(columns: Sequence[Column], data: Mapping[str, Any]) -> list[str]:
-    """Markdown lines under the heads' table: the η each rule chose per step,
-    per run (`;` between steps), for each cell's heads that have one."""
-    out = ["", "η per step, each run (`;` between steps):", ""]
-    out += ["| η | Method | Head | runs |", "|---|---|---|---|"]
+def heads_etas(
+    result: Result, columns: Sequence[Column], data: Mapping[str, Any]
+) -> list[str]:
+    """Markdown lines under the heads' table: the η each rule chose per step
+    (ridge: solve.eta, fixed or `auto`'s current-task rule; ridge_all: the
+    all-task rule), each run's steps `;`-separated, runs `/`-separated."""
+    out = [
+        "",
+        "η per step of each rule, each run (`;` between steps, `/` between runs):",
+    ]
+    out += ["", "| η | Method | Head | runs |", "|---|---|---|---|"]
     for c in columns:
         heads = (data[c.key] or {}).get(HEADS_KEY) or {}
-        for head, rows in heads.items():
-            for row, entry in rows.items():
-                if "eta_by_step" in entry:
-                    runs = " / ".join(
-                        "; ".join(f"{e:g}" for e in r) for r in entry["eta_by_step"]
-                    )
-                    out.append(f"| {c.label} | {row} | {head} | {runs} |")
+        for row in result.rows:
+            for head in ("ridge", "ridge_all"):
+                entry = (heads.get(head) or {}).get(row)
+                if entry is None:
+                    continue
+                runs = " / ".join(
+                    "; ".join(f"{e:g}" for e in r) for r in entry["eta_by_step"]
+                )
+                name = row_name(data, row, result.id)
+                out.append(f"| {c.label} | {name} | {head} | {runs} |")
     return out
 
 
