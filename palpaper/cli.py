@@ -105,17 +105,7 @@ def list_cmd(
 @baselines_option
 @out_option
 @clean_errors
-def run_cmd(
-    names: tuple[str, ...],
-    runs: str | None,
-    jobs: int | None,
-    cells: str | None,
-    shard: str | None,
-    gpus: str | None,
-    no_wait: bool,
-    baselines: str,
-    out: Path,
-) -> None:
+def run_cmd(names: tuple[str, ...], **options: Any) -> None:
     """Queue the cells of RESULT… not yet finished on this commit, run them
     with DVC's queue, and render each result into OUT/<dataset>/.
 
@@ -129,11 +119,9 @@ def run_cmd(
     Ctrl-C, or SIGTERM from a batch scheduler, stops DVC's queue workers and
     the cells they run; the same command resumes the grid.
     """
-    run, params = running.grid_run(
-        names, runs, jobs, cells, shard, gpus, no_wait, baselines, out
-    )
+    run, params = running.grid_run(names, **options)
     repo = Repo(Path.cwd())
-    running.refuse_uncommitted(repo, out)
+    running.refuse_uncommitted(repo, run.out)
     running.run_interruptible(repo, run, params)
 
 

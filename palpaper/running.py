@@ -80,6 +80,7 @@ class GridRun:
 
 def grid_run(
     names: Sequence[str],
+    *,
     runs: str | None,
     jobs: int | None,
     cells: str | None,
@@ -89,7 +90,8 @@ def grid_run(
     baselines: str,
     out: Path,
 ) -> tuple[GridRun, dict[str, Any]]:
-    """`pal-paper run`'s options, read and checked before the workspace is:
+    """`pal-paper run`'s options (by their names), read and checked before
+    the workspace is:
     the run (its workers every card filled where neither --gpus,
     PAL_PAPER_GPUS nor -j says, `fill_cards`) and the params it runs on."""
     ids, run_ids = parse_results(names), parse_runs(runs)
