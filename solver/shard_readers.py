@@ -162,6 +162,19 @@ def open_features(features_dir: str | Path, first: int = 1) -> list[StepShards]:
     decreases. Finiteness is checked when rows are streamed.
     """
     root = Path(features_dir)
+    found = _step_folders(root, first)
+    steps: list[StepShards] = []
+    for step in sorted(found):
+        shards = open_step(found[step], step)
+        if steps:
+            _check_follows(shards, steps[-1], steps[0])
+        steps.append(shards)
+    return steps
+
+
+def _step_folders(root: Path, first: int) -> dict[int, Path]:
+    """The folders step_<first> … step_K of `root`, by step: none twice, no
+    gap."""
     if not root.is_dir():
         raise ShardError(f"{root}: features folder not found")
     found: dict[int, Path] = {}
@@ -180,37 +193,35 @@ def open_features(features_dir: str | Path, first: int = 1) -> list[StepShards]:
         )
     if not found:
         raise ShardError(f"{root}: no step_XX folders (expected step_01, step_02, …)")
-    expected = list(range(first, max(found) + 1))
-    gaps = [s for s in expected if s not in found]
+    gaps = [s for s in range(first, max(found) + 1) if s not in found]
     if gaps:
         raise ShardError(
             f"{root / step_dir_name(gaps[0])}: step folder missing "
             f"(found steps {sorted(found)})"
         )
-    steps: list[StepShards] = []
-    for step in expected:
-        shards = open_step(found[step], step)
-        if steps:
-            prev = steps[-1]
-            if shards.feature_dim != prev.feature_dim:
-                raise ShardError(
-                    f"{shards.train.where}: feature_dim {shards.feature_dim} differs "
-                    f"from step {prev.step}'s {prev.feature_dim}"
-                )
-            first_made, made = steps[0].train.made_under, shards.train.made_under
-            if first_made and made and made != first_made:
-                raise ShardError(
-                    f"{shards.folder}: made under other params than step "
-                    f"{steps[0].step}'s ({_first_difference(first_made, made)}): "
-                    "the folder mixes runs or variants; keep one chain's steps"
-                )
-            if shards.classes_seen < prev.classes_seen:
-                raise ShardError(
-                    f"{shards.train.where}: classes_seen {shards.classes_seen} is "
-                    f"below step {prev.step}'s {prev.classes_seen}"
-                )
-        steps.append(shards)
-    return steps
+    return found
+
+
+def _check_follows(shards: StepShards, prev: StepShards, first: StepShards) -> None:
+    """A step continues the chain of the steps before it: the same
+    feature_dim and params, classes_seen never lower."""
+    if shards.feature_dim != prev.feature_dim:
+        raise ShardError(
+            f"{shards.train.where}: feature_dim {shards.feature_dim} differs "
+            f"from step {prev.step}'s {prev.feature_dim}"
+        )
+    first_made, made = first.train.made_under, shards.train.made_under
+    if first_made and made and made != first_made:
+        raise ShardError(
+            f"{shards.folder}: made under other params than step "
+            f"{first.step}'s ({_first_difference(first_made, made)}): "
+            "the folder mixes runs or variants; keep one chain's steps"
+        )
+    if shards.classes_seen < prev.classes_seen:
+        raise ShardError(
+            f"{shards.train.where}: classes_seen {shards.classes_seen} is "
+            f"below step {prev.step}'s {prev.classes_seen}"
+        )
 
 
 def open_step(folder: str | Path, step: int) -> StepShards:

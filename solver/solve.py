@@ -72,25 +72,20 @@ def solve(
     only the shards of steps k+1..; `save_state`: write the state after the
     last step.
     """
-    if params.is_auto and (state is not None or save_state is not None):
-        raise PalError("solve.eta auto does not combine with --state/--save-state")
-    if params.heads and (state is not None or save_state is not None):
-        raise PalError("solve.heads does not combine with --state/--save-state")
+    for what, asked in (
+        ("solve.eta auto", params.is_auto),
+        ("solve.heads", params.heads),
+    ):
+        if asked and (state is not None or save_state is not None):
+            raise PalError(f"{what} does not combine with --state/--save-state")
     backend = backend or get_backend(params.device)
     check_memory(params, *backend.memory(), gpu=backend.name == "cupy")
     start_from = load_state(state) if state is not None else None
     first = start_from.info.step + 1 if start_from else 1
     steps = open_features(features_dir, first=first)
     feature_dim = steps[0].feature_dim
-    if state is not None and start_from is not None:
-        check_state(state, start_from.info, _state_keys(params, feature_dim))
     fit = _build(params, backend, steps)
-    # W_k of the steps before `first`, per η, when the state has them for these η
-    known: list[dict[int, np.ndarray]] = [{} for _ in params.etas]
-    if start_from is not None:
-        fit.rls.import_state(start_from.arrays, start_from.info.n_rows)
-        if start_from.info.etas == params.etas:
-            known = start_from.weights
+    known = _resume(fit, state, start_from, feature_dim)
     _log_start(fit, steps, first, state if start_from else None)
     start = time.perf_counter()
     writers: list[WeightsWriter] = []
@@ -110,6 +105,20 @@ def solve(
         time.perf_counter() - start,
     )
     return paths
+
+
+def _resume(
+    fit: _Fit, path: str | Path | None, start_from: SolverState | None, dim: int
+) -> list[dict[int, np.ndarray]]:
+    """The RLS state continued from a solver state (checked to fit these
+    params); returns, per η, the W_k of the steps before it when the state
+    holds them for these η (else nothing known)."""
+    known: list[dict[int, np.ndarray]] = [{} for _ in fit.params.etas]
+    if path is None or start_from is None:
+        return known
+    check_state(path, start_from.info, _state_keys(fit.params, dim))
+    fit.rls.import_state(start_from.arrays, start_from.info.n_rows)
+    return start_from.weights if start_from.info.etas == fit.params.etas else known
 
 
 def _state_keys(params: SolveParams, feature_dim: int) -> dict[str, Any]:

@@ -159,11 +159,34 @@ class WeightsFile:
     def __init__(self, path: str | Path, partial: bool = False) -> None:
         self.path = Path(path)
         where = str(self.path)
+        with self._open() as f:
+            self.info = _read_info(f.attrs, where)
+            self.n_steps = int(f.attrs["n_steps"])
+            self.first_step = int(f.attrs.get("first_step", 1))
+            if self.first_step != 1 and not partial:
+                raise WeightsError(
+                    f"{where}: holds steps {self.first_step}..{self.n_steps} only "
+                    "(solved from a state with another eta); evaluating needs "
+                    "the weights of every step"
+                )
+            steps = range(self.first_step, self.n_steps + 1)
+            self.classes_seen: list[int] = [0] * (self.first_step - 1)
+            self.classes_seen += [self._classes(f, step) for step in steps]
+            self.eta_by_step: list[float] | None = None  # eta: auto's choices
+            if int(f.attrs.get("eta_auto", 0)):
+                self.eta_by_step = [
+                    float(f[step_dir_name(k)].attrs["eta"]) for k in steps
+                ]
+
+    def _open(self) -> h5py.File:
+        """The file, open for reading, after its bytes are checked against
+        what DVC recorded (if anything)."""
+        where = str(self.path)
         if not self.path.is_file():
             raise WeightsError(f"{where}: weights file not found")
-        check_content(self.path)  # the bytes DVC recorded, if any
+        check_content(self.path)
         try:
-            f = h5py.File(self.path, "r")
+            return h5py.File(self.path, "r")
         except OSError as exc:
             reason = (
                 "empty file"
@@ -171,50 +194,19 @@ class WeightsFile:
                 else ("truncated or not an HDF5 file")
             )
             raise WeightsError(f"{where}: {reason} ({hdf5_reason(exc)})") from None
-        with f:
-            a = f.attrs
-            for key in (*_ATTRS, "n_steps"):
-                if key not in a:
-                    raise WeightsError(f"{where}: attr '{key}' missing")
-            if int(a["format_version"]) != FORMAT_VERSION:
-                raise WeightsError(
-                    f"{where}: format_version {a['format_version']} "
-                    f"is not {FORMAT_VERSION}"
-                )
-            self.info = WeightsInfo(
-                eta=float(a["eta"]),
-                width=int(a["width"]),
-                seed=int(a["seed"]),
-                feature_dim=int(a["feature_dim"]),
-                method=_text(a["method"]),
-                dtype=_text(a["dtype"]),
+
+    def _classes(self, f: h5py.File, step: int) -> int:
+        """Step `step`'s classes_seen, from its W's shape (width, C)."""
+        name = f"{step_dir_name(step)}/W"
+        if name not in f:
+            raise WeightsError(f"{self.path}: dataset '{name}' missing")
+        shape = f[name].shape
+        if len(shape) != 2 or shape[0] != self.info.width:
+            raise WeightsError(
+                f"{self.path}: {name} has shape {shape}, expected "
+                f"({self.info.width}, classes_seen)"
             )
-            self.n_steps = int(a["n_steps"])
-            self.first_step = int(a.get("first_step", 1))
-            if self.first_step != 1 and not partial:
-                raise WeightsError(
-                    f"{where}: holds steps {self.first_step}..{self.n_steps} only "
-                    "(solved from a state with another eta); evaluating needs "
-                    "the weights of every step"
-                )
-            self.classes_seen: list[int] = [0] * (self.first_step - 1)
-            self.eta_by_step: list[float] | None = None  # eta: auto's choices
-            for step in range(self.first_step, self.n_steps + 1):
-                name = f"{step_dir_name(step)}/W"
-                if name not in f:
-                    raise WeightsError(f"{where}: dataset '{name}' missing")
-                shape = f[name].shape
-                if len(shape) != 2 or shape[0] != self.info.width:
-                    raise WeightsError(
-                        f"{where}: {name} has shape {shape}, expected "
-                        f"({self.info.width}, classes_seen)"
-                    )
-                self.classes_seen.append(int(shape[1]))
-            if int(a.get("eta_auto", 0)):
-                self.eta_by_step = [
-                    float(f[step_dir_name(k)].attrs["eta"])
-                    for k in range(self.first_step, self.n_steps + 1)
-                ]
+        return int(shape[1])
 
     def W(self, step: int) -> np.ndarray:
         """W_step: (width, classes_seen) in the stored dtype."""
@@ -229,6 +221,26 @@ class WeightsFile:
         if not np.isfinite(W).all():
             raise WeightsError(f"{self.path}: {name} holds NaN or Inf")
         return W
+
+
+def _read_info(a: h5py.AttributeManager, where: str) -> WeightsInfo:
+    """The file's attrs as a WeightsInfo, after checking every one is there
+    and the format is this one."""
+    for key in (*_ATTRS, "n_steps"):
+        if key not in a:
+            raise WeightsError(f"{where}: attr '{key}' missing")
+    if int(a["format_version"]) != FORMAT_VERSION:
+        raise WeightsError(
+            f"{where}: format_version {a['format_version']} is not {FORMAT_VERSION}"
+        )
+    return WeightsInfo(
+        eta=float(a["eta"]),
+        width=int(a["width"]),
+        seed=int(a["seed"]),
+        feature_dim=int(a["feature_dim"]),
+        method=_text(a["method"]),
+        dtype=_text(a["dtype"]),
+    )
 
 
 def _text(value: object) -> str:
