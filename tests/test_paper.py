@@ -22,7 +22,8 @@ from helpers import committed, committed_params, pal_paper
 from palpaper.collect import labelled
 from palpaper.grids import RESULTS
 from palpaper.overrides import Cell, make_cell
-from palpaper.render import build, cell, row_name
+from palpaper.render import build, row_name
+from palpaper.table import cell
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -493,11 +493,11 @@ def test_dvc_plots_draw_every_row_of_the_report(
 def test_a_label_with_a_bar_or_a_line_break_stays_one_cell() -> None:
     """A row label may hold `|` or a line break (pal check accepts both):
     each table keeps one row of as many cells as its header."""
-    from palpaper.render import _cell
+    from palpaper.table import md_cell as paper_cell
     from solver.tables import md_cell
 
     label = "PAL | prompts\nand AL"
-    for cell in (md_cell(label), _cell(label)):
+    for cell in (md_cell(label), paper_cell(label)):
         assert cell == "PAL \\| prompts and AL"
         row = f"| {cell} | 1.00 |"
         assert len(row.replace("\\|", "").split("|")) == 4  # 2 cells, 2 ends
