@@ -55,10 +55,9 @@ from palpaper.prices import (  # noqa: F401  (plan's names for its callers)
     unique,
     variant,
 )
+from palpaper.solves import largest_solve
 from palpaper.workers import wall_hours
 
-DTYPE_BYTES = {"float64": 8, "float32": 4}
-FEATURE_DIM = 768  # ViLT-B/32's hidden size: the presets' feature dimension
 # the whole paper: Food101's results (not `heads`, beyond the paper), N24News's
 # Table 2 and its step figure (the paper gives N24News no other result:
 # palpaper/published.yaml)
@@ -66,42 +65,6 @@ PAPER = (
     ("configs/food101.yaml", tuple(r for r in RESULTS if r != "heads")),
     ("configs/n24news.yaml", ("missing", "steps")),
 )
-
-
-def largest_solve(
-    cells: Sequence[Cell], params: Mapping[str, Any], size: Mapping[str, int]
-) -> dict[str, Any]:
-    """The largest up-sampling width among the cells: its Gram matrix
-    (width², solve.dtype) is held once per solve; with `solve.heads`, how
-    many times a plain solve's FLOPs the heads' solve takes (no card work)."""
-    width = max(int(c.value(params, "solve.width")) for c in cells)
-    dtype = str(get(params, "solve.dtype"))
-    gb = width * width * DTYPE_BYTES.get(dtype, 8) / 1e9
-    device = str(get(params, "solve.device"))
-    out = {"width": width, "dtype": dtype, "gram_gb": gb, "device": device}
-    heads = max((_heads(c, params) for c in cells), key=len)
-    if heads:
-        from solver.api import solve_flops  # NumPy and matplotlib: not for --help
-
-        flops = solve_flops(
-            width,
-            size["train"],
-            FEATURE_DIM,
-            size["classes"],
-            int(get(params, "data.tasks")),
-            int(get(params, "solve.batch_rows")),
-            len(get(params, "solve.eta_grid")),
-        )
-        out["heads"] = list(heads)
-        out["heads_flops_x"] = 1 + sum(flops[h] for h in heads) / flops["solve"]
-    return out
-
-
-def _heads(cell: Cell, params: Mapping[str, Any]) -> tuple[str, ...]:
-    try:
-        return tuple(cell.value(params, "solve.heads") or ())
-    except GridError:  # params without solve.heads: none
-        return ()
 
 
 @dataclass
