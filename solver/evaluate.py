@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 import numpy as np
@@ -40,37 +38,23 @@ from palcore.cliutil import (
 )
 from palcore.codes import Missing
 from palcore.errors import PalError, ShardError
-from palcore.outputs import task_group_name, write_bytes_atomic
+from palcore.outputs import task_group_name
 from palcore.params import Source, load_section
 from palcore.progress import tqdm
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.classifier import Classifier
+from solver.eval_outputs import Evaluation, write_outputs
 from solver.head_eval import evaluate_heads
-from solver.metrics import Counts, matrix_csv, metrics_json, summarize
+from solver.metrics import Counts
 from solver.options import apply_overrides, metavar, verified_option
 from solver.params import EvaluateParams, SolveParams
-from solver.plots import step_plot_png
 from solver.shard_readers import StepShards, open_features
 from solver.weights import WEIGHTS_NAME, WeightsError, WeightsFile, check_solved_by
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_GLOB = "weights-eta*.h5"
-
-
-@dataclass
-class Evaluation:
-    """The counts of one weights file (AL) and of the BP head (None without)."""
-
-    weights: Classifier
-    al: Counts
-    bp: Counts | None
-
-    @property
-    def suffix(self) -> str:
-        stem = self.weights.path.stem
-        return stem[len("weights") :] if stem.startswith("weights") else f"-{stem}"
 
 
 def resolve_weights(paths: Sequence[str | Path]) -> list[Path]:
@@ -216,69 +200,6 @@ def _count_missing(counts: Counts, hit: np.ndarray, missing: np.ndarray) -> None
         sel = missing == code
         counts.missing_correct[code] += int(hit[sel].sum())
         counts.missing_total[code] += int(sel.sum())
-
-
-# ---------------------------------------------------------------- outputs
-
-
-def metrics_dict(e: Evaluation) -> dict[str, Any]:
-    """metrics.json content: the AL metrics, plus `bp` when scored."""
-    out = summarize(e.al)
-    out["width"] = e.weights.info.width  # what the weights were solved with
-    out["eta"] = "auto" if e.weights.eta_by_step is not None else e.weights.info.eta
-    if e.bp is not None:
-        out["bp"] = summarize(e.bp)
-    if e.weights.eta_by_step is not None:
-        out["eta_by_step"] = e.weights.eta_by_step  # solve.eta: auto
-    return out
-
-
-def step_csv(al: list[float], bp: list[float] | None) -> str:
-    """step, al, bp: pooled accuracy over seen tasks after each step."""
-    lines = ["step,al,bp"]
-    for k, a in enumerate(al, start=1):
-        b = f"{bp[k - 1]:.4f}" if bp is not None else ""
-        lines.append(f"{k},{a:.4f},{b}")
-    return "\n".join(lines) + "\n"
-
-
-def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
-    """Write metrics, both CSVs and (with `plot`) the plot for one evaluation;
-    return the metrics file's path.
-
-    Every file's bytes are made first, then each is renamed into place.
-    """
-    sfx = e.suffix
-    al = e.al.pooled()
-    bp = e.bp.pooled() if e.bp is not None else None
-    info = e.weights.info
-    m = metrics_dict(e)
-    files = {
-        f"accuracy_matrix{sfx}.csv": matrix_csv(e.al.matrix()).encode(),
-        f"step_accuracy{sfx}.csv": step_csv(al, bp).encode(),
-    }
-    try:
-        if plot:
-            eta = "auto" if e.weights.eta_by_step is not None else f"{info.eta:g}"
-            title = f"{info.method}, eta {eta}, width {info.width}"
-            files[f"step_accuracy{sfx}.png"] = step_plot_png(al, bp, title)
-    except ImportError:  # the solver runs without matplotlib; only the plot is lost
-        log.warning(
-            "evaluate: matplotlib missing, step_accuracy%s.png not written", sfx
-        )
-    metrics = out_dir / f"metrics{sfx}.json"
-    files[metrics.name] = metrics_json(m).encode()
-    for name, data in files.items():
-        write_bytes_atomic(out_dir / name, data)
-    log.info(
-        "evaluate: %s acc %.2f fg %.2f aia %.2f last %.2f",
-        metrics,
-        m["acc"],
-        m["fg"],
-        m["aia"],
-        m["last"],
-    )
-    return metrics
 
 
 _weights_option = click.option(
