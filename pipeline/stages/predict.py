@@ -95,22 +95,10 @@ def predict(
     model = _model(ckpt, weights, device)
     names = ckpt["tasks"]["class_order"][: W.shape[1]]
     k = min(top_k, W.shape[1])
-    score: Callable[[np.ndarray], np.ndarray] = partial(weights.logits, step=step, W=W)
-    if head != "ridge":
-        heads_file = Path(weights_path).with_name("heads.h5")
-        score = head_logits(heads_file, head, step, weights.backend)
+    score = _scorer(weights, W, step, head)
     predicted: dict[int, list[dict[str, Any]]] = {}
     if good:
-        predicted = _scored(
-            model,
-            good,
-            folder,
-            score,
-            names,
-            k,
-            batch_size,
-            device,
-        )
+        predicted = _scored(model, good, folder, score, names, k, batch_size, device)
     rows = _result_rows(raw, made, predicted)
     for n, e in errors.items():
         log.warning("%s: row %d: %s (not predicted)", input_path, n, e)
@@ -125,6 +113,16 @@ def predict(
         "rows_per_second": round(len(good) / seconds, 1),
     }
     return rows, summary
+
+
+def _scorer(
+    weights: Classifier, W: np.ndarray, step: int, head: str
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Features -> scores: the weights file's W_step (head ridge), or a head
+    of `solve.heads` from the heads.h5 beside the weights file."""
+    if head == "ridge":
+        return partial(weights.logits, step=step, W=W)
+    return head_logits(weights.path.with_name("heads.h5"), head, step, weights.backend)
 
 
 def _step(tune_dir: Path, step: int | None) -> int:
