@@ -204,3 +204,15 @@ def test_lda_scores_only_the_classes_seen():
     coef, icpt = hd.lda(s, 0.2)
     assert np.isneginf(icpt[3:]).all() and (coef[3:] == 0).all()
     assert np.isfinite(icpt[:3]).all()
+
+
+def test_the_head_names_are_one_list_everywhere():
+    """solve.heads' Literal and pal-paper's heads grid name the heads of
+    solver.heads, in its order."""
+    import typing
+
+    from palpaper.grids import HEAD_NAMES
+    from solver.api import HEADS
+    from solver.params import HeadName
+
+    assert HEADS == typing.get_args(HeadName) == HEAD_NAMES == ALL
