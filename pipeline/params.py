@@ -102,7 +102,9 @@ class DemoParams:
         )
 
 
-Dataset = Literal["demo", "food101", "n24news"]
+# the dataset readers (`pipeline.data.datasets.READERS` has one each); files:
+# a listing beside the images, the layout of a dataset of one's own
+Dataset = Literal["demo", "food101", "n24news", "files"]
 MissingType = Literal["none", "text", "image", "both"]
 
 
@@ -110,7 +112,7 @@ MissingType = Literal["none", "text", "image", "both"]
 class DataParams:
     """`data:` — which dataset, its task split and the missing-modality protocol."""
 
-    dataset: Dataset = "demo"  # demo, food101 or n24news
+    dataset: Dataset = "demo"  # demo, food101, n24news or files (a listing)
     root: str = "data/demo/dataset"  # dataset folder
     tasks: int = 5  # number of tasks K; classes split evenly in class order
     class_order_seed: int = 0  # seed of the class order (task assignment)

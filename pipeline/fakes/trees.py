@@ -1,7 +1,7 @@
 """Stand-ins for the real downloads, laid out exactly as they are: a ViLT in
 the hub's `dandelin/vilt-b32-mlm` layout (random weights, tiny or at
-ViLT-B/32's sizes), a UPMC-Food101 tree and an N24News tree of photo-sized
-JPEGs.
+ViLT-B/32's sizes), a UPMC-Food101 tree, an N24News tree and a files-layout
+tree (a listing beside the images) of photo-sized JPEGs.
 
 For rehearsals of a real run (palbench/rehearsal.py, palbench/gpu_check.py) and the
 tests, and the output contracts' fixture (`pipeline/stages/contract_runs.py`,
@@ -12,6 +12,7 @@ pillow), never the dev extras.
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 from pathlib import Path
@@ -234,3 +235,51 @@ def make_n24news_tree(root: Path, sections: int, per_split: dict[str, int]) -> i
                 k += 1
         (root / "news" / f"nytimes_{split}.json").write_text(json.dumps(items))
     return k
+
+
+def make_files_tree(
+    root: Path,
+    classes: int = 12,
+    per_split: dict[str, int] | None = None,
+    fmt: str = "jsonl",
+    sizes: list[tuple[int, int]] | None = None,
+) -> dict[str, int]:
+    """A dataset of one's own (`data.dataset: files`): images/<class>/<id>.jpg
+    of the photo mix (or of `sizes`) and a listing (`listing.jsonl`, or with
+    `fmt="csv"` `listing.csv`) of `per_split` samples per class and split
+    (default 4 train, 1 val, 2 test). Classes are named `kind 00`, … Every
+    7th sample (k % 7 == 3) has an empty image field and no file, every 5th
+    (k % 5 == 1) with an image an empty text. Returns the counts: rows,
+    `image` (no image) and `text` (no text)."""
+    per_split = per_split or {"train": 4, "val": 1, "test": 2}
+    sizes = sizes or SIZES
+    rng = np.random.default_rng(0)
+    rows = []
+    counts = {"rows": 0, "image": 0, "text": 0}
+    for c in range(classes):
+        name = f"kind {c:02d}"
+        for split, n in per_split.items():
+            for j in range(n):
+                k = counts["rows"]
+                counts["rows"] += 1
+                ident = f"c{c:02d}-{split}-{j}"
+                image = f"images/{c:02d}/{ident}.jpg"
+                text = " ".join(rng.choice(TITLE_WORDS, 8))
+                if k % 7 == 3:
+                    image, counts["image"] = "", counts["image"] + 1
+                else:
+                    _save_photo((root / image, sizes[k % len(sizes)], k))
+                    if k % 5 == 1:
+                        text, counts["text"] = "", counts["text"] + 1
+                row = {"id": ident, "image": image, "text": text}
+                rows.append(row | {"class": name, "split": split})
+    root.mkdir(parents=True, exist_ok=True)
+    if fmt == "csv":
+        with (root / "listing.csv").open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in rows]
+        (root / "listing.jsonl").write_text("".join(lines), encoding="utf-8")
+    return counts
