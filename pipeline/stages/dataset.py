@@ -1,0 +1,195 @@
+"""`pal dataset NAME`: a dataset's run on its own git branch; `pal dataset
+demo` goes back.
+
+A dataset's run changes params.yaml whole (a preset differs from the demo in
+dozens of keys) and writes its own dvc.lock. On the branch the project was on
+(its *home*, `main` in a clone) that would rewrite the demo's tracked files, so
+each dataset gets a branch, `dataset/NAME`, made from home with params.yaml
+copied from `configs/NAME.yaml` (or `--params FILE`, a researcher's own) and
+committed. There `dvc repro`, `dvc exp run -S key=value` sweeps and `pal-paper`
+grids work as on the demo, every experiment a one-line change of that branch's
+params.yaml; DVC's cache is the checkout's, shared by every branch, so going
+back and forth reruns nothing.
+
+Leaving a dataset's branch commits its run record (params.yaml and dvc.lock,
+the only tracked files a run changes) there, so coming back finds it; any
+other uncommitted change of a tracked file stops the switch with one line
+naming it. After each switch `dvc checkout` puts the branch's outputs back
+from the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from palcore.cliutil import clean_errors
+from palcore.errors import PalError
+
+PREFIX = "dataset/"
+HOME_KEY = "pal.home"  # git config (local): the branch `pal dataset demo` goes to
+RUN_RECORD = ("params.yaml", "dvc.lock")
+
+
+class DatasetSwitchError(PalError):
+    """The switch cannot be made without losing or mixing work."""
+
+
+def git(root: Path, *args: str, check: bool = True, strip: bool = True) -> str:
+    """Run git in `root`; its stdout (stripped). A failure is one line."""
+    done = subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, check=False
+    )
+    if check and done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise DatasetSwitchError(f"git {' '.join(args)}: {last}")
+    return done.stdout.strip() if strip else done.stdout
+
+
+def current_branch(root: Path) -> str:
+    name = git(root, "branch", "--show-current")
+    if not name:
+        raise DatasetSwitchError(
+            "git: HEAD is detached: `git switch` to a branch first"
+        )
+    return name
+
+
+def home_branch(root: Path) -> str:
+    """The branch `pal dataset demo` returns to: recorded when the first
+    dataset branch was made from it, else `main`."""
+    return git(root, "config", "--get", HOME_KEY, check=False) or "main"
+
+
+def changed_tracked(root: Path) -> list[str]:
+    """Tracked files with uncommitted changes (staged or not)."""
+    out = git(root, "status", "--porcelain", "-z", "--untracked-files=no", strip=False)
+    return [entry[3:] for entry in out.split("\0") if entry.strip()]
+
+
+def leave(root: Path, branch: str) -> None:
+    """Make the branch safe to leave: on a dataset's branch, commit its run
+    record; anything else uncommitted stops the switch."""
+    changed = changed_tracked(root)
+    record = [f for f in changed if f in RUN_RECORD]
+    others = [f for f in changed if f not in RUN_RECORD]
+    if others or (record and not branch.startswith(PREFIX)):
+        raise DatasetSwitchError(
+            f"{branch}: uncommitted changes to {', '.join(others or record)}: "
+            "commit or `git stash` them first"
+        )
+    if record:
+        git(root, "add", "--", *record)
+        git(root, "commit", "-q", "-m", f"{branch[len(PREFIX) :]}: the run's record")
+        click.echo(f"{branch}: committed the run's {' and '.join(record)}")
+
+
+def preset(root: Path, name: str, params: Path | None) -> Path:
+    """The params file a new dataset branch starts from."""
+    path = params if params is not None else root / "configs" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (root / "configs").glob("*.yaml"))
+        raise DatasetSwitchError(
+            f"{path}: no such params file (presets: {', '.join(known)}; "
+            "--params FILE for your own)"
+        )
+    return path
+
+
+def enter(root: Path, name: str, params: Path | None) -> str:
+    """Switch to `dataset/NAME`, making it from home when new."""
+    branch = PREFIX + name
+    if git(root, "branch", "--list", branch):
+        if params is not None:
+            raise DatasetSwitchError(
+                f"{branch}: exists already; --params only makes a new one "
+                "(edit its params.yaml there, or `git branch -D` it first)"
+            )
+        git(root, "switch", "-q", branch)
+        return branch
+    source = preset(root, name, params)
+    git(root, "switch", "-q", "-c", branch, home_branch(root))
+    shutil.copyfile(source, root / "params.yaml")
+    git(root, "add", "params.yaml")
+    git(root, "commit", "-q", "-m", f"{name}: params.yaml from {source.name}")
+    click.echo(f"{branch}: new, params.yaml from {source}")
+    return branch
+
+
+def checkout_outputs(root: Path) -> None:
+    """`dvc checkout`: the branch's outputs back from DVC's cache."""
+    beside = Path(sys.executable).parent / "dvc"  # the venv's, unactivated
+    dvc = str(beside) if beside.exists() else shutil.which("dvc") or "dvc"
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    try:
+        done = subprocess.run(
+            [dvc, "checkout", "-q"], cwd=root, capture_output=True, text=True, env=env
+        )
+    except FileNotFoundError:
+        raise DatasetSwitchError(
+            "dvc: not found: install the project (README)"
+        ) from None
+    if done.returncode != 0:
+        click.echo(
+            "dvc checkout: some outputs of this branch are not in the cache "
+            "(`dvc repro` makes them, `dvc pull` fetches them)"
+        )
+
+
+def switch(root: Path, name: str, params: Path | None) -> str:
+    """The switch `pal dataset NAME` makes; the branch it lands on."""
+    here = current_branch(root)
+    if name == "demo":
+        target = home_branch(root)
+        if params is not None:
+            raise DatasetSwitchError("--params: the demo's params are its branch's")
+    else:
+        target = PREFIX + name
+    if here == target:
+        click.echo(f"{here}: already here")
+        return here
+    leave(root, here)
+    if not here.startswith(PREFIX):
+        git(root, "config", HOME_KEY, here)
+    if name == "demo":
+        git(root, "switch", "-q", target)
+    else:
+        enter(root, name, params)
+    checkout_outputs(root)
+    return target
+
+
+@click.command(name="dataset")
+@click.argument("name")
+@click.option(
+    "--params",
+    "params_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A new dataset branch's params file (default: configs/NAME.yaml).",
+)
+@clean_errors
+def cli(name: str, params_file: Path | None) -> None:
+    """Switch to dataset NAME's branch (`dataset/NAME`), or back with `demo`.
+
+    NAME is a preset of configs/ (food101, n24news) or any name with --params
+    FILE: the first switch makes the branch from the demo's branch (the one
+    you leave, `main` in a clone), with params.yaml from the file, committed.
+    There `pal check`, `dvc repro`, `dvc exp run -S` and `pal-paper` run as
+    on the demo, without touching the demo's branch. Leaving commits the
+    branch's params.yaml and dvc.lock (the run's record); `pal dataset demo`
+    goes back, and `dvc checkout` puts each
+    branch's outputs back from DVC's cache, so nothing is rerun.
+    """
+    if "/" in name or name.startswith("-") or not name.strip():
+        raise DatasetSwitchError(f"'{name}': a dataset name is one word (food101)")
+    root = Path(git(Path.cwd(), "rev-parse", "--show-toplevel"))
+    if params_file is not None:
+        params_file = params_file.resolve()
+    branch = switch(root, name, params_file)
+    click.echo(f"on {branch}: `pal check` then `dvc repro` runs its pipeline")

@@ -1,0 +1,129 @@
+"""`pal dataset NAME`: a dataset's run on its own branch, and back with
+`pal dataset demo`, in a tiny git + DVC project (one stage reading a param),
+the command typed as a user types it: the venv's `pal`, nothing on PATH."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PAL = str(Path(sys.executable).parent / "pal")
+ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": os.environ.get("HOME", "/tmp"),
+    "DVC_NO_ANALYTICS": "1",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
+COUNT = (
+    "import yaml; n = yaml.safe_load(open('params.yaml'))['n']; "
+    "open('out.txt', 'w').write(str(n * 2))"
+)
+DVC_YAML = """stages:
+  count:
+    cmd: {python} -c "{count}"
+    params: [n]
+    outs: [out.txt]
+"""
+
+
+def run(root: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(args, cwd=root, env=ENV, capture_output=True, text=True)
+    if ok:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def dvc(root: Path, *args: str) -> str:
+    return run(root, str(Path(sys.executable).parent / "dvc"), *args).stdout
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A git + DVC project on `main` with the demo's run committed (n: 1)
+    and a preset configs/tiny.yaml (n: 5)."""
+    root = tmp_path / "p"
+    root.mkdir()
+    run(root, "git", "init", "-q", "-b", "main")
+    dvc(root, "init", "-q")
+    (root / "dvc.yaml").write_text(DVC_YAML.format(python=sys.executable, count=COUNT))
+    (root / "params.yaml").write_text("n: 1\n")
+    (root / "configs").mkdir()
+    (root / "configs" / "tiny.yaml").write_text("n: 5\n")
+    dvc(root, "repro", "-q")
+    run(root, "git", "add", "-A")
+    run(root, "git", "commit", "-q", "-m", "demo run")
+    return root
+
+
+def head(root: Path, ref: str = "main") -> str:
+    return run(root, "git", "rev-parse", ref).stdout.strip()
+
+
+def clean(root: Path) -> str:
+    return run(root, "git", "status", "--porcelain", "--untracked-files=no").stdout
+
+
+def test_a_dataset_runs_on_its_branch_and_demo_comes_back(project: Path) -> None:
+    main = head(project)
+    out = run(project, PAL, "dataset", "tiny").stdout
+    assert out.splitlines() == [
+        "dataset/tiny: new, params.yaml from " + str(project / "configs/tiny.yaml"),
+        "on dataset/tiny: `pal check` then `dvc repro` runs its pipeline",
+    ]
+    assert (project / "params.yaml").read_text() == "n: 5\n"
+    assert clean(project) == ""
+    dvc(project, "repro", "-q")
+    assert (project / "out.txt").read_text() == "10"
+
+    out = run(project, PAL, "dataset", "demo").stdout
+    assert out.splitlines()[0] == "dataset/tiny: committed the run's dvc.lock"
+    assert run(project, "git", "branch", "--show-current").stdout.strip() == "main"
+    assert head(project) == main and clean(project) == ""
+    assert (project / "params.yaml").read_text() == "n: 1\n"
+    assert (project / "out.txt").read_text() == "2"
+    assert "up to date" in dvc(project, "status")
+
+    # back again: the run is there, nothing to rerun
+    run(project, PAL, "dataset", "tiny")
+    assert (project / "out.txt").read_text() == "10"
+    assert "up to date" in dvc(project, "status")
+    count = run(project, "git", "rev-list", "--count", "main..dataset/tiny")
+    assert count.stdout.strip() == "2"  # its params.yaml, then the run's record
+    assert head(project, "main") == main
+
+
+def test_uncommitted_work_on_main_stops_the_switch(project: Path) -> None:
+    (project / "params.yaml").write_text("n: 3\n")
+    done = run(project, PAL, "dataset", "tiny", ok=False)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "Error: main: uncommitted changes to params.yaml: "
+        "commit or `git stash` them first"
+    )
+    assert run(project, "git", "branch", "--list", "dataset/*").stdout == ""
+
+
+def test_an_unknown_preset_names_the_presets(project: Path) -> None:
+    done = run(project, PAL, "dataset", "imdb", ok=False)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"Error: {project / 'configs/imdb.yaml'}: no such params file "
+        "(presets: tiny; --params FILE for your own)"
+    )
+    assert run(project, "git", "branch", "--show-current").stdout.strip() == "main"
+
+
+def test_own_params_make_the_branch(project: Path, tmp_path: Path) -> None:
+    own = tmp_path / "mine.yaml"
+    own.write_text("n: 7\n")
+    run(project, PAL, "dataset", "mine", "--params", str(own))
+    assert (project / "params.yaml").read_text() == "n: 7\n"
+    message = run(project, "git", "log", "-1", "--format=%s").stdout.strip()
+    assert message == "mine: params.yaml from mine.yaml"
