@@ -34,6 +34,10 @@ COMMANDS = {
         "pipeline.stages.contracts:cli",
         "Guard and verify the output contracts of the GPU stages.",
     ),
+    "dataset": (
+        "pipeline.stages.dataset:cli",
+        "Switch to a dataset's own git branch (`demo`: back).",
+    ),
     "demo": (
         "pipeline.stages.demo:cli",
         "Make the offline demo dataset and tiny ViLT.",
