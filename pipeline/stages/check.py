@@ -14,7 +14,8 @@ status is 1 when there is any. Checked:
   runs (its config.json: layers, hidden size against the pool size, text
   positions against `model.max_text_len`);
 - `tune.device` and `extract.device` can run here;
-- the dataset lists (its reader runs, no image is opened): classes and
+- the dataset lists (its reader runs, no image is opened; its ids are
+  unique and its texts valid Unicode, as `pal prepare` requires): classes and
   samples per split, and its classes split into `data.tasks` tasks.
 
 `pal-paper run` runs the same checks (`check_all`) on each cell's params
@@ -209,6 +210,7 @@ def check_data(
     `data.tasks`), and a summary line. `listings` keeps each folder's listing
     for the next call (the cells of a grid share their dataset)."""
     from pipeline.data.datasets import read_dataset
+    from pipeline.data.listing import check_unique_ids
     from pipeline.data.protocol import task_sizes
 
     data = load_section(path, "data", DataParams)
@@ -218,7 +220,9 @@ def check_data(
     listings = {} if listings is None else listings
     try:
         if key not in listings:
-            listings[key] = read_dataset(data)
+            listing = read_dataset(data)
+            check_unique_ids(listing)  # and its texts valid Unicode, as prepare
+            listings[key] = listing
         listing = listings[key]
         task_sizes(len(listing.classes), data.tasks, data.allow_uneven)
     except PalError as exc:
@@ -306,14 +310,18 @@ def check_all(
     """Every check of `pal check` on the params file at `path`, from the
     current folder (a project's root): (problems, summary lines)."""
     problems = check_params(path)
+    loads = not problems
     guard = guard_problem()  # the cached features' code (DESIGN §2)
     problems += [f"contracts: {guard}"] if guard else []
     problems += check_cache(Path.cwd())
     summary: list[str] = []
     seen: set[str] = set()
     if Path("dvc.yaml").is_file():
-        problems += check_declared_keys(path, Path("dvc.yaml"), seen)
-    if not problems:  # the sections load: paths, devices and data can be read
+        declared = check_declared_keys(path, Path("dvc.yaml"), seen)
+        problems, loads = problems + declared, loads and not declared
+    # the sections load: paths, devices and data can be read (a stale guard
+    # or cache hides none of their problems)
+    if loads:
         problems += check_paths(path) + check_devices(path)
         problems += check_solve_memory(path, memory_gib)
         data_problems, line = check_data(path, listings)
