@@ -674,3 +674,59 @@ def mixed_chains(scene: Scene) -> Case:
         absent=[scene.root / "solve"],
         repair=repair,
     )
+
+
+def files_listing(
+    fault: str | None, command: str = "prepare", **data
+) -> Callable[[Scene], Case]:
+    """The files-layout dataset of tests/test_files_dataset.py (12 classes in
+    4 tasks, with these `data` keys) broken by its listing fault named
+    `fault` (None: none), met by `pal prepare` (which writes nothing; the
+    repair is the dataset as it was, the output then a clean run's) or by
+    `pal check` (the committed params with this `data`)."""
+
+    def inject(scene: Scene) -> Case:
+        import yaml
+        from helpers import committed
+        from test_files_dataset import LISTING_FAULTS, PER_SPLIT, SIZES
+
+        from pipeline.fakes.trees import make_files_tree
+
+        root = scene.root / "files"
+        make_files_tree(root, 12, PER_SPLIT, sizes=SIZES)
+        kept = scene.root / "files.clean"
+        shutil.copytree(root, kept)
+        params = scene.root / "params.yaml"
+        own = {"dataset": "files", "root": str(root), "tasks": 4} | data
+        if command == "check":
+            doc = yaml.safe_load(committed("params.yaml"))
+            doc["data"].update(own)
+            params.write_text(yaml.safe_dump(doc))
+        else:
+            params.write_text(json.dumps({"data": own}))
+        clean = scene.root / "clean"
+        if command == "prepare":
+            args = ["prepare", "--params", params, "--out", clean]
+            assert CliRunner().invoke(pal, [str(a) for a in args]).exit_code == 0
+        for f in LISTING_FAULTS:
+            if f.name == fault:
+                f.edit(root)
+        listing = root / "listing.jsonl"
+        if command == "check":
+            return Case(pal, ["check", "--params", params], survive=[listing])
+
+        def repair() -> None:
+            shutil.rmtree(root)
+            shutil.copytree(kept, root)
+
+        out = scene.root / "prepare"
+        return Case(
+            pal,
+            ["prepare", "--params", params, "--out", out],
+            survive=[listing],
+            absent=[out],
+            repair=repair,
+            recovered=(out, clean),
+        )
+
+    return inject

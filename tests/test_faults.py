@@ -35,6 +35,7 @@ from fault_scenes import (
     Scene,
     captions_surrogate,
     empty_task,
+    files_listing,
     flip_byte,
     hostile_params,
     missing_step,
@@ -286,6 +287,71 @@ FAULTS = [
         r"^Error: .*/mixed/step_02: made under other params than step 1's "
         r"\(tune\.seed: 1 against 0\): the folder mixes runs or variants; keep "
         r"one chain's steps$",
+        1,
+    ),
+    Fault(
+        "files listing: a row of an unknown split (check)",
+        "bad listing",
+        files_listing("unknown split", "check"),
+        r"params\.yaml: .*/files/listing\.jsonl line 2: split 'dev' is none of "
+        r"train, val, test$",
+        1,
+    ),
+    Fault(
+        "files listing: a class without test samples",
+        "empty task",
+        files_listing("a class with no test sample"),
+        r"^Error: .*/files/listing\.jsonl: class 'kind 05' has no test sample; "
+        r"every class needs both train and test samples$",
+        1,
+    ),
+    Fault(
+        "files listing: an image path climbing out of the root",
+        "hostile path",
+        files_listing("an image path outside the root"),
+        r"^Error: .*/files/listing\.jsonl line 3: image '\.\./elsewhere/photo\.jpg' "
+        r"is outside the dataset folder; image paths are relative to it$",
+        1,
+    ),
+    Fault(
+        "files listing: an image named but not on disk",
+        "missing file",
+        files_listing("an image named but not on disk"),
+        r"^Error: .*/files/listing\.jsonl line 1: image "
+        r"'images/00/c00-train-0\.jpg' is not in .*/files; leave the field empty "
+        r"for a sample without an image$",
+        1,
+    ),
+    Fault(
+        "files listing: an id listed twice (check)",
+        "bad listing",
+        files_listing("a duplicate id", "check"),
+        r"params\.yaml: .*/files/listing\.jsonl line 3: id 'c00-train-0' is "
+        r"listed twice \(first on line 1\)$",
+        1,
+    ),
+    Fault(
+        "files listing: a row without its class",
+        "bad listing",
+        files_listing("a missing column"),
+        r"^Error: .*/files/listing\.jsonl line 4: no 'class' \(each row has the "
+        r"columns id, image, text, class, split\)$",
+        1,
+    ),
+    Fault(
+        "files listing: a row cut short (check)",
+        "truncation",
+        files_listing("an unreadable row", "check"),
+        r"params\.yaml: .*/files/listing\.jsonl line 5: not a JSON object "
+        r"\(Expecting property name enclosed in double quotes at column 21\)$",
+        1,
+    ),
+    Fault(
+        "files dataset: 12 classes in 5 tasks (check)",
+        "bad listing",
+        files_listing(None, "check", tasks=5),
+        r"params\.yaml: data\.tasks: 5 does not divide the 12 classes evenly "
+        r"\(set data\.allow_uneven: true to give the first tasks one class more\)$",
         1,
     ),
 ]

@@ -404,3 +404,15 @@ def test_n24news_without_either_layout_says_what_to_provide(tmp_path):
         ".json (with imgs/) nor nytimes_dataset_full.json (with images/), the two "
         "N24News layouts"
     )
+
+
+def test_every_dataset_name_has_a_reader():
+    """params' `Dataset` Literal (what `data.dataset` is checked against at
+    load) and the registry `read_dataset` looks readers up in list the same
+    names."""
+    from typing import get_args
+
+    from pipeline.data.datasets import READERS
+    from pipeline.params import Dataset
+
+    assert list(READERS) == list(get_args(Dataset))
