@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from palpaper.backbone import Scale, backbone_scale, scaled
 from palpaper.cards import (  # noqa: F401  (plan's names for its callers)
     CARD_ENV,
     CARD_KEYS,
@@ -55,6 +56,7 @@ from palpaper.prices import (  # noqa: F401  (plan's names for its callers)
     unique,
     variant,
 )
+from palpaper.sizes import Size, dataset_size
 from palpaper.solves import largest_solve
 from palpaper.workers import wall_hours
 
@@ -87,9 +89,11 @@ class Grid:
     dataset: str
     params: Mapping[str, Any]
     ids: tuple[str, ...]
-    size: Mapping[str, int]
+    size: Size
     frozen_h: float
     routes: dict[bool, Route]
+    card: Card  # the card's rates scaled to the grid's backbone
+    scale: Scale
 
     def methods(self) -> list[str]:
         return unique(m for r in self.routes.values() for m in r.methods)
@@ -129,17 +133,13 @@ def price(
 ) -> Grid:
     """Results `ids` of a params file (`where` names it) priced on card `c`."""
     dataset = str(get(params, "data.dataset"))
-    sizes = costs()["datasets"]
-    if dataset not in sizes:
-        raise GridError(
-            f"{where}: no measured size for data.dataset '{dataset}' "
-            f"(measured: {', '.join(sizes)}: --params configs/food101.yaml)"
-        )
-    size = sizes[dataset]
+    size = dataset_size(params, where)
+    scale = backbone_scale(params)
+    c = scaled(c, scale)
     cites = (False, True) if _cites(ids, dataset) else (False,)
     routes = {cite: _route(ids, params, runs, cite, c, size) for cite in cites}
     frozen_h = frozen_minutes(params, c, size) / 60
-    return Grid(dataset, params, tuple(ids), size, frozen_h, routes)
+    return Grid(dataset, params, tuple(ids), size, frozen_h, routes, c, scale)
 
 
 def plan_report(
@@ -258,10 +258,12 @@ def _grid_report(
     return {
         "dataset": grid.dataset,
         "params": where,
+        "size": grid.size.report(),
+        "backbone": {"rate_factor": grid.scale.factor, "source": grid.scale.source},
         "tune_device": str(get(params, "tune.device")),
         "results": list(grid.ids),
         "routes": routes,
-        "minutes": _minutes(grid, c),
+        "minutes": _minutes(grid, grid.card),
         "largest_solve": largest_solve(every, params, grid.size),
     }
 
@@ -348,7 +350,7 @@ def _route(
     runs: Sequence[int] | None,
     cite: bool,
     c: Card,
-    size: Mapping[str, int],
+    size: Size,
 ) -> Route:
     """The route's cells, each new one priced once (a cell two results share
     counts in the first)."""

@@ -12,6 +12,7 @@ from typing import Any
 from palpaper.cards import Card
 from palpaper.grids import RESULTS, Result
 from palpaper.overrides import Cell, GridError, get
+from palpaper.sizes import Size
 
 FREE_KEYS = {"pipelines.main", "protocol.runs"}
 
@@ -92,7 +93,7 @@ def device_kind(params: Mapping[str, Any]) -> str:
 
 
 def tune_seconds(
-    cell: Cell, params: Mapping[str, Any], v: Variant, c: Card, size: Mapping
+    cell: Cell, params: Mapping[str, Any], v: Variant, c: Card, size: Size
 ) -> float:
     """One tuning of variant `v` in the cell alone on the card: its start-up,
     per task the new loader's first batch and the graph capture, then the
@@ -104,7 +105,7 @@ def tune_seconds(
 
 
 def extract_seconds(
-    cell: Cell, params: Mapping[str, Any], v: Variant, c: Card, size: Mapping
+    cell: Cell, params: Mapping[str, Any], v: Variant, c: Card, size: Size
 ) -> float:
     """One extraction: its start-up and every step's embeddings; without
     prompts (ACIL, `frozen`) the features are a gather of `pal frozen`'s
@@ -112,13 +113,14 @@ def extract_seconds(
     if not v.prompts:
         return c["extract_startup_s"]
     k = int(cell.value(params, "data.tasks"))
-    train, test = _samples(cell, params, size)
-    embeddings = train + test * (k + 1) / 2
+    train, _ = _samples(cell, params, size)
+    seed = int(_value(cell, params, "data.class_order_seed", 0))
+    embeddings = train + size.tested(k, seed, _cap(cell, params))
     return c["extract_startup_s"] + embeddings / c.extract_rate(v.method)
 
 
 def cell_seconds(
-    r: Result, cell: Cell, params: Mapping[str, Any], c: Card, size: Mapping
+    r: Result, cell: Cell, params: Mapping[str, Any], c: Card, size: Size
 ) -> float:
     """The work a cell adds, one process alone on the card: seconds."""
     total = 0.0
@@ -130,26 +132,30 @@ def cell_seconds(
     return total
 
 
-def frozen_minutes(params: Mapping[str, Any], c: Card, size: Mapping) -> float:
+def frozen_minutes(params: Mapping[str, Any], c: Card, size: Size) -> float:
     """Minutes of the frozen-queries stage, once per dataset: every sample in
     its three states (complete, text missing, image missing)."""
     train, test = _samples(Cell(()), params, size)
     return 3 * (train + test) / c["frozen_rows_per_s"] / 60
 
 
-def _samples(cell: Cell, params: Mapping[str, Any], size: Mapping) -> tuple[int, int]:
+def _samples(cell: Cell, params: Mapping[str, Any], size: Size) -> tuple[float, float]:
     """(training, test) samples of the cell: the dataset's, or at most
     `data.per_class` of each class and split."""
-    per_class = cell.value(params, "data.per_class") if _has(params) else None
-    train, test = size["train"], size["test"]
-    if per_class is not None:
-        train = min(train, size["classes"] * per_class)
-        test = min(test, size["classes"] * per_class)
-    return train, test
+    cap = _cap(cell, params)
+    return size.total("train", cap), size.total("test", cap)
 
 
-def _has(params: Mapping[str, Any]) -> bool:
-    return "per_class" in (params.get("data") or {})
+def _cap(cell: Cell, params: Mapping[str, Any]) -> int | None:
+    per_class = _value(cell, params, "data.per_class", None)
+    return None if per_class is None else int(per_class)
+
+
+def _value(cell: Cell, params: Mapping[str, Any], key: str, default: Any) -> Any:
+    try:
+        return cell.value(params, key)
+    except GridError:  # a params file without it: the pipeline's default
+        return default
 
 
 def unique(items: Iterable[str]) -> list[str]:

@@ -29,12 +29,14 @@ import click
 
 from palcore.errors import PalError
 from palcore.outputs import write_bytes_atomic
+from palpaper.backbone import backbone_scale, scaled
 from palpaper.cells import check_cells, untracked_inputs
 from palpaper.grids import RESULTS
 from palpaper.inputs import parse_runs
 from palpaper.overrides import Cell
-from palpaper.plan import Packing, card, cell_seconds, costs
+from palpaper.plan import Packing, card, cell_seconds
 from palpaper.refs import ExperimentRefs
+from palpaper.sizes import dataset_size
 
 FOLDER = Path(".dvc") / "tmp" / "slurm"
 SIGNAL_S = 180  # SIGUSR1 at most this long before the time limit
@@ -185,13 +187,13 @@ def time_limit(
     holds its cards alone (`--gres`), so its cell's slot is a whole card: J =
     1. A cell longer than the cluster allows is fine: it is stopped ahead of
     the limit, requeued and resumed."""
-    size = costs()["datasets"].get(str(params["data"]["dataset"]))
-    c = card(None, "GPU" if gpus else "CPU")
+    size = dataset_size(params, "params.yaml")
+    c = scaled(card(None, "GPU" if gpus else "CPU"), backbone_scale(params))
     alone = Packing(1, float(c["packing"][1]), 0.0)
     longest, wanted = 0.0, {cell.name for cell in cells}
     for rid in ids:
         for col in RESULTS[rid].columns(params, runs, cite):
-            if size is None or col.cell.name not in wanted:
+            if col.cell.name not in wanted:
                 continue
             work = cell_seconds(RESULTS[rid], col.cell, params, c, size) / 60
             longest = max(longest, alone.slot_h(work))

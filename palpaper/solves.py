@@ -9,13 +9,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from palpaper.overrides import Cell, GridError, get
+from palpaper.sizes import Size
 
 DTYPE_BYTES = {"float64": 8, "float32": 4}
 FEATURE_DIM = 768  # ViLT-B/32's hidden size: the presets' feature dimension
 
 
 def largest_solve(
-    cells: Sequence[Cell], params: Mapping[str, Any], size: Mapping[str, int]
+    cells: Sequence[Cell], params: Mapping[str, Any], size: Size
 ) -> dict[str, Any]:
     """The largest up-sampling width among the cells: its Gram matrix
     (width², solve.dtype) is held once per solve; with `solve.heads`, how
@@ -31,9 +32,9 @@ def largest_solve(
 
         flops = solve_flops(
             width,
-            size["train"],
+            round(size.total("train")),
             FEATURE_DIM,
-            size["classes"],
+            size.classes,
             int(get(params, "data.tasks")),
             int(get(params, "solve.batch_rows")),
             len(get(params, "solve.eta_grid")),

@@ -63,7 +63,19 @@ def _answer(
 
 def _grid_lines(grid: Mapping[str, Any], card: Mapping[str, Any]) -> list[str]:
     """A dataset's routes, its largest solve and its minutes per (variant, run)."""
-    lines: list[str] = []
+    size = grid["size"]
+    lines = [
+        f"  size: {size['train']} training and {size['test']} test samples of "
+        f"{size['classes']} classes, from {size['source']}"
+    ]
+    backbone = grid["backbone"]
+    if backbone["source"] is not None:
+        lines.append(
+            f"  backbone: the card's rates x {backbone['rate_factor']:.1f}, "
+            "ViLT-B/32's multiply-adds a sample over this one's "
+            f"({backbone['source']}); a floor: a small model does not "
+            "reach the card's FLOP rate"
+        )
     routes = grid["routes"]
     for name, route in routes.items():
         if len(routes) > 1:

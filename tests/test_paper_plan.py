@@ -20,6 +20,7 @@ import pytest
 import yaml
 from helpers import committed, pal_paper
 
+from palpaper.backbone import Shape
 from palpaper.grids import RESULTS
 from palpaper.overrides import GridError, make_cell
 from palpaper.plan import (
@@ -31,12 +32,20 @@ from palpaper.plan import (
     extract_seconds,
     tune_seconds,
 )
+from palpaper.sizes import Size
+from pipeline.data.protocol import class_order
+from pipeline.fakes.trees import make_files_tree
 
 # the paper's results on Food101: every result but `heads`, beyond the paper
 PAPER_FOOD101 = [r for r in RESULTS if r != "heads"]
 FOOD = yaml.safe_load(committed("configs/food101.yaml"))
 NEWS = yaml.safe_load(committed("configs/n24news.yaml"))
-SIZE = {"train": 61127, "test": 22716, "classes": 100}  # Food101
+# Food101's recorded size: 100 classes of equal counts
+SIZE = Size(
+    [f"{i:04d}" for i in range(100)],
+    {"train": [611.27] * 100, "test": [227.16] * 100},
+    "test",
+)
 METHODS = ("pal", "map", "msp", "rebq", "l2p", "dualprompt")
 # GF a sample of each method's step now (palpaper/costs.yaml h200's basis); PAL's
 # was 199.0 when its step ran 405 samples/s on an H200
@@ -590,11 +599,65 @@ def test_a_slurm_tasks_time_limit_is_its_longest_cell_alone_on_a_card() -> None:
         assert limit == math.ceil(1.25 * minutes) + START_MIN
 
 
-def test_a_dataset_without_measured_sizes_is_one_line(tmp_path: Path) -> None:
-    write(tmp_path, "params.yaml", yaml.safe_load(committed("params.yaml")))
+def test_a_dataset_is_sized_from_its_listing(tmp_path: Path) -> None:
+    """A dataset of one's own has a price: its counts per split and class
+    come from its listing (rows with a modality missing count), and the
+    price follows them."""
+    make_files_tree(tmp_path / "mine", classes=12)  # 4 train, 1 val, 2 test
+    params = yaml.safe_load(committed("params.yaml"))
+    params["data"].update(dataset="files", root="mine", tasks=4)
+    write(tmp_path, "params.yaml", params)
+    report = json.loads("\n".join(plan(tmp_path, "missing", "--json")))
+    (grid,) = report["datasets"]
+    assert grid["size"] == {
+        "train": 48,
+        "test": 24,
+        "classes": 12,
+        "source": "its listing at mine",
+    }
+    # the demo's folders are not there: the tiny backbone's sizes come from
+    # the demo params (64 wide, 4 layers, 128 MLP, 8x8 patches of 64 px)
+    demo, b32 = Shape(64, 4, 128, 64), Shape(768, 12, 3072, 144)
+    factor = b32.macs(40) / demo.macs(params["model"]["max_text_len"])
+    assert grid["backbone"] == {"rate_factor": factor, "source": "the demo's params"}
+
+
+def test_the_demo_is_sized_from_its_params_before_it_exists(tmp_path: Path) -> None:
+    params = yaml.safe_load(committed("params.yaml"))
+    params["demo"].update(n_classes=8, train_per_class=5, test_per_class=3)
+    write(tmp_path, "params.yaml", params)
+    report = json.loads("\n".join(plan(tmp_path, "missing", "--json")))
+    assert report["datasets"][0]["size"] == {
+        "train": 40,
+        "test": 24,
+        "classes": 8,
+        "source": "the demo's params",
+    }
+
+
+def test_a_dataset_nothing_sizes_is_one_line(tmp_path: Path) -> None:
+    params = yaml.safe_load(committed("params.yaml"))
+    params["data"].update(dataset="files", root="nowhere")
+    write(tmp_path, "params.yaml", params)
     out = pal_paper(tmp_path, ENV, "plan")
     assert (out.returncode, out.stderr.strip()) == (
         1,
-        "Error: params.yaml: no measured size for data.dataset 'demo' (measured: "
-        "food101, n24news: --params configs/food101.yaml)",
+        "Error: params.yaml: data.root 'nowhere': no dataset there to size "
+        "data.dataset 'files' from (put its listing there, or `pal check` the "
+        "params it runs with)",
     )
+
+
+def test_test_embeddings_follow_the_class_order() -> None:
+    """Step k embeds the test samples of tasks 1..k, the tasks cut from
+    prepare's class order: with unequal classes the sum is not test·(K+1)/2."""
+    names = ["a", "b", "c", "d"]
+    size = Size(names, {"train": [1, 1, 1, 1], "test": [1, 2, 3, 10]}, "test")
+    order = class_order(names, 5)
+    counts = dict(zip(names, [1, 2, 3, 10], strict=True))
+    first, second = (sum(counts[c] for c in order[i : i + 2]) for i in (0, 2))
+    assert size.tested(2, 5) == first + (first + second)
+    capped = {c: min(n, 2) for c, n in counts.items()}
+    first = sum(capped[c] for c in order[:2])
+    assert size.tested(2, 5, cap=2) == first + sum(capped.values())
+    assert size.total("test", cap=2) == 7 and size.total("test") == 16
