@@ -387,3 +387,17 @@ def test_prepare_on_the_tree(tree, tmp_path):
     assert all(s["class_name"] == doc["class_order"][s["label"]] for s in samples)
     no_image = {s["id"] for s in samples if s["image"] is None}
     assert no_image == {s.id for s in read(root).samples if s.image is None}
+
+
+def test_every_missing_image_is_counted_in_the_one_line(tree, tmp_path):
+    root = tmp_path / "dataset"
+    shutil.copytree(tree[0], root)
+    for line in (1, 2, 3):
+        delete_image(line)(root)
+    with pytest.raises(DatasetError) as err:
+        read(root)
+    assert str(err.value) == (
+        f"{root / 'listing.jsonl'} line 1: image 'images/00/c00-train-0.jpg' is "
+        f"not in {root} (and 2 more); leave the field empty for a sample without "
+        "an image"
+    )
