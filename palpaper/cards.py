@@ -49,12 +49,12 @@ def costs() -> dict[str, Any]:
 
 
 def methods() -> tuple[str, ...]:
-    """Every prompt method a card prices (pipeline.params' MethodName)."""
-    from typing import get_args
+    """The prompt methods a card must price: the paper's, in its order
+    (`pipeline.params.PAPER_METHODS`, those palbench/pace.py measures); a
+    method added since is priced by the cards that name it."""
+    from pipeline.params import PAPER_METHODS
 
-    from pipeline.params import MethodName
-
-    return get_args(MethodName)
+    return PAPER_METHODS
 
 
 @dataclass(frozen=True)

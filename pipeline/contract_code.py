@@ -20,7 +20,7 @@ import json
 import tokenize
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from palcore.outputs import write_bytes_atomic
 from pipeline.closure import code_closure, imported_modules
@@ -35,11 +35,12 @@ from pipeline.contracts import (
 )
 
 
-def method_names() -> tuple[str, ...]:
-    """The prompt methods (`prompt.method`), in `MethodName`'s order."""
-    from pipeline.params import MethodName
+def method_names(root: Path = ROOT) -> tuple[str, ...]:
+    """The prompt methods (`prompt.method`) of the tree at `root`, in
+    `pipeline.params.method_names`' order (the paper's six first)."""
+    from pipeline.params import method_names as names
 
-    return get_args(MethodName)
+    return names(root / "pipeline" / "methods")
 
 
 def method_file(method: str) -> str:
@@ -52,26 +53,29 @@ def _closure(module: str, root: Path) -> list[str]:
 
 def unit_files(root: Path = ROOT) -> dict[str, list[str]]:
     """Each unit's code files, relative to `root`: a stage's import closure
-    (for tune and extract without the method modules), and per method of
-    tune and extract the method modules its own closure holds (RebQ builds
-    on PAL's module, DualPrompt on L2P's)."""
-    own = {method_file(m) for m in method_names()}
+    (for tune and extract with every method module's closure, less the
+    method modules: what a method builds on, pipeline/model/prompts.py, is
+    the stage's), and per method of tune and extract the method modules its
+    own closure holds (RebQ builds on PAL's module, DualPrompt on L2P's)."""
+    methods = method_names(root)
+    own = {method_file(m) for m in methods}
     units: dict[str, list[str]] = {}
     for stage in STAGES:
         files = _closure(f"pipeline.stages.{stage}", root)
         if stage not in METHOD_STAGES:
             units[stage] = files
             continue
-        units[stage] = [f for f in files if f not in own]
-        for method in method_names():
+        # the registry imports a method module only when it builds it
+        reached = {f for m in methods for f in _closure(f"pipeline.methods.{m}", root)}
+        units[stage] = sorted(f for f in {*files, *reached} if f not in own)
+        for method in methods:
             units[f"{stage}.{method}"] = _method_closure(method, root)
     return units
 
 
 def _method_closure(method: str, root: Path) -> list[str]:
-    """The method modules that method `method`'s module imports, transitively
-    (not through `pipeline.methods`' registry, which imports them all)."""
-    names = {f"pipeline.methods.{m}": m for m in method_names()}
+    """The method modules that method `method`'s module imports, transitively."""
+    names = {f"pipeline.methods.{m}": m for m in method_names(root)}
     seen, todo = set(), [method]
     while todo:
         name = todo.pop()
@@ -224,7 +228,10 @@ def guard_problem(root: Path = ROOT) -> str | None:
             f"{root / RECORD_FILE}: not found (the code each contract was proven "
             f"with): `git checkout {RECORD_FILE}`"
         )
-    now = current_record(root)  # the closures are computed once
+    try:
+        now = current_record(root)  # the closures are computed once
+    except ContractError as err:  # a unit with no version: a new method's
+        return str(err)
     stray = sorted(set(read_versions(root).versions) - set(now))
     if stray:
         return (

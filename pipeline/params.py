@@ -8,8 +8,9 @@ one with `load(path, "data")`; errors name the file and `section.key`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from palcore.errors import ParamsError
 from palcore.params import RECORDED_IF_SET, RUN_ONLY, Device, check, load_section
@@ -181,16 +182,62 @@ class ModelParams:
         )
 
 
-# the prompt methods: PAL, then the baselines in the paper's order, one a line
-# (`pipeline.methods.registry.METHODS` has one class each)
-MethodName = Literal[
-    "pal",
-    "map",
-    "msp",
-    "rebq",
-    "l2p",
-    "dualprompt",
-]
+# The prompt methods (DESIGN §5): a method is one module of pipeline/methods
+# that declares `METHOD = <its Method subclass>`; the module's file name is its
+# `prompt.method` name. The names are read from the files (no import: params
+# load without torch); `pipeline.methods.registry` imports a module when its
+# method is built.
+METHODS_FOLDER = Path(__file__).resolve().parent / "methods"
+# PAL, then the paper's baselines in its order: the order of every list of
+# methods (tables, cards, contracts); any other method follows, alphabetically
+PAPER_METHODS = ("pal", "map", "msp", "rebq", "l2p", "dualprompt")
+
+
+def method_names(folder: Path = METHODS_FOLDER) -> tuple[str, ...]:
+    """Every prompt method's name: the stems of the modules in `folder` (not
+    `_*.py`) that assign `METHOD` at their top level, `PAPER_METHODS` first."""
+    found = {
+        path.stem
+        for path in folder.glob("*.py")
+        if not path.stem.startswith("_") and _declares_method(path)
+    }
+    paper = [name for name in PAPER_METHODS if name in found]
+    return (*paper, *sorted(found - set(paper)))
+
+
+def check_method(name: str) -> None:
+    """`ParamsError` unless `name` is a prompt method's name."""
+    names = method_names()
+    check(
+        name in names,
+        "prompt.method",
+        f"must be one of {', '.join(map(repr, names))}, got {name!r}",
+    )
+
+
+def _declares_method(path: Path) -> bool:
+    stat = path.stat()
+    return _assigns_method(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache  # keyed on the file's time and size: an edit reads it again
+def _assigns_method(path: str, mtime_ns: int, size: int) -> bool:
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_bytes(), path)
+    except SyntaxError as err:
+        raise ParamsError(
+            f"{path}: not Python (line {err.lineno}: {err.msg}), so no "
+            "prompt method can be listed"
+        ) from None
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        if any(isinstance(t, ast.Name) and t.id == "METHOD" for t in targets):
+            return True
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +245,7 @@ class PromptParams:
     """`prompt:` — the prompt method and its prompts (PAL: CODA-style pools)."""
 
     enabled: bool = True  # false: frozen features only (the ACIL baseline)
-    method: MethodName = "pal"  # the prompt method (DESIGN §5, pipeline/methods)
+    method: str = "pal"  # the prompt method: a module of pipeline/methods (DESIGN §5)
     pools: Literal["modality", "shared", "vector"] = "modality"  # ablation variants
     pool_size: int = 20  # components N per pool; N // K per task
     length: int = 8  # prompt tokens L_p per layer (prefix: L_p/2 keys, L_p/2 values)
@@ -209,12 +256,7 @@ class PromptParams:
     g_length: int = 10  # dualprompt: G-prompt tokens per layer (half keys, half values)
 
     def __post_init__(self) -> None:
-        names = get_args(MethodName)
-        check(
-            self.method in names,
-            "prompt.method",
-            f"must be one of {', '.join(map(repr, names))}, got {self.method!r}",
-        )
+        check_method(self.method)
         check(
             self.pool_size > 0, "prompt.pool_size", f"must be > 0, got {self.pool_size}"
         )

@@ -144,3 +144,61 @@ def test_a_params_file_read_twice_gives_fresh_copies_of_its_current_text(tmp_pat
     assert read_params_file(path) == {"solve": {"eta": 1.0, "etas": [0.1, 1.0]}}
     path.write_text("solve: {eta: 0.5}\n")
     assert read_params_file(path) == {"solve": {"eta": 0.5}}
+
+
+def test_a_method_is_a_module_that_declares_method(tmp_path):
+    """pipeline/methods' modules that assign METHOD at their top level, by
+    file name: the paper's in its order, then the others alphabetically; a
+    helper module, a private one or a METHOD inside a function is none."""
+    from pipeline.params import method_names
+
+    files = {
+        "zeta.py": "METHOD = object\n",
+        "alpha.py": "import x\n\nMETHOD: type = x.Alpha  # annotated\n",
+        "map.py": "METHOD = Map\n",
+        "pal.py": "class Pal:\n    pass\n\n\nMETHOD = Pal\n",
+        "helper.py": "METHODS = {}\n\n\ndef f():\n    METHOD = 1\n",
+        "_private.py": "METHOD = object\n",
+        "notes.txt": "METHOD = object\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert method_names(tmp_path) == ("pal", "map", "alpha", "zeta")
+    (tmp_path / "zeta.py").write_text("METHOD = (\n")
+    with pytest.raises(ParamsError) as err:
+        method_names(tmp_path)
+    assert str(err.value) == (
+        f"{tmp_path / 'zeta.py'}: not Python (line 1: '(' was never closed), so "
+        "no prompt method can be listed"
+    )
+
+
+def test_prompt_method_is_checked_against_the_method_modules(tmp_path):
+    from pipeline.params import method_names
+
+    names = method_names()
+    assert names[:6] == ("pal", "map", "msp", "rebq", "l2p", "dualprompt")
+    path = write(tmp_path, "prompt:\n  method: tyo\n")
+    with pytest.raises(ParamsError) as err:
+        load(path, "prompt")
+    assert str(err.value) == (
+        f"{path}: prompt.method must be one of {', '.join(map(repr, names))}, got 'tyo'"
+    )
+    assert str(err.value).startswith(
+        f"{path}: prompt.method must be one of 'pal', 'map', 'msp', 'rebq', 'l2p', "
+    )
+    path = write(tmp_path, "prompt:\n  method: 3\n")
+    with pytest.raises(ParamsError) as err:
+        load(path, "prompt")
+    assert str(err.value) == f"{path}: prompt.method must be a string, got 3"
+
+
+def test_listing_the_methods_imports_no_torch():
+    from helpers import heavy_modules_after
+
+    imports = (
+        "import pipeline.params as p, pipeline.contract_code as c, "
+        "palpaper.cards as k; p.load('params.yaml', 'prompt'); "
+        "assert c.method_names() == p.method_names() and k.methods()"
+    )
+    assert heavy_modules_after(imports) == []

@@ -16,12 +16,13 @@ module here implements. A method owns its prompts and decides, for a batch:
   the earlier tasks' head rows frozen (`masked`), or over every class seen so
   far with every head row training (sequential fine-tuning: MAP, MSP).
 
-A method is chosen by `prompt.method`; `METHODS` (`registry.py`) maps each
-name of `pipeline.params.MethodName` to its class. `build_model` is the one
-place a `PalModel` gets its method from params, `model_from_checkpoint` the
-one place a step's model is rebuilt. Adding a method: a module here with a
-`Method` subclass, its line in `METHODS`, its name in `MethodName`, and a
-params row (docs/USAGE.md, "Add a method").
+A method is one module here, chosen by its file name in `prompt.method`: a
+module that declares `METHOD = <its Method subclass>` is a method, found with
+no list to edit (`pipeline.params.method_names` reads the files;
+`registry.method_class` imports one when it is built). `build_model` is the
+one place a `PalModel` gets its method from params, `model_from_checkpoint`
+the one place a step's model is rebuilt. Adding a method: copy
+docs/method_template.py here (docs/USAGE.md, "Add a method").
 """
 
 from __future__ import annotations
@@ -29,23 +30,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from palcore.errors import ParamsError
 from palcore.params import section_from_mapping
-from pipeline.methods.registry import METHODS
+from pipeline.methods.registry import method_class
 from pipeline.model.checkpoint import restore
 from pipeline.model.encoder import Backbone
 from pipeline.model.method import Method
 from pipeline.model.network import PalModel
 from pipeline.params import PromptParams
 
-
-def method_class(name: str) -> type[Method]:
-    """The class of method `name` (`prompt.method`)."""
-    if name not in METHODS:
-        raise ParamsError(
-            f"prompt.method '{name}' is not a method (known: {', '.join(METHODS)})"
-        )
-    return METHODS[name]
+__all__ = ["build", "build_model", "method_class", "model_from_checkpoint"]
 
 
 def build(params: PromptParams, n_tasks: int, dim: int, depth: int) -> Method:
