@@ -15,6 +15,7 @@ contracted output depends on (and keeps as `contract.json`),
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +47,17 @@ class Versions:
 
     def of(self, unit: str) -> int:
         if unit not in self.versions:
+            stage, _, method = unit.partition(".")
+            if not method:
+                raise ContractError(
+                    f"{VERSIONS_FILE}: no version for '{unit}': "
+                    f"`git checkout {VERSIONS_FILE}`"
+                )
             raise ContractError(
-                f"{VERSIONS_FILE}: no version for '{unit}' (a new method: "
-                f"'{unit}: 1' under versions, docs/USAGE.md \"Add a method\")"
+                f"{VERSIONS_FILE}: no version for '{unit}' (a new method's "
+                "outputs): `pal contracts raise "
+                f"{' '.join(f'{s}.{method}' for s in METHOD_STAGES)}` starts "
+                'them at 1 (docs/USAGE.md, "Add a method")'
             )
         return self.versions[unit]
 
@@ -70,6 +79,31 @@ def parse_versions(text: str, where: str = VERSIONS_FILE) -> Versions:
     if not isinstance(reasons, Mapping):
         raise ContractError(f"{where}: expected a mapping 'reasons: {{unit@N: why}}'")
     return Versions(versions, {str(k): str(v) for k, v in reasons.items()})
+
+
+def add_version(text: str, unit: str, version: int) -> str:
+    """contracts.yaml's `text` with the line `unit: version` added under
+    `versions`, after the last line of `unit`'s stage (`tune.toy` after the
+    last `tune.*`), else after the last version."""
+    lines = text.splitlines(keepends=True)
+    head = [i for i, line in enumerate(lines) if re.match(r"versions:\s*$", line)]
+    entry = re.compile(r"(\s+)([\w.]+):\s*\d+\s*(#.*)?$")
+    last = last_of_stage = None
+    for i in range(head[0] + 1 if head else len(lines), len(lines)):
+        if re.match(r"[^\s#]", lines[i]):  # the next top-level key
+            break
+        if found := entry.match(lines[i]):
+            indent, last = found[1], i
+            if found[2].split(".")[0] == unit.split(".")[0]:
+                last_of_stage = i
+    if last is None:
+        raise ContractError(
+            f"{VERSIONS_FILE}: no 'versions:' block of 'unit: N' lines to add "
+            f"'{unit}: {version}' to; add it under versions by hand"
+        )
+    at = (last if last_of_stage is None else last_of_stage) + 1
+    lines.insert(at, f"{indent}{unit}: {version}\n")
+    return "".join(lines)
 
 
 def read_versions(root: Path = ROOT) -> Versions:

@@ -185,6 +185,56 @@ def test_a_raise_runs_without_a_proof_and_each_edit_moves_its_stamps(
     assert done.stderr.startswith("Error: unknown unit tune.pall (known: extract, ")
 
 
+def test_a_new_methods_units_start_at_1_by_a_raise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module added to pipeline/methods is a method with units tune.<m> and
+    extract.<m>; until contracts.yaml has them the guard is one line naming
+    the raise to run, which adds them at 1 beside their stage's, as drafts
+    (no proof asked, the stamps carry the code's digest)."""
+    from click.testing import CliRunner
+
+    root = _copy(tmp_path / "root")
+    code.write_record(code.current_record(root), root)  # a verified tree
+    monkeypatch.setattr(guard.con, "ROOT", root)  # where `raise` edits
+    shutil.copy(ROOT / "docs" / "method_template.py", root / "pipeline/methods/toy.py")
+    assert code.method_names(root)[-1] == "toy"
+    assert code.unit_files(root)["tune.toy"] == ["pipeline/methods/toy.py"]
+    assert code.guard_problem(root) == (
+        "contracts.yaml: no version for 'extract.toy' (a new method's outputs): "
+        "`pal contracts raise tune.toy extract.toy` starts them at 1 "
+        '(docs/USAGE.md, "Add a method")'
+    )
+    before = (root / "contracts.yaml").read_text()
+    done = CliRunner().invoke(guard.cli, ["raise", "tune.toy", "extract.toy"])
+    assert done.exit_code == 0, done.output
+    assert done.stdout.splitlines() == ["tune.toy: new, 1", "extract.toy: new, 1"]
+    after = (root / "contracts.yaml").read_text()
+    assert after == before.replace(
+        "  tune.dualprompt: 2\n", "  tune.dualprompt: 2\n  tune.toy: 1\n"
+    ).replace(
+        "  extract.dualprompt: 1\n", "  extract.dualprompt: 1\n  extract.toy: 1\n"
+    )
+    assert code.guard_problem(root) is None and set(code.drafted(root)) == {
+        "tune.toy",
+        "extract.toy",
+    }
+    params = committed_params()
+    params["ablation"]["toy"] = {
+        "label": "toy",
+        "changes": {"prompt": {"method": "toy"}},
+    }
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    guard.write_stamps(str(root / "params.yaml"), tmp_path / "stamps", root)
+    toy = json.loads((tmp_path / "stamps" / "tune" / "toy.json").read_text())
+    assert toy["method"] == "toy" and toy["method_version"] == 1
+    assert toy["code"] == {"tune.toy": code.drafted(root)["tune.toy"]}
+    done = CliRunner().invoke(guard.cli, ["raise", "tune.tyo"])
+    assert done.exit_code == 1
+    assert done.stderr.startswith("Error: unknown unit tune.tyo (known: extract, ")
+    assert "tune.toy" in done.stderr
+
+
 def test_stamps_name_each_variants_contract(tmp_path: Path) -> None:
     params = tmp_path / "params.yaml"
     params.write_text(committed("params.yaml"))

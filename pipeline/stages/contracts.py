@@ -44,10 +44,10 @@ def write_stamps(params_file: str, out: Path, root: Path = con.ROOT) -> list[Pat
                 enabled = section_value(source, "prompt", "enabled")
                 method = section_value(source, "prompt", "method")
                 method = method if enabled is not False else None
-                if method is not None and method not in code.method_names():
+                if method is not None and method not in code.method_names(root):
                     raise con.ContractError(
                         f"ablation.{variant}: prompt.method '{method}' is no method "
-                        f"(known: {', '.join(code.method_names())}); `pal check` "
+                        f"(known: {', '.join(code.method_names(root))}); `pal check` "
                         "names every such key"
                     )
                 record = con.stamp(stage, method, versions)
@@ -157,19 +157,27 @@ def raise_cmd(units: tuple[str, ...]) -> None:
     often it is raised before the proof. `dvc repro` then remakes their
     outputs with no proof run, and again after each further edit of their
     code; the proof (`pal contracts verify`, and the test suite) runs once
-    the change is committed.
+    the change is committed. A new method's units (`tune.toy extract.toy`)
+    are added to contracts.yaml at 1.
     """
     path = con.ROOT / con.VERSIONS_FILE
     known = con.read_versions(con.ROOT).versions
-    unknown = [u for u in units if u not in known]
+    methods = code.method_names(con.ROOT)
+    new = {f"{s}.{m}" for s in con.METHOD_STAGES for m in methods} - set(known)
+    unknown = [u for u in units if u not in known and u not in new]
     if unknown:
         raise con.ContractError(
-            f"unknown unit {unknown[0]} (known: {', '.join(sorted(known))})"
+            f"unknown unit {unknown[0]} (known: {', '.join(sorted({*known, *new}))})"
         )
     record = code.read_record(con.ROOT)
     text = path.read_text(encoding="utf-8")
     for unit in units:
         target = record.get(unit, {}).get("version", 0) + 1
+        if unit not in known:  # a new method's
+            text = con.add_version(text, unit, target)
+            click.echo(f"{unit}: new, {target}")
+            known[unit] = target
+            continue
         if known[unit] >= target:
             click.echo(f"{unit}: already {known[unit]}, above contracts.lock's")
             continue
