@@ -53,22 +53,40 @@ def embed_samples(
     device = backbone.device
     q_all = None if queries is None else torch.from_numpy(queries).to(device)
     if q_all is not None and model.prompts is None:
-        with torch.inference_mode(), autocast(device):
-            x, logits = model.features(None, q_all)
-        return x.float().cpu().numpy(), logits.float().cpu().numpy()
+        return _gathered(model, q_all)
     if batches is None:
         dataset = _dataset(samples, root, backbone)
         batches = make_loader(
             dataset, params.batch_size, num_workers=params.num_workers, device=device
         )
+    return _forward(model, batches, q_all, len(samples), first_batch, desc)
+
+
+def _gathered(model: PalModel, q_all: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Without prompts, the joint embeddings of stored frozen queries: no
+    image and no forward of the backbone."""
+    with torch.inference_mode(), autocast(model.backbone.device):
+        x, logits = model.features(None, q_all)
+    return x.float().cpu().numpy(), logits.float().cpu().numpy()
+
+
+def _forward(
+    model: PalModel,
+    batches: Iterable[Batch],
+    q_all: torch.Tensor | None,
+    n: int,
+    first_batch: int,
+    desc: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The prompted forward over `batches` (n samples in order), each batch
+    seeded by its index from `first_batch`, with a progress bar and one line
+    of where the time went."""
     xs, ls, done = [], [], 0
     clock, t0 = WaitClock(batches), time.perf_counter()
     with (
         torch.inference_mode(),
-        autocast(device),
-        tqdm(
-            total=len(samples), desc=desc, unit="sample", disable=None, leave=False
-        ) as bar,
+        autocast(model.backbone.device),
+        tqdm(total=n, desc=desc, unit="sample", disable=None, leave=False) as bar,
     ):
         for b, batch in enumerate(clock):
             # ViLT's patch order: the same batch gets the same seed, and bytes
@@ -84,7 +102,7 @@ def embed_samples(
     log.info(
         "%s: %d samples in %.1f s, %.1f s of it waiting for data",
         desc,
-        len(samples),
+        n,
         time.perf_counter() - t0,
         clock.seconds,
     )

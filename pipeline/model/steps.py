@@ -86,10 +86,27 @@ def make_step(
     gradient of every trained tensor is clipped to that global norm before
     the optimiser steps, in either form.
     """
-    device = model.backbone.device
-    params = [p for g in optimiser.param_groups for p in g["params"]]
     if not static:
         return _eager_step(model, optimiser, cache, task, recon_weight, clip_norm)
+    return _static_step(
+        model, optimiser, cache, task, recon_weight, dummy, graphs, clip_norm
+    )
+
+
+def _static_step(
+    model: PalModel,
+    optimiser: torch.optim.Optimizer,
+    cache: QueryCache,
+    task: int,
+    recon_weight: float,
+    dummy: DummySegments | None,
+    graphs: bool,
+    clip_norm: float | None,
+) -> Stepper:
+    """`make_step`'s static form: fixed-shape inputs per batch, replayed as
+    CUDA graphs when `graphs`."""
+    device = model.backbone.device
+    params = [p for g in optimiser.param_groups for p in g["params"]]
 
     def step(inputs: Mapping[str, torch.Tensor]) -> Parts:
         with autocast(device, cache_enabled=False):

@@ -138,10 +138,7 @@ def _session(
         pixels=pixels,
     )
     _hold_prompts(method, task, tune_p.prompt_tasks)
-    prompted = method is not None and any(p.requires_grad for p in method.parameters())
-    copies = (
-        method is not None and prompted and method.copies and tune_p.recon_weight > 0
-    )
+    copies = _trains_copies(method, tune_p.recon_weight)
     cache = _query_cache(model, dataset, task, copies, tune_p.num_workers, frozen)
     graphed = _graphed(device, method, tune_p)
     optimiser, base_lrs = optimiser_for(model, tune_p, capturable=graphed)
@@ -156,10 +153,10 @@ def _session(
         cache,
         task,
         tune_p.recon_weight,
-        graphed,
-        dummy,
-        graphed,
-        tune_p.clip_norm,
+        static=graphed,
+        dummy=dummy,
+        graphs=graphed,
+        clip_norm=tune_p.clip_norm,
     )
     loader = make_loader(
         dataset,
@@ -173,6 +170,15 @@ def _session(
     per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
     labels = torch.tensor([s.label for s in train])
     return Session(loader, optimiser, base_lrs, step, per_epoch, labels, seed)
+
+
+def _trains_copies(method: Method | None, recon_weight: float) -> bool:
+    """Whether the task's batches carry the missing-modality copies the
+    reconstruction loss trains on: a method with trainable prompts that
+    takes copies, and a loss weight above 0."""
+    if method is None or not method.copies or recon_weight <= 0:
+        return False
+    return any(p.requires_grad for p in method.parameters())
 
 
 def _graphed(

@@ -132,24 +132,41 @@ def extract(
     ready = partial.reusable([step_dir_name(s) for s in steps], names)  # verified
     todo = [s for s in steps if step_dir_name(s) not in ready]
     run = ExtractRun(samples, tasks, params, partial.path, names, rank, world, frozen)
-    reuse, parts = step_plan(run, todo, ckpts)
-    backbone, loader = None, None
-    for i, step in enumerate(todo):
-        folder = step_dir_name(step)
-        ckpt = ckpts[step]
-        if backbone is None:
-            backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
-            loader = _step_loader(parts, tasks, backbone, params, cache, ckpt, frozen)
-        key = _extract_key(ckpt["hash"], digests[step - 1], params.dtype, world)
-        provenance = _provenance(ckpt, key, digests[step - 1], params)
-        part = None if loader is None else loader.part(i)
-        model = model_from_checkpoint(ckpt, backbone)
-        extract_step(model, step, run, provenance, reuse[step], part)
-        partial.seal(folder, names)
+    _run_steps(run, todo, ckpts, digests, partial, device, cache)
     _finish(partial, out, steps, ready, names, device)
     if rank == 0:
         _settle(out, steps, world, tasks.n_tasks, ckpts[steps[0]])
     return [out / step_dir_name(step) for step in steps]
+
+
+def _run_steps(
+    run: ExtractRun,
+    todo: list[int],
+    ckpts: dict[int, dict],
+    digests: Sequence[str],
+    partial: PartialRun,
+    device: torch.device,
+    pixels: PixelCache | None,
+) -> None:
+    """Each step of `todo`: its shards made (or their reusable parts kept,
+    `step_plan`) and sealed in the partial folder. The backbone loads once,
+    and one loader serves every step."""
+    reuse, parts = step_plan(run, todo, ckpts)
+    backbone, loader = None, None
+    for i, step in enumerate(todo):
+        ckpt = ckpts[step]
+        if backbone is None:
+            m = ckpt["params"]["model"]
+            backbone = load_backbone(m["backbone"], m["max_text_len"]).place(device)
+            loader = _step_loader(
+                parts, run.tasks, backbone, run.params, pixels, ckpt, run.frozen
+            )
+        key = _extract_key(ckpt["hash"], digests[step - 1], run.params.dtype, run.world)
+        provenance = _provenance(ckpt, key, digests[step - 1], run.params)
+        part = None if loader is None else loader.part(i)
+        model = model_from_checkpoint(ckpt, backbone)
+        extract_step(model, step, run, provenance, reuse[step], part)
+        partial.seal(step_dir_name(step), run.names)
 
 
 def _step_loader(
