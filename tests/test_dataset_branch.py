@@ -127,3 +127,41 @@ def test_own_params_make_the_branch(project: Path, tmp_path: Path) -> None:
     assert (project / "params.yaml").read_text() == "n: 7\n"
     message = run(project, "git", "log", "-1", "--format=%s").stdout.strip()
     assert message == "mine: params.yaml from mine.yaml"
+
+
+def test_settings_change_a_new_branch_params_keeping_comments(
+    project: Path, tmp_path: Path
+) -> None:
+    own = tmp_path / "mine.yaml"
+    own.write_text("n: 7  # a count\ndata:\n  root: x  # the folder\n  tasks: 5\n")
+    args = ["-S", "data.root=data/raw/mine", "-S", "data.tasks=4", "-S", "n=[1, 2]"]
+    out = run(project, PAL, "dataset", "mine", "--params", str(own), *args).stdout
+    assert (
+        out.splitlines()[0] == f"dataset/mine: new, params.yaml from {own}, 3 keys set"
+    )
+    assert (project / "params.yaml").read_text() == (
+        "n: [1, 2] # a count\ndata:\n  root: data/raw/mine # the folder\n  tasks: 4\n"
+    )
+
+
+def test_a_misspelt_setting_is_one_line_and_no_branch(
+    project: Path, tmp_path: Path
+) -> None:
+    own = tmp_path / "mine.yaml"
+    own.write_text("data:\n  root: x\n")
+    done = run(
+        project,
+        PAL,
+        "dataset",
+        "mine",
+        "--params",
+        str(own),
+        "-S",
+        "data.rot=y",
+        ok=False,
+    )
+    assert (done.returncode, done.stderr.strip()) == (
+        1,
+        "Error: -S data.rot=y: mine.yaml has no key 'data.rot' (KEY=VALUE)",
+    )
+    assert run(project, "git", "branch", "--list", "dataset/*").stdout == ""

@@ -20,13 +20,17 @@ from the cache.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
+import yaml
 
 from palcore.cliutil import clean_errors
 from palcore.errors import PalError
@@ -101,24 +105,65 @@ def preset(root: Path, name: str, params: Path | None) -> Path:
     return path
 
 
-def enter(root: Path, name: str, params: Path | None) -> str:
+def enter(root: Path, name: str, params: Path | None, settings: Sequence[str]) -> str:
     """Switch to `dataset/NAME`, making it from home when new."""
     branch = PREFIX + name
     if git(root, "branch", "--list", branch):
-        if params is not None:
+        if params is not None or settings:
             raise DatasetSwitchError(
-                f"{branch}: exists already; --params only makes a new one "
+                f"{branch}: exists already; --params and -S only make a new one "
                 "(edit its params.yaml there, or `git branch -D` it first)"
             )
         git(root, "switch", "-q", branch)
         return branch
     source = preset(root, name, params)
+    text = with_settings(source, settings)
     git(root, "switch", "-q", "-c", branch, home_branch(root))
-    shutil.copyfile(source, root / "params.yaml")
+    (root / "params.yaml").write_text(text, encoding="utf-8")
     git(root, "add", "params.yaml")
-    git(root, "commit", "-q", "-m", f"{name}: params.yaml from {source.name}")
-    click.echo(f"{branch}: new, params.yaml from {source}")
+    changed = f", {len(settings)} keys set" if settings else ""
+    git(root, "commit", "-q", "-m", f"{name}: params.yaml from {source.name}{changed}")
+    click.echo(f"{branch}: new, params.yaml from {source}{changed}")
     return branch
+
+
+def with_settings(source: Path, settings: Sequence[str]) -> str:
+    """The text of params file `source` with each `KEY=VALUE` of `settings`
+    set (VALUE read as YAML, as `dvc exp run -S` reads it), comments and
+    order kept. KEY must name a key the file has: a misspelt one is one
+    line, not a new key nothing reads."""
+    text = source.read_text(encoding="utf-8")
+    if not settings:
+        return text
+    from ruamel.yaml import YAML
+
+    rt = YAML()
+    doc = rt.load(text)
+    for setting in settings:
+        key, eq, value = setting.partition("=")
+        *parents, last = key.split(".")
+        node = doc
+        for part in parents:
+            node = node.get(part) if hasattr(node, "get") else None
+        if not eq or not hasattr(node, "get") or last not in node:
+            raise DatasetSwitchError(
+                f"-S {setting}: {source.name} has no key '{key}' (KEY=VALUE)"
+            )
+        node[last] = _flow(yaml.safe_load(value))
+    out = io.StringIO()
+    rt.dump(doc, out)
+    return out.getvalue()
+
+
+def _flow(value: Any) -> Any:
+    """A list or mapping set on one line (`[0, 1]`), as it was typed."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    if isinstance(value, (list, dict)):
+        node = CommentedSeq(value) if isinstance(value, list) else CommentedMap(value)
+        node.fa.set_flow_style()
+        return node
+    return value
 
 
 def checkout_outputs(root: Path) -> None:
@@ -141,13 +186,17 @@ def checkout_outputs(root: Path) -> None:
         )
 
 
-def switch(root: Path, name: str, params: Path | None) -> str:
+def switch(
+    root: Path, name: str, params: Path | None, settings: Sequence[str] = ()
+) -> str:
     """The switch `pal dataset NAME` makes; the branch it lands on."""
     here = current_branch(root)
     if name == "demo":
         target = home_branch(root)
-        if params is not None:
-            raise DatasetSwitchError("--params: the demo's params are its branch's")
+        if params is not None or settings:
+            raise DatasetSwitchError(
+                "demo: its params are its branch's (no --params, -S)"
+            )
     else:
         target = PREFIX + name
     if here == target:
@@ -159,7 +208,7 @@ def switch(root: Path, name: str, params: Path | None) -> str:
     if name == "demo":
         git(root, "switch", "-q", target)
     else:
-        enter(root, name, params)
+        enter(root, name, params, settings)
     checkout_outputs(root)
     return target
 
@@ -173,13 +222,23 @@ def switch(root: Path, name: str, params: Path | None) -> str:
     default=None,
     help="A new dataset branch's params file (default: configs/NAME.yaml).",
 )
+@click.option(
+    "-S",
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a key of a new branch's params.yaml (data.root=data/raw/mine), "
+    "as `dvc exp run -S` does; repeatable.",
+)
 @clean_errors
-def cli(name: str, params_file: Path | None) -> None:
+def cli(name: str, params_file: Path | None, settings: tuple[str, ...]) -> None:
     """Switch to dataset NAME's branch (`dataset/NAME`), or back with `demo`.
 
     NAME is a preset of configs/ (food101, n24news) or any name with --params
     FILE: the first switch makes the branch from the demo's branch (the one
-    you leave, `main` in a clone), with params.yaml from the file, committed.
+    you leave, `main` in a clone), with params.yaml from the file and the
+    -S KEY=VALUE settings, committed.
     There `pal check`, `dvc repro`, `dvc exp run -S` and `pal-paper` run as
     on the demo, without touching the demo's branch. Leaving commits the
     branch's params.yaml and dvc.lock (the run's record); `pal dataset demo`
@@ -191,5 +250,5 @@ def cli(name: str, params_file: Path | None) -> None:
     root = Path(git(Path.cwd(), "rev-parse", "--show-toplevel"))
     if params_file is not None:
         params_file = params_file.resolve()
-    branch = switch(root, name, params_file)
+    branch = switch(root, name, params_file, settings)
     click.echo(f"on {branch}: `pal check` then `dvc repro` runs its pipeline")
