@@ -5,6 +5,7 @@ the command typed as a user types it: the venv's `pal`, nothing on PATH."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,12 @@ DVC_YAML = """stages:
     cmd: {python} -c "{count}"
     params: [n]
     outs: [out.txt]
+  report:
+    cmd: mkdir -p results && cp out.txt results/n.txt
+    deps: [out.txt]
+    outs:
+      - results/n.txt:
+          cache: false
 """
 
 
@@ -83,7 +90,7 @@ def test_a_dataset_runs_on_its_branch_and_demo_comes_back(project: Path) -> None
     assert (project / "out.txt").read_text() == "10"
 
     out = run(project, PAL, "dataset", "demo").stdout
-    assert out.splitlines()[0] == "dataset/tiny: committed the run's dvc.lock"
+    assert out.splitlines()[0] == "dataset/tiny: committed the run's record (2 files)"
     assert run(project, "git", "branch", "--show-current").stdout.strip() == "main"
     assert head(project) == main and clean(project) == ""
     assert (project / "params.yaml").read_text() == "n: 1\n"
@@ -165,3 +172,17 @@ def test_a_misspelt_setting_is_one_line_and_no_branch(
         "Error: -S data.rot=y: mine.yaml has no key 'data.rot' (KEY=VALUE)",
     )
     assert run(project, "git", "branch", "--list", "dataset/*").stdout == ""
+
+
+def test_leaving_a_branch_without_a_run_commits_nothing(project: Path) -> None:
+    """The tiny project's results/ is the demo's; a branch that ran nothing
+    leaves with no commit and comes back to main as it was."""
+    shutil.rmtree(project / "results")
+    run(project, "git", "commit", "-qam", "no results")
+    run(project, PAL, "dataset", "tiny")
+    out = run(project, PAL, "dataset", "demo").stdout
+    assert out.splitlines() == [
+        "on main: `pal check` then `dvc repro` runs its pipeline"
+    ]
+    count = run(project, "git", "rev-list", "--count", "main..dataset/tiny")
+    assert count.stdout.strip() == "1"

@@ -11,10 +11,11 @@ grids work as on the demo, every experiment a one-line change of that branch's
 params.yaml; DVC's cache is the checkout's, shared by every branch, so going
 back and forth reruns nothing.
 
-Leaving a dataset's branch commits its run record (params.yaml and dvc.lock,
-the only tracked files a run changes) there, so coming back finds it; any
-other uncommitted change of a tracked file stops the switch with one line
-naming it. After each switch `dvc checkout` puts the branch's outputs back
+Leaving a dataset's branch commits its run record there (params.yaml,
+dvc.lock and what the run and its grids wrote under results/: what a run
+puts in git), so coming back finds it and nothing of it follows you to the
+demo; any other uncommitted change of a tracked file stops the switch with
+one line naming it. After each switch `dvc checkout` puts the branch's outputs back
 from the cache.
 """
 
@@ -37,7 +38,9 @@ from palcore.errors import PalError
 
 PREFIX = "dataset/"
 HOME_KEY = "pal.home"  # git config (local): the branch `pal dataset demo` goes to
-RUN_RECORD = ("params.yaml", "dvc.lock")
+# what a run changes in git: its params, its lock, and the reports under
+# results/ (evaluate's, uncached by DVC; pal-paper's tables)
+RUN_RECORD = ("params.yaml", "dvc.lock", "results")
 
 
 class DatasetSwitchError(PalError):
@@ -80,17 +83,25 @@ def leave(root: Path, branch: str) -> None:
     """Make the branch safe to leave: on a dataset's branch, commit its run
     record; anything else uncommitted stops the switch."""
     changed = changed_tracked(root)
-    record = [f for f in changed if f in RUN_RECORD]
-    others = [f for f in changed if f not in RUN_RECORD]
-    if others or (record and not branch.startswith(PREFIX)):
+    others = [f for f in changed if not _recorded(f)]
+    if others or (changed and not branch.startswith(PREFIX)):
         raise DatasetSwitchError(
-            f"{branch}: uncommitted changes to {', '.join(others or record)}: "
+            f"{branch}: uncommitted changes to {', '.join(others or changed)}: "
             "commit or `git stash` them first"
         )
-    if record:
-        git(root, "add", "--", *record)
+    if not branch.startswith(PREFIX):
+        return
+    present = [p for p in RUN_RECORD if (root / p).exists() or git(root, "ls-files", p)]
+    git(root, "add", "-A", "--", *present)
+    staged = git(root, "diff", "--cached", "--name-only").split()
+    if staged:
         git(root, "commit", "-q", "-m", f"{branch[len(PREFIX) :]}: the run's record")
-        click.echo(f"{branch}: committed the run's {' and '.join(record)}")
+        click.echo(f"{branch}: committed the run's record ({len(staged)} files)")
+
+
+def _recorded(path: str) -> bool:
+    """Whether `path` is part of a run's record (RUN_RECORD)."""
+    return path in RUN_RECORD or path.startswith("results/")
 
 
 def preset(root: Path, name: str, params: Path | None) -> Path:
@@ -241,7 +252,7 @@ def cli(name: str, params_file: Path | None, settings: tuple[str, ...]) -> None:
     -S KEY=VALUE settings, committed.
     There `pal check`, `dvc repro`, `dvc exp run -S` and `pal-paper` run as
     on the demo, without touching the demo's branch. Leaving commits the
-    branch's params.yaml and dvc.lock (the run's record); `pal dataset demo`
+    run's record there (params.yaml, dvc.lock, results/); `pal dataset demo`
     goes back, and `dvc checkout` puts each
     branch's outputs back from DVC's cache, so nothing is rerun.
     """
