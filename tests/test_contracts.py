@@ -572,6 +572,7 @@ def test_the_fixture_params_do_not_follow_a_new_tune_default(tmp_path) -> None:
         "demo",
         "demo-2rank",
         "demo-off",
+        "files",
         "food101",
         "n24news",
     ]

@@ -3,8 +3,9 @@ stages run on tiny data, through the `pal` command group only, in a process
 of its own (`PYTHONPATH` at the code's tree).
 
 The inputs come first: the demo's dataset and tiny ViLT (its weights the
-reference's), a UPMC-Food101 tree and an N24News tree (both readers of the
-paper's data), and each dataset's prepare folder. Every job reads the
+reference's), a UPMC-Food101 tree, an N24News tree (both readers of the
+paper's data) and a tree in the files layout (a dataset of one's own), and
+each dataset's prepare folder. Every job reads the
 code's `params.yaml` with the fixture's sizes and tune knobs laid over it;
 the pixels, frozen and tune outputs of some jobs are the inputs of others.
 """
@@ -24,13 +25,13 @@ from typing import Any
 import yaml
 
 from pipeline.contracts import ContractError
+from pipeline.params import method_names
 
-DATASETS = ("demo", "food101", "n24news")
-# variant (a row of params' `ablation`) → its prompt method (L2P++: the prefix
-# form of the l2p method)
-VARIANTS: dict[str, str | None] = {
-    v: v for v in ("pal", "map", "msp", "rebq", "l2p", "dualprompt")
-}
+DATASETS = ("demo", "food101", "n24news", "files")
+# variant (a row of params' `ablation`) → its prompt method: every method of
+# pipeline/methods (a new one's row is added to the fixture's params when
+# params.yaml has none), no prompts, and L2P++ (the prefix form of l2p)
+VARIANTS: dict[str, str | None] = {m: m for m in method_names()}
 VARIANTS |= {"frozen": None, "l2p_pp": "l2p"}
 FIXTURE: dict[str, dict[str, Any]] = {  # laid over each version's params.yaml
     "demo": {
@@ -54,6 +55,7 @@ DATA = {  # per dataset: its `data` keys (root relative to the inputs)
     "demo": {"dataset": "demo", "root": "demo/dataset"},
     "food101": {"dataset": "food101", "root": "food101"},
     "n24news": {"dataset": "n24news", "root": "n24news"},
+    "files": {"dataset": "files", "root": "files"},
 }
 
 
@@ -142,11 +144,17 @@ def build_inputs(code: Path, where: Path, weights: Path | None = None) -> None:
     """The demo (through `code`'s `pal demo`; the tiny ViLT's weights then
     replaced by `weights`, when given), the two real layouts' trees and
     every dataset's prepare folder, in `where`."""
-    from pipeline.fakes.trees import make_food101_tree, make_n24news_tree
+    from pipeline.fakes.trees import (
+        make_files_tree,
+        make_food101_tree,
+        make_n24news_tree,
+    )
 
     where.mkdir(parents=True, exist_ok=True)
     make_food101_tree(where / "food101", classes=5, train=3, test=2)
     make_n24news_tree(where / "n24news", 4, {"train": 3, "dev": 1, "test": 2})
+    # some images missing and some texts empty: the dataset's own missing codes
+    make_files_tree(where / "files", classes=4, per_split={"train": 3, "test": 2})
     params = write_params(code, where, where / "params")
     _pal(code, where, ["demo", "--params", str(params["demo"]), "--out", "demo"])
     if weights is not None:
@@ -188,6 +196,7 @@ def write_params(
         backbone = _relative(inputs / "demo" / "vilt", folder.parent)
         raw["model"] = {**raw["model"], "backbone": backbone}
         raw["tune"]["device"] = raw["extract"]["device"] = device
+        raw["ablation"] = _with_method_rows(raw.get("ablation") or {})
         if name == "demo-off":
             raw["pixels"]["enabled"] = False
         if name == "demo-2rank":
@@ -195,6 +204,16 @@ def write_params(
         paths[name] = folder / f"{name}.yaml"
         paths[name].write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     return paths
+
+
+def _with_method_rows(ablation: Mapping[str, Any]) -> dict[str, Any]:
+    """params' `ablation` rows, with one for each method that has none (a
+    new method's module, before its author adds its row)."""
+    rows = dict(ablation)
+    for m in VARIANTS:
+        if m not in rows and VARIANTS[m] == m:
+            rows[m] = {"label": m, "changes": {"prompt": {"method": m}}}
+    return rows
 
 
 def _env(code: Path) -> dict[str, str]:
