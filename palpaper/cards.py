@@ -70,9 +70,21 @@ class Card:
 
     def extract_rate(self, method: str) -> float:
         """samples/s of `method`'s extraction: `extract_per_s`, one number for
-        every method or one per method."""
+        every method or one per method (PAL's for a method it has none for)."""
         rate = self.entry["extract_per_s"]
-        return float(rate[method] if isinstance(rate, Mapping) else rate)
+        if not isinstance(rate, Mapping):
+            return float(rate)
+        return float(rate[self.priced_as(method)])
+
+    def tune_rate(self, method: str) -> float:
+        """samples/s of one tuning of `method` alone (PAL's for a method the
+        card has no figure for: a new one)."""
+        return float(self.entry["tune_per_s"][self.priced_as(method)])
+
+    def priced_as(self, method: str) -> str:
+        """The method whose figures price `method`: itself where the card
+        measured it, else PAL (a method added after the card was made)."""
+        return method if method in self.entry["tune_per_s"] else "pal"
 
     def status(self) -> str:
         """What its figures are: measured where, or projected from what."""
@@ -93,7 +105,8 @@ class Card:
 
     def largest(self, methods: Sequence[str]) -> float:
         """GiB of the largest tuning of `methods` (0 for none)."""
-        return max((float(self.entry["tuning_gib"][m]) for m in methods), default=0.0)
+        gib = self.entry["tuning_gib"]
+        return max((float(gib[self.priced_as(m)]) for m in methods), default=0.0)
 
 
 def check_card(entry: Any, where: str) -> Card:

@@ -238,6 +238,7 @@ def _card_report(
         "packing_factor": pack.factor,
         "largest_tuning_gib": pack.gib,
         "methods": list(methods),
+        "at_pal_rates": [m for m in methods if c.priced_as(m) != m],
         "packing_figures_for": sorted(c["packing"]),
     }
 

@@ -101,7 +101,7 @@ def tune_seconds(
     k = int(cell.value(params, "data.tasks"))
     train, _ = _samples(cell, params, size)
     t = c["tune_startup_s"] + k * (c["first_batch_s"] + c["capture_s_per_task"])
-    return t + v.epochs * train / c["tune_per_s"][v.method]
+    return t + v.epochs * train / c.tune_rate(v.method)
 
 
 def extract_seconds(

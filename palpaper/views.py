@@ -157,12 +157,18 @@ def _card_lines(card: Mapping[str, Any]) -> list[str]:
             f"{methods}, within 90 % of {card['memory_gib']:g} GiB"
         )
     js = ", ".join(str(n) for n in card["packing_figures_for"])
-    return [
+    lines = [
         f"card: {card['name']} ({card['file']}): {card['figures']}",
         f"  {j} tuning{'s' * (j != 1)} at once a card, at {card['packing_factor']:g}x "
         f"the samples/s of one alone ({why}; packing figures for J = {js}); hours "
         "are card-hours",
     ]
+    if card.get("at_pal_rates"):
+        lines.append(
+            f"  {', '.join(card['at_pal_rates'])}: no figures on this card, priced "
+            "at PAL's rates and memory"
+        )
+    return lines
 
 
 def _wrap(line: str, hang: int = 2) -> Sequence[str]:

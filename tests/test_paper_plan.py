@@ -225,6 +225,7 @@ def test_plan_prices_each_variant_and_fills_the_card(tmp_path: Path) -> None:
         "packing_factor": 1.6,
         "largest_tuning_gib": 5.0,
         "methods": ["pal", *baselines],
+        "at_pal_rates": [],
         "packing_figures_for": [1, 2, 4],
     }
     (grid,) = report["datasets"]
@@ -661,3 +662,16 @@ def test_test_embeddings_follow_the_class_order() -> None:
     first = sum(capped[c] for c in order[:2])
     assert size.tested(2, 5, cap=2) == first + sum(capped.values())
     assert size.total("test", cap=2) == 7 and size.total("test") == 16
+
+
+def test_a_method_the_card_lacks_is_priced_at_pals_figures() -> None:
+    """A method added after the card was made (one module in
+    pipeline/methods) costs what PAL costs on it, and says so."""
+    c = check_card(CARD, "card.yaml")
+    cell = make_cell(FOOD, {"data.missing_rate": 0.1})
+    toy, pal = (
+        tune_seconds(cell, FOOD, Variant(m, True, 10), c, SIZE) for m in ("toy", "pal")
+    )
+    assert toy == pal == pytest.approx(20 + 10 * 3 + 10 * 61127 / 400)
+    assert c.priced_as("toy") == "pal" and c.priced_as("map") == "map"
+    assert c.largest(["toy"]) == c.largest(["pal"])
