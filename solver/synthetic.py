@@ -10,6 +10,7 @@ head that forgets: its margin on a task shrinks with every later step.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -78,27 +79,35 @@ def make_features(
         seen = first + c
         y = np.sort(rng.integers(first, seen, size=n)).astype(np.int64)
         attrs = ShardAttrs(step, seen, feature_dim, {"source": "synthetic"})
-        train = Block(
-            _rows(rng, means, base, y, noise, dtype),
-            y,
-            _missing(rng, n, missing_rate),
-            [f"s{step:02d}-train-{j:06d}" for j in range(n)],
-        )
+        draw = _Draw(rng, means, base, noise, missing_rate, dtype)
+        train = draw.block(y, f"s{step:02d}-train")
         folder = Path(out_dir) / step_dir_name(step)
         write_train(folder / "train.h5", train, attrs)
         y_test = rng.integers(first, seen, size=test_rows).astype(np.int64)
-        tests.append(
-            Block(
-                _rows(rng, means, base, y_test, noise, dtype),
-                y_test,
-                _missing(rng, test_rows, missing_rate),
-                [f"s{step:02d}-test-{j:06d}" for j in range(test_rows)],
-            )
-        )
+        tests.append(draw.block(y_test, f"s{step:02d}-test"))
         blocks = _with_logits(rng, tests, step, seen) if bp_logits else tests
         write_test(folder / "test.h5", dict(enumerate(blocks, 1)), attrs)
         first = seen
     return Path(out_dir)
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """How a synthetic block's rows are drawn: class means around a shared
+    base, Gaussian noise, a missing rate, the stored dtype."""
+
+    rng: np.random.Generator
+    means: np.ndarray
+    base: np.ndarray
+    noise: float
+    missing_rate: float
+    dtype: str
+
+    def block(self, y: np.ndarray, prefix: str) -> Block:
+        """Rows of labels `y` (features, then missing codes), ids `prefix-j`."""
+        x = _rows(self.rng, self.means, self.base, y, self.noise, self.dtype)
+        codes = _missing(self.rng, len(y), self.missing_rate)
+        return Block(x, y, codes, [f"{prefix}-{j:06d}" for j in range(len(y))])
 
 
 def _with_logits(

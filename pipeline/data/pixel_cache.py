@@ -20,6 +20,7 @@ only the marker `OFF_MARKER` and the loader decodes as before.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -111,19 +112,11 @@ def write_cache(
     bytes whatever `workers`. A full disk ends the process with one line
     (`palcore.outputs.exits_when_full`), the temporary file removed."""
     rels = sorted(set(rels))
-    kept: list[str] = []  # images stored, in order
-    bad: list[str] = []  # images that did not decode
-    sizes: list[tuple[int, ...]] = []  # (h, w) of each stored image
-    offsets, trying = [0], [0]
+    written = _Written(len(rels))
     free = free_bytes(Path(path).parent)
-
-    def needed() -> int:  # the bytes so far, scaled to every image
-        done = len(kept) + len(bad) + 1  # with the image it was writing
-        return int((offsets[-1] + trying[0]) * len(rels) / done)
-
     key = json.dumps(processor_key(ip, image_side), sort_keys=True)
     with atomic_path(Path(path)) as tmp, h5py.File(tmp, "w", track_order=True) as f:
-        with exits_when_full(Path(path), tmp, needed, free):
+        with exits_when_full(Path(path), tmp, written.needed, free):
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["processor"] = key
             flat = f.create_dataset(
@@ -144,21 +137,50 @@ def write_cache(
                 leave=False,
             )
             for rel, x in zip(rels, bar, strict=True):
-                if x is None:
-                    bad.append(rel)
-                    continue
-                end = offsets[-1] + x.size
-                trying[0] = x.size
-                flat.resize((end,))
-                flat[offsets[-1] : end] = x.reshape(-1)
-                kept.append(rel)
-                sizes.append(x.shape[1:])
-                offsets.append(end)
-            f.create_dataset("offsets", data=np.asarray(offsets, np.int64))
-            f.create_dataset("sizes", data=np.asarray(sizes, np.int32).reshape(-1, 2))
-            f.create_dataset("paths", data=np.asarray(kept, dtype=object), dtype=_STR)
+                written.add(flat, rel, x)
+            written.write_index(f)
             f.flush()
-    return bad
+    return written.bad
+
+
+@dataclasses.dataclass
+class _Written:
+    """What `write_cache` has stored so far: the images in order, the ones
+    that did not decode, each stored image's (h, w) and its end in the flat
+    `pixels` dataset (`offsets`, from 0)."""
+
+    n: int  # images to write in all
+    kept: list[str] = dataclasses.field(default_factory=list)
+    bad: list[str] = dataclasses.field(default_factory=list)
+    sizes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    offsets: list[int] = dataclasses.field(default_factory=lambda: [0])
+    trying: int = 0  # the size of the image being written
+
+    def needed(self) -> int:
+        """The bytes so far, scaled to every image (`exits_when_full`)."""
+        done = len(self.kept) + len(self.bad) + 1  # with the image it was writing
+        return int((self.offsets[-1] + self.trying) * self.n / done)
+
+    def add(self, flat: h5py.Dataset, rel: str, x: np.ndarray | None) -> None:
+        """Append image `rel`'s pixels `x` (None: it did not decode)."""
+        if x is None:
+            self.bad.append(rel)
+            return
+        end = self.offsets[-1] + x.size
+        self.trying = x.size
+        flat.resize((end,))
+        flat[self.offsets[-1] : end] = x.reshape(-1)
+        self.kept.append(rel)
+        self.sizes.append(x.shape[1:])
+        self.offsets.append(end)
+
+    def write_index(self, f: h5py.File) -> None:
+        """The index a reader finds an image by: offsets, sizes, paths."""
+        f.create_dataset("offsets", data=np.asarray(self.offsets, np.int64))
+        sizes = np.asarray(self.sizes, np.int32).reshape(-1, 2)
+        f.create_dataset("sizes", data=sizes)
+        paths = np.asarray(self.kept, dtype=object)
+        f.create_dataset("paths", data=paths, dtype=_STR)
 
 
 def open_pixels(folder: str | Path | None) -> PixelCache | None:
