@@ -133,6 +133,12 @@ def stamp_bytes(record: Mapping[str, Any]) -> bytes:
     return (json.dumps(record, sort_keys=True) + "\n").encode()
 
 
+def check_stamp(stage: str, method: str | None = None) -> None:
+    """Stop now, in one line, if `stage` with `method` has no contract (a new
+    method before `pal contracts raise`), not after its hours of work."""
+    stamp(stage, method, read_versions())
+
+
 def write_stamp(out: Path, stage: str, method: str | None = None) -> None:
     """`contract.json` in output folder `out`: the contract it was made under."""
     record = stamp(stage, method, read_versions())

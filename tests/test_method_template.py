@@ -66,6 +66,13 @@ def test_the_template_is_a_method_from_its_file_alone(tmp_path: Path) -> None:
         "outputs): `pal contracts raise tune.toy extract.toy` starts them at 1 "
         '(docs/USAGE.md, "Add a method")\n'
     )
+    # pal tune alone stops before any work, in the same one line
+    tune_args = ("tune", "--run", "0", "--prepare", "data/prepare/0")
+    early = _run(root, env, str(BIN / "pal"), *tune_args, "--out", "data/tune/toy")
+    assert early.returncode == 1 and early.stderr == refused.stderr.replace(
+        "'extract.toy'", "'tune.toy'"
+    )
+    assert not (root / "data/tune/toy").exists()
     _pal(root, env, "contracts", "raise", "tune.toy", "extract.toy")
     _pal(root, env, *stamp)
     _pal(root, env, "demo")

@@ -41,7 +41,7 @@ from palcore.errors import PalError
 from palcore.outputs import step_dir_name, step_of_name
 from palcore.params import Source, load_section, outcome_record
 from pipeline import params as pparams
-from pipeline.contracts import prompt_method, write_stamp
+from pipeline.contracts import check_stamp, prompt_method, write_stamp
 from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import Sample, Tasks, read_prepare, select
 from pipeline.methods import model_from_checkpoint
@@ -123,6 +123,7 @@ def extract(
     out = Path(out_dir)
     ckpts = _checkpoints(Path(tune_dir), steps, tasks)
     digests = step_samples_digests(samples, tasks)
+    check_stamp("extract", prompt_method(ckpts[steps[0]]["params"]["prompt"]))
     m = ckpts[steps[0]]["params"]["model"]  # every step's (`_check_checkpoint`)
     frozen = open_frozen(frozen_dir, m["backbone"], m["max_text_len"], None)
     sources = _signatures(params, digests, ckpts, world, rank, device, frozen)

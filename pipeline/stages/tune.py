@@ -28,7 +28,7 @@ import torch
 from palcore.cliutil import clean_errors, file_option, folder_option, run_params_option
 from palcore.outputs import write_bytes_atomic
 from pipeline import params as pparams
-from pipeline.contracts import prompt_method, write_stamp
+from pipeline.contracts import check_stamp, prompt_method, write_stamp
 from pipeline.data.pixel_cache import PixelCache, open_pixels
 from pipeline.data.samples import (
     Sample,
@@ -87,6 +87,7 @@ def tune(
     move into `out` (see `pipeline.stages.resume`); `fresh` discards them. Per-epoch
     seconds are appended to `timings` (a JSON-lines file), never to `out`.
     """
+    check_stamp("tune", prompt_method(prompt_p))
     samples, tasks = read_prepare(prepare_dir, data_root)
     cache = open_pixels(pixels)
     out = Path(out_dir)
