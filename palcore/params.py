@@ -186,6 +186,8 @@ def check(ok: bool, key: str, message: str) -> None:
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """`value` checked against the annotation `hint` of params key `key`:
+    unions, literals and lists here, one value in `_scalar`."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -209,6 +211,12 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             raise ParamsError(f"{key} must be a list, got {shown(value)}")
         item = args[0] if args else Any
         return tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
+    return _scalar(value, hint, key)
+
+
+def _scalar(value: Any, hint: Any, key: str) -> Any:
+    """`value` as a bool, int, float or str hint takes it (a float also from
+    YAML 1.1's "1e-4" string), else one line naming `key`."""
     if hint is bool:
         if not isinstance(value, bool):
             raise ParamsError(f"{key} must be true or false, got {shown(value)}")
