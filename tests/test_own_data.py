@@ -49,15 +49,7 @@ def test_own_data_from_an_empty_folder_to_a_table(tmp_path: Path) -> None:
     counts = make_files_tree(project / "data/raw/mine", classes=12)
     assert counts["image"] > 0 and counts["text"] > 0
     sh(project, env, LINK)
-    script = block("own-data")
-    out = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, f"{script}\n{out.stdout}\n{out.stderr}"
+    out = sh(project, env, block("own-data"))
 
     # back on main, which no command moved or dirtied
     assert git(project, "branch", "--show-current") == "main"
@@ -85,4 +77,6 @@ def test_own_data_from_an_empty_folder_to_a_table(tmp_path: Path) -> None:
     metrics = json.loads(
         git(project, "show", "dataset/mine:results/files/metrics.json")
     )
-    assert metrics
+    # PAL alone, one run, an accuracy after each of the 4 steps
+    assert (list(metrics), metrics["runs"]) == (["pal", "runs", "vary"], [0])
+    assert len(metrics["pal"]["step_accuracy"]) == 4

@@ -38,7 +38,10 @@ def hub_cache(cache: Path) -> None:
     (repo / "refs" / "main").write_text("0123abcd")
 
 
-def sh(project: Path, env: dict[str, str], script: str) -> str:
+def sh(
+    project: Path, env: dict[str, str], script: str
+) -> subprocess.CompletedProcess[str]:
+    """`script` under bash -euo pipefail in `project`; it must succeed."""
     out = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script],
         cwd=project,
@@ -47,7 +50,7 @@ def sh(project: Path, env: dict[str, str], script: str) -> str:
         text=True,
     )
     assert out.returncode == 0, f"{script}\n{out.stdout}\n{out.stderr}"
-    return out.stderr
+    return out
 
 
 @pytest.mark.slow  # the smoke run, then one cell through DVC's queue
