@@ -77,6 +77,7 @@ def test_own_data_from_an_empty_folder_to_a_table(tmp_path: Path) -> None:
     metrics = json.loads(
         git(project, "show", "dataset/mine:results/files/metrics.json")
     )
-    # PAL alone, one run, an accuracy after each of the 4 steps
-    assert (list(metrics), metrics["runs"]) == (["pal", "runs", "vary"], [0])
+    # PAL alone (its analytic and its BP head), one run, an accuracy after
+    # each of the 4 steps
+    assert (list(metrics), metrics["runs"]) == (["bp", "pal", "runs", "vary"], [0])
     assert len(metrics["pal"]["step_accuracy"]) == 4
