@@ -186,3 +186,23 @@ def test_leaving_a_branch_without_a_run_commits_nothing(project: Path) -> None:
     ]
     count = run(project, "git", "rev-list", "--count", "main..dataset/tiny")
     assert count.stdout.strip() == "1"
+
+
+def test_a_setting_or_a_file_that_is_no_yaml_is_one_line(
+    project: Path, tmp_path: Path
+) -> None:
+    own = tmp_path / "mine.yaml"
+    own.write_text("data:\n  root: x\n")
+    args = ("dataset", "mine", "--params", str(own), "-S", "data.root=[1")
+    done = run(project, PAL, *args, ok=False)
+    assert (done.returncode, done.stderr.strip()) == (
+        1,
+        "Error: -S data.root=[1: '[1' is not a YAML value",
+    )
+    own.write_text("data: [\n")
+    done = run(project, PAL, *args[:4], "-S", "data.root=y", ok=False)
+    assert (done.returncode, done.stderr.strip()) == (
+        1,
+        f"Error: {own}: not valid YAML",
+    )
+    assert run(project, "git", "branch", "--list", "dataset/*").stdout == ""

@@ -143,13 +143,20 @@ def with_settings(source: Path, settings: Sequence[str]) -> str:
     set (VALUE read as YAML, as `dvc exp run -S` reads it), comments and
     order kept. KEY must name a key the file has: a misspelt one is one
     line, not a new key nothing reads."""
-    text = source.read_text(encoding="utf-8")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DatasetSwitchError(f"{source}: not UTF-8 text") from None
     if not settings:
         return text
     from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
 
     rt = YAML()
-    doc = rt.load(text)
+    try:
+        doc = rt.load(text)
+    except YAMLError:
+        raise DatasetSwitchError(f"{source}: not valid YAML") from None
     for setting in settings:
         key, eq, value = setting.partition("=")
         *parents, last = key.split(".")
@@ -160,7 +167,12 @@ def with_settings(source: Path, settings: Sequence[str]) -> str:
             raise DatasetSwitchError(
                 f"-S {setting}: {source.name} has no key '{key}' (KEY=VALUE)"
             )
-        node[last] = _flow(yaml.safe_load(value))
+        try:
+            node[last] = _flow(yaml.safe_load(value))
+        except yaml.YAMLError:
+            raise DatasetSwitchError(
+                f"-S {setting}: '{value}' is not a YAML value"
+            ) from None
     out = io.StringIO()
     rt.dump(doc, out)
     return out.getvalue()
