@@ -6,7 +6,10 @@ first, a read of the labels alone); at the step's end every head asked is
 solved from the sums and its arrays are kept for the file. A head's η is the
 one weights.h5 holds for the step (the chosen η with `solve.eta: auto`, the
 first of a sweep); `ridge_all` chooses its own from `solve.eta_grid` on the
-held-out folds of every task so far.
+held-out folds of every task so far. Beside `solve.method: gram` that
+choice reads the η path `solver.select` fits for `eta: auto` too (one
+Cholesky per η and step serves both rules); beside woodbury the heads keep
+their own folds (`solver.heads.eta_over_tasks`).
 
 heads.h5: attrs `heads` (JSON list), width, seed, dtype, feature_dim,
 dsal_ratio, lda_shrinkage, holdout, eta_grid (JSON), state_bytes; one group
@@ -48,11 +51,15 @@ class HeadsFit:
         feature_dim: int,
         classes: int,
         rls: RidgeRLS | None = None,
+        shares_fold: bool = False,
     ) -> None:
         self.params = params
         self.backend = backend
         # the solve's float64 G and Q serve the heads: no second E x E sum
         self.rls = rls if isinstance(rls, GramRLS) and rls.dtype == np.float64 else None
+        # ridge_all's folds kept by the solve's η rules (`solver.select`)
+        self.shares_fold = shares_fold
+        own = [h for h in params.heads if not (shares_fold and h == "ridge_all")]
         self.stats = hd.HeadStats(
             params.width,
             feature_dim,
@@ -60,7 +67,7 @@ class HeadsFit:
             xp=backend.xp,
             seed=params.seed,
             holdout=params.holdout,
-            heads=params.heads,
+            heads=tuple(own),
             dsal_eta=params.etas[0],
             own_gram=self.rls is None,
         )
@@ -93,23 +100,53 @@ class HeadsFit:
         self.stats.lend_gram(full, self.rls.Q_)
 
     def end_step(
-        self, step: int, classes_seen: int, eta: float, W_ridge: np.ndarray
+        self,
+        step: int,
+        classes_seen: int,
+        eta: float,
+        W_ridge: np.ndarray,
+        over_tasks: tuple[float, list[float]] | None = None,
     ) -> None:
         """Close the step and solve every head asked (arrays on the host);
-        `W_ridge`: the step's W of weights.h5, which is the ridge head."""
+        `W_ridge`: the step's W of weights.h5, which is the ridge head;
+        `over_tasks`: ridge_all's η and the grid's errors when the solve's
+        η rules chose it (`shares_fold`)."""
         self.stats.end_task()
         self._lend()
         out: dict[str, Any] = {"eta": eta, "classes_seen": classes_seen}
         for name in self.params.heads:
             if name == "ridge":
                 out[name] = {"W": W_ridge}
+            elif name == "ridge_all":
+                out[name] = self._ridge_all(eta, W_ridge, over_tasks)
             else:
-                out[name] = _solve_head(self.stats, name, eta, self.params, W_ridge)
+                out[name] = _solve_head(self.stats, name, eta, self.params)
         self.solved[step] = self._to_host(out, classes_seen)
         if "ridge_all" in out:
             log.info(
                 "solve: step %d: head ridge_all eta %g", step, out["ridge_all"]["eta"]
             )
+
+    def nbytes(self) -> int:
+        """Bytes of the heads' own sums, ridge_all's folds (float64) counted
+        when the solve's η rules keep them."""
+        s, fold = self.stats, 0
+        if self.shares_fold:
+            fold = hd.head_bytes(s.E, s.D, s.C, "ridge_all")
+        return s.nbytes() + fold
+
+    def _ridge_all(
+        self, eta: float, W_ridge: Any, over_tasks: tuple[float, list[float]] | None
+    ) -> dict[str, Any]:
+        """The joint ridge at the all-task rule's η, refitted on every row
+        (`W_ridge` when that η is the step's own)."""
+        if over_tasks is None:
+            if self.shares_fold:
+                raise AssertionError("ridge_all: the solve's η rules chose no eta")
+            over_tasks = hd.eta_over_tasks(self.stats, list(self.params.eta_grid))
+        chosen, sse = over_tasks
+        W = W_ridge if chosen == eta else hd.ridge(self.stats, chosen)
+        return {"W": W, "eta": chosen, "sse": sse}
 
     def _to_host(self, out: dict[str, Any], k: int) -> dict[str, Any]:
         """Arrays to the host, cut to the C_k classes seen."""
@@ -129,15 +166,9 @@ class HeadsFit:
 
 
 def _solve_head(
-    s: hd.HeadStats, name: str, eta: float, params: SolveParams, W_ridge: Any
+    s: hd.HeadStats, name: str, eta: float, params: SolveParams
 ) -> dict[str, Any]:
-    """One head's arrays from the sums (see `solver.heads`); `W_ridge`, the
-    joint ridge at `eta`, serves ridge_all when its rule chooses `eta`."""
-    if name == "ridge_all":
-        grid = list(params.eta_grid)
-        chosen, sse = hd.eta_over_tasks(s, grid)
-        W = W_ridge if chosen == eta else hd.ridge(s, chosen)
-        return {"W": W, "eta": chosen, "sse": sse}
+    """One head's arrays from the sums (see `solver.heads`)."""
     if name == "air":
         return {"W": hd.air(s, eta)}
     if name == "dsal":
@@ -151,7 +182,8 @@ def _solve_head(
 
 
 def _head_bytes(fit: HeadsFit) -> dict[str, int]:
-    """Bytes of each head's own sums, and `shared`: G, Q and the counts."""
+    """Bytes of each head's own sums, and `shared`: G, Q and the counts.
+    ridge_all's folds count as its own when the η rules keep them."""
     s = fit.stats
     out = {"shared": 8 * (s.E * s.E + s.E * s.C + s.C)}
     return out | {h: hd.head_bytes(s.E, s.D, s.C, h) for h in fit.params.heads}
@@ -171,7 +203,7 @@ def write_heads(path: Path, fit: HeadsFit, feature_dim: int) -> Path:
             "lda_shrinkage": p.lda_shrinkage,
             "holdout": p.holdout,
             "eta_grid": json.dumps(list(p.eta_grid)),
-            "state_bytes": fit.stats.nbytes(),
+            "state_bytes": fit.nbytes(),
             "head_bytes": json.dumps(_head_bytes(fit)),
         }
         f.attrs.update(attrs)

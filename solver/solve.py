@@ -49,7 +49,7 @@ class _Fit:
     backend: Backend
     expand: Expander
     rls: RidgeRLS
-    selector: EtaSelector | None  # solve.eta: auto only
+    selector: EtaSelector | None  # eta: auto, or head ridge_all beside gram
     heads: HeadsFit | None  # solve.heads not empty only
 
 
@@ -134,8 +134,9 @@ def _state_keys(params: SolveParams, feature_dim: int) -> dict[str, Any]:
 
 
 def _build(params: SolveParams, backend: Backend, steps: list[StepShards]) -> _Fit:
-    """The up-sampling, the RLS state sized for the last step's classes and,
-    for `eta: auto`, the η chooser."""
+    """The up-sampling, the RLS state sized for the last step's classes, the
+    η rules' folds (`eta: auto`, or head ridge_all beside `method: gram`,
+    which then reads the same η path) and the heads."""
     max_classes = steps[-1].classes_seen
     expand = make_expander(
         backend, steps[0].feature_dim, params.width, params.seed, params.dtype
@@ -150,7 +151,8 @@ def _build(params: SolveParams, backend: Backend, steps: list[StepShards]) -> _F
         expand=expand,
     )
     selector = None
-    if params.is_auto:
+    shares_fold = "ridge_all" in params.heads and isinstance(rls, GramRLS)
+    if params.is_auto or shares_fold:
         selector = EtaSelector(
             backend,
             params.width,
@@ -159,10 +161,13 @@ def _build(params: SolveParams, backend: Backend, steps: list[StepShards]) -> _F
             params.eta_grid,
             params.holdout,
             params.seed,
+            keep_rows=params.is_auto,
         )
     heads = None
     if params.heads:
-        heads = HeadsFit(params, backend, steps[0].feature_dim, max_classes, rls)
+        heads = HeadsFit(
+            params, backend, steps[0].feature_dim, max_classes, rls, shares_fold
+        )
     return _Fit(params, backend, expand, rls, selector, heads)
 
 
@@ -223,7 +228,7 @@ def _stream(
         for shards in steps:
             bar.set_postfix(step=shards.step)
             _absorb_step(fit, shards, bar)
-            chosen = _choose_eta(fit, shards)
+            chosen, over_tasks = _choose_eta(fit, shards)
             etas = None if chosen is None else (chosen,)
             Ws = fit.rls.weights(shards.classes_seen, etas=etas)
             for writer, earlier, W in zip(writers, known, Ws, strict=True):
@@ -231,14 +236,16 @@ def _stream(
                 earlier[shards.step] = W
             if fit.heads is not None:
                 eta = fit.params.etas[0] if chosen is None else chosen
-                fit.heads.end_step(shards.step, shards.classes_seen, eta, Ws[0])
+                fit.heads.end_step(
+                    shards.step, shards.classes_seen, eta, Ws[0], over_tasks
+                )
 
 
 def _absorb_step(fit: _Fit, shards: StepShards, bar: tqdm) -> None:
     """Stream one step's training rows into the RLS state (and the chooser's
     held-out statistics)."""
     if fit.selector is not None:
-        fit.selector.start_step(shards.step, shards.train.n_rows)
+        fit.selector.start_step()
     if fit.heads is not None:
         fit.heads.start_step(shards.train.labels())
     for X, y, _, _ in shards.train.iter_chunks(fit.params.batch_rows):
@@ -257,23 +264,34 @@ def _absorb_step(fit: _Fit, shards: StepShards, bar: tqdm) -> None:
         bar.update(len(y))
 
 
-def _choose_eta(fit: _Fit, shards: StepShards) -> float | None:
-    """`eta: auto`: the η of the grid best on this step's held-out rows;
-    None otherwise (every η of `solve.eta` is solved)."""
+def _choose_eta(
+    fit: _Fit, shards: StepShards
+) -> tuple[float | None, tuple[float, list[float]] | None]:
+    """The η rules after a step, from one η path fitted without the folds:
+    `eta: auto`'s η (the grid's best on this step's held-out rows; None
+    otherwise, every η of `solve.eta` is solved) and head ridge_all's (η
+    and the grid's held-out squared errors; None when it is not shared)."""
     if fit.selector is None:
-        return None
-    # eta auto needs solve.method gram (SolveParams checks it)
+        return None, None
+    # the folds are kept beside solve.method gram only (SolveParams, _build)
     assert isinstance(fit.rls, GramRLS)
-    chosen, accs = fit.selector.choose(fit.rls, shards.classes_seen, fit.expand)
-    log.info(
-        "solve: step %d: eta %g (held-out accuracy %s)",
-        shards.step,
-        chosen,
-        ", ".join(
-            f"{e:g}: {a:.1f}%" for e, a in zip(fit.params.eta_grid, accs, strict=False)
-        ),
-    )
-    return chosen
+    path = fit.selector.path(fit.rls, shards.classes_seen)
+    chosen = None
+    if fit.params.is_auto:
+        chosen, accs = fit.selector.current_task(path, fit.expand)
+        log.info(
+            "solve: step %d: eta %g (held-out accuracy %s)",
+            shards.step,
+            chosen,
+            ", ".join(
+                f"{e:g}: {a:.1f}%"
+                for e, a in zip(fit.params.eta_grid, accs, strict=False)
+            ),
+        )
+    over_tasks = None
+    if "ridge_all" in fit.params.heads:
+        over_tasks = fit.selector.over_tasks(path)
+    return chosen, over_tasks
 
 
 def _write_heads(out_dir: Path, fit: _Fit, feature_dim: int) -> None:

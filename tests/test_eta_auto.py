@@ -1,5 +1,6 @@
 """`solve.eta: auto`: η chosen per step on held-out rows of the current task,
-then W_k refitted on all rows — checked against a closed form in NumPy."""
+fitted without every task's fold, then W_k refitted on all rows — checked
+against a closed form in NumPy."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from palcore.params import section_from_mapping
 from solver.evaluate import evaluate
+from solver.heads import held_out
 from solver.params import SolveParams
 from solver.rls import upsampling_matrix
 from solver.shard_readers import open_features
@@ -34,14 +36,16 @@ def _closed_form(features: Path) -> tuple[list[float], list[np.ndarray]]:
     """The choices and weights `eta: auto` must give, from scratch."""
     steps = open_features(features)
     W_up = upsampling_matrix(steps[0].feature_dim, WIDTH, SEED)
-    Hs, ys, etas, Ws = [], [], [], []
+    Hs, ys, folds, etas, Ws = [], [], [], [], []
     for s in steps:
         X, y, _, _ = s.train.read_all()
         H = np.maximum(X.astype(np.float64) @ W_up, 0)
-        held = np.random.default_rng([SEED, s.step]).random(len(y)) < HOLDOUT
+        held = held_out(np.arange(len(y)), SEED, HOLDOUT)  # ids: index in the task
+        folds.append(held)
         C = s.classes_seen
-        H_fit = np.concatenate([*Hs, H[~held]])
-        y_fit = np.concatenate([*ys, y[~held]])
+        kept = ~np.concatenate(folds)  # every task's fold left out of the fit
+        H_fit = np.concatenate([*Hs, H])[kept]
+        y_fit = np.concatenate([*ys, y])[kept]
         accs = []
         for eta in GRID:
             W = np.linalg.solve(

@@ -103,6 +103,37 @@ def test_heads_sum_their_own_gram_beside_woodbury(feats, tmp_path):
             assert np.abs(own[k][head][key] - lent[k][head][key]).max() < 1e-8
 
 
+def test_both_eta_rules_read_one_path_per_step(feats, tmp_path, monkeypatch):
+    """`eta: auto` beside head ridge_all: one Cholesky per η of the grid and
+    step serves both rules (the heads fit no path of their own), and
+    ridge_all's choice still equals the heads' own rule on the same rows."""
+    from solver.rls import GramRLS
+
+    calls = {"without": 0, "own path": 0}
+    without, own_path = GramRLS.weights_without, hd.eta_path
+
+    def count_without(*args, **kwargs):
+        calls["without"] += 1
+        return without(*args, **kwargs)
+
+    def count_own(*args, **kwargs):
+        calls["own path"] += 1
+        return own_path(*args, **kwargs)
+
+    monkeypatch.setattr(GramRLS, "weights_without", count_without)
+    monkeypatch.setattr(hd, "eta_path", count_own)
+    params = SolveParams(width=WIDTH, eta="auto", heads=("ridge", "ridge_all"))
+    solve(feats, tmp_path / "auto", params, backend=get_backend("cpu"))
+    assert calls == {"without": 3 * len(params.eta_grid), "own path": 0}
+    monkeypatch.undo()
+    _, solved = read_heads(tmp_path / "auto" / "heads.h5")
+    ref = _reference(feats)
+    for k in solved:
+        chosen, sse = ref[k]["ridge_all"]
+        assert solved[k]["ridge_all"]["eta"] == chosen
+        assert np.allclose(solved[k]["ridge_all"]["sse"], sse, rtol=1e-9, atol=0)
+
+
 def test_heads_do_not_depend_on_the_chunks_but_dsal(feats, tmp_path):
     _, one = _solve(feats, tmp_path / "one", batch_rows=4096)
     _, many = _solve(feats, tmp_path / "many", batch_rows=17)
