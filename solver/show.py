@@ -198,4 +198,29 @@ def cli(paths: tuple[str, ...], width: int, head: str, params_file: str) -> None
             *textwrap.wrap(title, width),
             *table_lines(metrics, width, _order(path)),
         ]
+        if head != "ridge":
+            lines += textwrap.wrap(_state_line(head, metrics), width)
         click.echo(("\n" if n else "") + "\n".join(lines))
+
+
+def _state_line(head: str, rows: dict[str, Any]) -> str:
+    """The bytes of a head's own sums (every row's chain keeps the same)."""
+    sizes = {
+        row["state_bytes"]
+        for name, row in rows.items()
+        if name not in ("runs", "vary") and "state_bytes" in row
+    }
+    if not sizes:
+        return f"{head}'s own state: not recorded (an older heads.json)"
+    size = ", ".join(_size(b) for b in sorted(sizes))
+    return (
+        f"{head}'s own state: {size} per chain, beside the G, Q and class "
+        "counts every head shares"
+    )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"

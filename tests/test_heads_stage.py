@@ -194,6 +194,10 @@ def test_evaluate_scores_each_head_and_ridge_is_the_weights(feats, tmp_path):
     lines = shown.output.splitlines()
     assert lines[0] == f"{folder / 'heads.json'}: head ncm, accuracy (%)"
     assert lines[2].split()[:4] == ["pal", f"{got['ncm']['acc']:.2f}", "±", "0.00"]
+    assert lines[-1] == (  # 8 · 7 classes · 48 = 2,688 bytes: its class sums
+        "ncm's own state: 2.6 KiB per chain, beside the G, Q and class counts "
+        "every head shares"
+    )
     shown = CliRunner().invoke(show_cli, [str(folder), "--head", "svm"])
     assert shown.exit_code == 1
     assert shown.output.splitlines()[-1] == (
