@@ -26,7 +26,8 @@ def largest_solve(
     gb = width * width * DTYPE_BYTES.get(dtype, 8) / 1e9
     device = str(get(params, "solve.device"))
     out = {"width": width, "dtype": dtype, "gram_gb": gb, "device": device}
-    heads = max((_heads(c, params) for c in cells), key=len)
+    cell = max(cells, key=lambda c: len(_heads(c, params)))
+    heads = _heads(cell, params)
     if heads:
         from solver.api import solve_flops  # NumPy and matplotlib: not for --help
 
@@ -38,6 +39,7 @@ def largest_solve(
             int(get(params, "data.tasks")),
             int(get(params, "solve.batch_rows")),
             len(get(params, "solve.eta_grid")),
+            auto=str(cell.value(params, "solve.eta")) == "auto",
         )
         out["heads"] = list(heads)
         out["heads_flops_x"] = 1 + sum(flops[h] for h in heads) / flops["solve"]

@@ -90,7 +90,8 @@ def _grid_lines(grid: Mapping[str, Any], card: Mapping[str, Any]) -> list[str]:
     if "heads" in solve:
         lines.append(
             f"  solve.heads ({', '.join(solve['heads'])}): {solve['heads_flops_x']:.2f}"
-            "x a plain solve's FLOPs, on the solve's device, no card work"
+            "x the same solve's FLOPs without heads, on the solve's device, "
+            "no card work"
         )
     return [*lines, *_minutes_lines(grid["minutes"])]
 

@@ -347,18 +347,29 @@ def eta_path(s: HeadStats, etas: list[float]) -> list[Any]:
 
 
 def solve_flops(
-    E: int, n: int, D: int, C: int, steps: int, chunk: int, grid: int = 5
+    E: int,
+    n: int,
+    D: int,
+    C: int,
+    steps: int,
+    chunk: int,
+    grid: int = 5,
+    auto: bool = False,
 ) -> dict[str, float]:
     """A FLOP model: the plain solve's (up-sampling GEMM, SYRK, Q and a
     factorisation per step) and what each head adds beside it (its sums,
-    and its factorisations: ridge_all one per eta of a `grid` and step and
-    its refit, DS-AL one per `chunk` rows). n rows, E width, D features,
-    C classes; a 20 % fold for ridge_all."""
+    and its factorisations: DS-AL one per `chunk` rows). n rows, E width,
+    D features, C classes, a 20 % fold. The η path (the fold's SYRK and a
+    factorisation per η of a `grid` and step) is the solve's with `auto`
+    (`solve.eta: auto`), and ridge_all then adds only its refit; beside a
+    fixed η, ridge_all pays for the path."""
     chol = E**3 / 3 + 2 * E * E * C  # one factorisation and its solves
+    path = 0.2 * n * E * E + steps * grid * chol
+    solve = 2 * n * D * E + n * E * E + 2 * n * E * C + steps * chol
     return {
-        "solve": 2 * n * D * E + n * E * E + 2 * n * E * C + steps * chol,
+        "solve": solve + (path if auto else 0.0),
         "ridge": 0.0,  # the solve's own W
-        "ridge_all": 0.2 * n * E * E + steps * (grid + 1) * chol,
+        "ridge_all": steps * chol + (0.0 if auto else path),
         "air": n * E * E + steps * chol,
         "dsal": n * E * E + -(-n // chunk) * chol + steps * chol,
         "ncm": 2 * n * E * C,

@@ -25,8 +25,9 @@ On synthetic shards (default: D = 768, 20,000 training rows over 10 steps,
 - an η sweep of 5 values in one `pal-solver solve --eta a,b,c,d,e` process
   against five separate solves (5 × the best single gram time).
 
-`--heads` times instead whole solves with `solve.heads` against the plain
-solve, with a FLOP model of each head at this size and Food101's (heads.py).
+`--heads` times instead whole solves with `solve.heads` against the solves
+without heads (η fixed, and `eta: auto`), with a FLOP model of each head at
+this size and Food101's (heads.py).
 
 Run (CPU):  .venv/bin/python bench/solver            (about 15-25 minutes)
             .venv/bin/python bench/solver --heads --widths 2000 --rows 16000
@@ -107,8 +108,18 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--workdir", type=Path, help="keep shards and weights here")
     ap.add_argument("--heads", action="store_true", help="time solves with "
-                    "solve.heads instead, as ratios to the plain solve, at the "
-                    "first of --widths (heads.py)")  # fmt: skip
+                    "solve.heads instead, as ratios to the solves without heads, "
+                    "at the first of --widths (heads.py)")  # fmt: skip
+    ap.add_argument(
+        "--sets",
+        help="--heads: only these sets (comma-separated: "
+        "fixed, fixed+cheap, auto, auto+rules, auto+air, auto+all)",
+    )
+    ap.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="--heads: no warm-up run (for sizes of many minutes)",
+    )
     a = ap.parse_args()
     if a.quick:
         a.widths, a.rows, a.steps, a.classes, a.repeat = "512", 2000, 4, 20, 1
