@@ -72,6 +72,7 @@ class HeadsFit:
             own_gram=self.rls is None,
         )
         self.needs_z = "dsal" in params.heads
+        self._full: Any = None  # the lent G made whole, one buffer
         self.solved: dict[int, dict[str, Any]] = {}
         self._row = 0
 
@@ -94,10 +95,11 @@ class HeadsFit:
         and a head reads them (ridge_all's path, DS-AL's main stream)."""
         if self.rls is None or not {"ridge_all", "dsal"} & set(self.params.heads):
             return
-        xp, G = self.backend.xp, self.rls.G_
-        full = xp.tril(G)
-        full += xp.tril(G, -1).T
-        self.stats.lend_gram(full, self.rls.Q_)
+        G = self.rls.G_
+        if self._full is None:
+            self._full = self.backend.xp.empty(G.shape, dtype=G.dtype)
+        _symmetrize(self._full, G, self.backend.xp)
+        self.stats.lend_gram(self._full, self.rls.Q_)
 
     def end_step(
         self,
@@ -163,6 +165,17 @@ class HeadsFit:
         a = a if isinstance(a, np.ndarray) else self.backend.to_host(a)
         cut = a[:, :k] if key in ("W", "W_main", "W_comp") else a[:k]
         return np.ascontiguousarray(cut)
+
+
+def _symmetrize(full: Any, G: Any, xp: Any, block: int = 1024) -> None:
+    """full = G made whole from its lower triangle, a block of columns at a
+    time: no E x E temporary beside `full`."""
+    for j in range(0, G.shape[0], block):
+        b = slice(j, j + block)
+        full[j:, b] = G[j:, b]  # the block's lower part, its diagonal block too
+        full[:j, b] = G[b, :j].T  # above the diagonal block: the rows' lower part
+        d = full[b, b]
+        d[...] = xp.tril(d) + xp.tril(d, -1).T
 
 
 def _solve_head(

@@ -251,3 +251,16 @@ def test_the_head_names_are_one_list_everywhere():
     from solver.params import HeadName
 
     assert HEADS == typing.get_args(HeadName) == HEAD_NAMES == ALL
+
+
+def test_the_lent_gram_is_made_whole_block_by_block():
+    """The solve's G keeps its lower triangle only: the heads read it made
+    whole, blocks that do not divide the width included."""
+    from solver.head_fit import _symmetrize
+
+    A = np.random.default_rng(3).standard_normal((50, 50))
+    whole = A + A.T
+    lower = np.asfortranarray(np.tril(whole) + np.triu(np.full((50, 50), 7.0), 1))
+    out = np.empty_like(lower)
+    _symmetrize(out, lower, np, block=16)
+    assert np.array_equal(out, whole)
