@@ -1,0 +1,136 @@
+"""Multi-label metrics of RebQ's MM-IMDb protocol, in percent like `solver.metrics`.
+
+Y (n, L) holds 0/1 targets and S (n, L) raw real scores (ridge outputs, not
+probabilities: no sigmoid is applied). `columns` restricts a metric to some
+labels (an index list; default all) and the macro mean runs over those.
+
+- `macro_f1`  = 100 · mean_l 2TP_l / (2TP_l + FP_l + FN_l), predictions S > t
+- `macro_map` = 100 · mean_l AP_l, AP = Σ_n (R_n − R_{n−1}) P_n (sklearn's)
+- `task_matrix_summary`: avg, fg (RebQ's drop from the diagonal) and last from a
+  T×T matrix of such a metric, M[i][j] = metric on task j after step i
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from solver.metrics import acc, forgetting_diag
+
+
+def _targets_scores(
+    Y: ArrayLike, S: ArrayLike, columns: Sequence[int] | None
+) -> tuple[NDArray[np.bool_], NDArray[np.float64]]:
+    """Y as bool (n, C) and S as float64 (n, C), restricted to `columns`."""
+    Y_arr = np.asarray(Y)
+    S_arr = np.asarray(S, dtype=np.float64)
+    if Y_arr.shape != S_arr.shape:
+        raise ValueError(
+            f"Y has shape {Y_arr.shape} but S has shape {S_arr.shape}; "
+            "one score per target expected"
+        )
+    if Y_arr.ndim != 2:
+        raise ValueError(f"Y and S must be 2-D (n, L), got shape {Y_arr.shape}")
+    if not np.isin(Y_arr, (0, 1)).all():
+        raise ValueError("Y holds values other than 0 and 1")
+    if columns is not None:
+        idx = np.asarray(columns, dtype=np.intp)
+        L = Y_arr.shape[1]
+        if idx.ndim != 1 or idx.size == 0:
+            raise ValueError("columns must be a non-empty list of label indices")
+        if ((idx < -L) | (idx >= L)).any():
+            raise ValueError(f"columns {idx.tolist()} out of range for {L} labels")
+        Y_arr, S_arr = Y_arr[:, idx], S_arr[:, idx]
+    if Y_arr.shape[1] == 0:
+        raise ValueError("no label columns to average over")
+    return Y_arr.astype(bool), S_arr
+
+
+def macro_f1(
+    Y: ArrayLike, S: ArrayLike, threshold: float, columns: Sequence[int] | None = None
+) -> float:
+    """Macro F1 (%) of the predictions S > threshold.
+
+    F1_l = 2TP_l / (2TP_l + FP_l + FN_l) per label column l, and 0 for a column
+    with 2TP + FP + FN = 0 (no positive target, no positive prediction), as
+    sklearn's `zero_division=0`; the result is 100 · the unweighted mean of
+    F1_l over `columns` (all by default).
+
+    Y: (n, L) 0/1 targets; S: (n, L) real scores, thresholded as they are.
+    """
+    Y_b, S_f = _targets_scores(Y, S, columns)
+    P = S_f > threshold
+    tp = np.count_nonzero(P & Y_b, axis=0)
+    fp = np.count_nonzero(P & ~Y_b, axis=0)
+    fn = np.count_nonzero(~P & Y_b, axis=0)
+    denom = 2 * tp + fp + fn
+    f1 = np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)
+    return 100.0 * float(f1.mean())
+
+
+def _average_precision(y: NDArray[np.bool_], s: NDArray[np.float64]) -> float:
+    """AP = Σ_n (R_n − R_{n−1}) P_n of one label column, R_0 = 0.
+
+    The thresholds n are the distinct scores in decreasing order, so tied
+    scores enter together (sklearn's `average_precision_score`); P_n and R_n
+    are the precision and recall of s ≥ the n-th threshold. y: (n,) bool with
+    at least one True; s: (n,) float.
+    """
+    assert y.any(), "AP needs a positive target"
+    order = np.argsort(-s, kind="mergesort")
+    s_sorted, y_sorted = s[order], y[order]
+    last = np.r_[np.flatnonzero(np.diff(s_sorted)), s_sorted.size - 1]
+    tps = np.cumsum(y_sorted)[last]
+    precision = tps / (last + 1)
+    recall = tps / tps[-1]
+    return float(np.sum(np.diff(recall, prepend=0.0) * precision))
+
+
+def macro_map(
+    Y: ArrayLike, S: ArrayLike, columns: Sequence[int] | None = None
+) -> float:
+    """Macro mAP (%): 100 · mean_l AP_l over the label columns with a positive.
+
+    AP_l as in `_average_precision`. A column without any positive target has
+    no defined AP (recall is 0/0) and is left out of the mean; sklearn instead
+    warns and scores it 0, so the result equals sklearn's
+    `average_precision_score(..., average="macro")` on the columns that have a
+    positive. ValueError when no column in `columns` has one.
+
+    Y: (n, L) 0/1 targets; S: (n, L) real scores.
+    """
+    Y_b, S_f = _targets_scores(Y, S, columns)
+    keep = np.flatnonzero(Y_b.any(axis=0))
+    if keep.size == 0:
+        raise ValueError("no label column has a positive target; mAP is undefined")
+    aps = [_average_precision(Y_b[:, col], S_f[:, col]) for col in keep]
+    return 100.0 * float(np.mean(aps))
+
+
+def task_matrix_summary(
+    M: Sequence[Sequence[float]] | NDArray[Any],
+) -> dict[str, float]:
+    """avg, fg and last of a T×T task matrix (rows: steps, columns: tasks).
+
+    M[i][j] = metric on task j after step i for j ≤ i (0-based); the entries
+    above the diagonal are not read, so row i needs at least i+1 entries.
+
+    - `avg`  = mean_j M[T−1][j]                        (`solver.metrics.acc`)
+    - `fg`   = mean_{j<T−1} (M[j][j] − M[T−1][j])      (`forgetting_diag`; 0 if T=1)
+    - `last` = M[T−1][T−1]
+    """
+    rows = [np.asarray(row, dtype=np.float64).ravel() for row in M]
+    if not rows:
+        raise ValueError("empty task matrix")
+    tri: list[list[float]] = []
+    for i, row in enumerate(rows):
+        if row.size < i + 1:
+            raise ValueError(
+                f"row {i + 1} of the task matrix has {row.size} entries, "
+                f"at least {i + 1} expected"
+            )
+        tri.append(row[: i + 1].tolist())
+    return {"avg": acc(tri), "fg": forgetting_diag(tri), "last": tri[-1][-1]}
