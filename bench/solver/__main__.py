@@ -152,12 +152,15 @@ def main() -> None:
     a = parse_args()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="pal-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    features = make_data(work / "extract", a.rows, a.steps, a.classes, a.dim)
     if a.heads:
         import heads  # bench/solver/
 
+        features = a.features or make_data(
+            work / "extract", a.rows, a.steps, a.classes, a.dim
+        )
         heads.run(a, work, features)
         return
+    features = make_data(work / "extract", a.rows, a.steps, a.classes, a.dim)
     half = make_data(work / "extract-half", a.rows // 2, a.steps, a.classes, a.dim)
     Xs, ys, seen = load_all(features)
     k = Kernels(a.device)

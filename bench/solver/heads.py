@@ -19,6 +19,7 @@ model of each head at the run's size and at Food101's (E = 15,000, 61,127
 training rows, D = 768, 100 classes, 10 steps, 4,096-row chunks).
 
 Run: .venv/bin/python bench/solver --heads --widths 2000 --rows 16000
+     .venv/bin/python bench/solver --heads --widths 1024 --features data/extract/pal/0
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import h5py
 from procs import Run, run_cli  # bench/solver/
 
 from solver.api import solve_flops
+from solver.shard_readers import open_features
 
 CHEAP = ("ridge", "ncm", "lda")
 SETS = {  # name: (solve.eta, solve.heads)
@@ -81,6 +83,11 @@ def run(a: argparse.Namespace, work: Path, features: Path) -> None:
         if SETS[name][1]:
             with h5py.File(work / f"heads-{name}" / "heads.h5") as f:
                 state[name] = int(f.attrs["state_bytes"])
+    if a.features:  # real shards: their own sizes
+        steps = open_features(features)
+        a.rows = sum(st.train.n_rows for st in steps)
+        a.steps, a.classes = len(steps), steps[-1].classes_seen
+        a.dim = steps[0].feature_dim
     width = int(a.widths.split(",")[0])
     here = {"E": width, "n": a.rows, "D": a.dim, "C": a.classes,
             "steps": a.steps, "chunk": a.batch_rows}  # fmt: skip
