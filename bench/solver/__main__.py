@@ -116,6 +116,12 @@ def parse_args() -> argparse.Namespace:
         "fixed, fixed+cheap, auto, auto+rules, auto+air, auto+all)",
     )
     ap.add_argument(
+        "--features",
+        type=Path,
+        help="--heads: time on these shards (step_XX/train.h5, as extract "
+        "writes) instead of synthetic ones, with their own sizes",
+    )
+    ap.add_argument(
         "--no-warm-up",
         action="store_true",
         help="--heads: no warm-up run (for sizes of many minutes)",
