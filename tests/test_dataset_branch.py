@@ -117,6 +117,19 @@ def test_uncommitted_work_on_main_stops_the_switch(project: Path) -> None:
     assert run(project, "git", "branch", "--list", "dataset/*").stdout == ""
 
 
+def test_a_staged_rename_is_named_by_both_its_paths(project: Path) -> None:
+    (project / "notes.txt").write_text("to read\n")
+    run(project, "git", "add", "notes.txt")
+    run(project, "git", "commit", "-q", "-m", "notes")
+    run(project, "git", "mv", "notes.txt", "notes.md")
+    done = run(project, PAL, "dataset", "tiny", ok=False)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "Error: main: uncommitted changes to notes.md, notes.txt: "
+        "commit or `git stash` them first"
+    )
+
+
 def test_an_unknown_preset_names_the_presets(project: Path) -> None:
     done = run(project, PAL, "dataset", "imdb", ok=False)
     assert done.returncode == 1

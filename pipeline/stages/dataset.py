@@ -74,9 +74,18 @@ def home_branch(root: Path) -> str:
 
 
 def changed_tracked(root: Path) -> list[str]:
-    """Tracked files with uncommitted changes (staged or not)."""
+    """Tracked files with uncommitted changes (staged or not); a staged
+    rename or copy names its new path, then its source."""
     out = git(root, "status", "--porcelain", "-z", "--untracked-files=no", strip=False)
-    return [entry[3:] for entry in out.split("\0") if entry.strip()]
+    entries = iter(out.split("\0"))
+    paths = []
+    for entry in entries:
+        if not entry.strip():
+            continue
+        paths.append(entry[3:])
+        if {"R", "C"} & set(entry[:2]):  # -z: the source follows, unprefixed
+            paths.append(next(entries))
+    return paths
 
 
 def leave(root: Path, branch: str) -> None:
@@ -93,7 +102,8 @@ def leave(root: Path, branch: str) -> None:
         return
     present = [p for p in RUN_RECORD if (root / p).exists() or git(root, "ls-files", p)]
     git(root, "add", "-A", "--", *present)
-    staged = git(root, "diff", "--cached", "--name-only").split()
+    staged = git(root, "diff", "--cached", "--name-only", "-z").split("\0")
+    staged = [path for path in staged if path]
     if staged:
         git(root, "commit", "-q", "-m", f"{branch[len(PREFIX) :]}: the run's record")
         click.echo(f"{branch}: committed the run's record ({len(staged)} files)")
