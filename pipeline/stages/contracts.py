@@ -238,10 +238,10 @@ def verify_cmd(
 
     The jobs of each unit (a stage, or a stage's method: tune.pal) whose code
     or version moved run on a tiny fixture (every method, the pixel cache on
-    and off, a resumed tune, both real dataset layouts, a 2-rank extract),
-    about a minute for all of them on 2 cores. Each job's outputs are
-    compared with its reference (reference/, recorded when its units'
-    versions were set): the same (exact values equal, floats within
+    and off, a resumed tune, the Food101, N24News and files layouts, a
+    2-rank extract), about a minute for all of them on 2 cores. Each job's
+    outputs are compared with its reference (reference/, recorded when its
+    units' versions were set): the same (exact values equal, floats within
     pipeline.sameness.RTOL), or, for a version raised in contracts.yaml,
     other ones unless `reasons` says why not; then the raised jobs are
     recorded anew. Exit 1 with one line per failure.
