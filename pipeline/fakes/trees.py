@@ -283,3 +283,59 @@ def make_files_tree(
         lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in rows]
         (root / "listing.jsonl").write_text("".join(lines), encoding="utf-8")
     return counts
+
+
+POSTER = (20, 30)  # MM-IMDb's posters are portrait; tiny, for the layout alone
+
+
+def make_mmimdb_tree(
+    root: Path, train: int = 6, val: int = 2, test: int = 3, seed: int = 0
+) -> Path:
+    """MM-IMDb as released (`pipeline.data.datasets.mmimdb`): root/split.json,
+    {"train", "dev", "test"} → seven-digit id strings in drawn order, and per
+    film root/dataset/<id>.json (IMDbPY's keys `title`, `year`, `kind`,
+    `genres`, `plot`, dumped with a 4-space indent) and <id>.jpeg, a tiny
+    poster of the photo kind. `train`, `val` and `test` films, numbered k = 0,
+    1, … in that order; `seed` draws the ids, the genres and the posters.
+
+    Film k has 1 + k % 3 of the 23 genres, plus "News" when k % 7 == 6; no
+    poster when k % 5 == 3; no `plot` key when k % 6 == 1, an empty list when
+    k % 6 == 4, else 1 + k % 3 plots, "<id> plot <j>: " and the first 2 + 3r
+    `TITLE_WORDS`, the ranks r a drawn permutation (the longest one need not
+    come first). Returns `root`."""
+    from pipeline.data.datasets.mmimdb import GENRES
+
+    rng = np.random.default_rng(seed)
+    counts = {"train": train, "dev": val, "test": test}
+    drawn = rng.choice(4_000_000, size=sum(counts.values()), replace=False)
+    ids = [f"{int(x) + 1:07d}" for x in drawn]
+    splits: dict[str, list[str]] = {}
+    k = 0
+    for key, n in counts.items():
+        splits[key] = ids[k : k + n]
+        k += n
+    (root / "dataset").mkdir(parents=True)
+    for k, ident in enumerate(ids):
+        picked = rng.choice(len(GENRES), size=1 + k % 3, replace=False)
+        genres = [GENRES[int(i)] for i in picked] + (["News"] if k % 7 == 6 else [])
+        doc: dict[str, Any] = {
+            "title": f"Film {ident}",
+            "year": 1920 + int(rng.integers(0, 95)),
+            "kind": "movie",
+            "genres": genres,
+        }
+        ranks = rng.permutation(1 + k % 3)
+        if k % 6 == 4:
+            doc["plot"] = []
+        elif k % 6 != 1:
+            doc["plot"] = [
+                f"{ident} plot {j}: " + " ".join(TITLE_WORDS[: 2 + 3 * int(r)])
+                for j, r in enumerate(ranks)
+            ]
+        text = json.dumps(doc, indent=4)
+        (root / "dataset" / f"{ident}.json").write_text(text, encoding="utf-8")
+        poster_seed = int(rng.integers(2**31))
+        if k % 5 != 3:
+            _save_photo((root / "dataset" / f"{ident}.jpeg", POSTER, poster_seed))
+    (root / "split.json").write_text(json.dumps(splits, indent=4), encoding="utf-8")
+    return root
