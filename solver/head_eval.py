@@ -123,10 +123,8 @@ def score_heads(
             k: v for k, v in summarize(counts[n]).items() if k != "acc_by_missing"
         }
         if n in ETA_HEADS:
-            key = n if n == "ridge_all" else None
-            out[n]["eta_by_step"] = [
-                solved[k][key]["eta"] if key else solved[k]["eta"]
-                for k in sorted(solved)
+            out[n]["eta_by_step"] = [  # a head's own η (ridge_all, dsal) or the step's
+                solved[k][n].get("eta", solved[k]["eta"]) for k in sorted(solved)
             ]
         out[n]["state_bytes"] = attrs["head_bytes"][n]
     out["shared_bytes"] = attrs["head_bytes"]["shared"]

@@ -6,16 +6,20 @@ first, a read of the labels alone); at the step's end every head asked is
 solved from the sums and its arrays are kept for the file. A head's η is the
 one weights.h5 holds for the step (the chosen η with `solve.eta: auto`, the
 first of a sweep); `ridge_all` chooses its own from `solve.eta_grid` on the
-held-out folds of every task so far. Beside `solve.method: gram` that
-choice reads the η path `solver.select` fits for `eta: auto` too (one
-Cholesky per η and step serves both rules); beside woodbury the heads keep
-their own folds (`solver.heads.eta_over_tasks`).
+held-out folds of every task so far; `dsal` keeps the η its residuals were
+taken at, batch by batch (`solve.eta`; 1 under `auto`, whose η is chosen only
+at the step's end), and its main stream is the W of the step's last batch.
+Beside `solve.method: gram` ridge_all's choice reads the η path
+`solver.select` fits for `eta: auto` too (one Cholesky per η and step serves
+both rules); beside woodbury the heads keep their own folds
+(`solver.heads.eta_over_tasks`).
 
 heads.h5: attrs `heads` (JSON list), width, seed, dtype, feature_dim,
 dsal_ratio, lda_shrinkage, holdout, eta_grid (JSON), state_bytes; one group
 `step_XX` per step (attrs classes_seen, eta) holding `<head>/<array>`:
 ridge/W, ridge_all/W (attrs eta, sse: the grid's held-out squared errors),
-air/W, dsal/W_main and dsal/W_comp, ncm/means, lda/coef and lda/intercept;
+air/W, dsal/W_main and dsal/W_comp (attr eta), ncm/means, lda/coef and
+lda/intercept;
 W (width, C_k), means (C_k, width), coef (C_k, D), intercept (C_k,).
 """
 
@@ -184,8 +188,9 @@ def _solve_head(
     """One head's arrays from the sums (see `solver.heads`)."""
     if name == "air":
         return {"W": hd.air(s, eta)}
-    if name == "dsal":
-        return {"W_main": hd.ridge(s, eta), "W_comp": hd.dsal(s, eta)}
+    if name == "dsal":  # its residuals were taken at its own η, batch by batch
+        main = s.dsal_main if s.dsal_main is not None else hd.ridge(s, s.dsal_eta)
+        return {"W_main": main, "W_comp": hd.dsal(s, s.dsal_eta), "eta": s.dsal_eta}
     if name == "ncm":
         return {"means": hd.class_means(s)}
     if name == "lda":

@@ -100,6 +100,7 @@ class HeadStats:
     sums: dict[str, Any] = field(default_factory=dict)
     done: set = field(default_factory=set)
     task_n: Any = None  # the current task's rows per class
+    dsal_main: Any = None  # DS-AL's main-stream W after the latest batch
 
     def __post_init__(self) -> None:
         unknown = [h for h in self.heads if h not in _SUMS]
@@ -199,7 +200,7 @@ class HeadStats:
         of W_main on the batch, old classes' columns zeroed, into the
         compensation stream's sums."""
         xp = self.xp
-        W = _ridge_solve(self.G, self.dsal_eta, self.Q, xp)
+        W = self.dsal_main = _ridge_solve(self.G, self.dsal_eta, self.Q, xp)
         R = (Y - H @ W) * (self.task_n > 0)[None, :]  # the current task's columns
         T = xp.tanh(Z)
         self.sums["Gc"] += T.T @ T

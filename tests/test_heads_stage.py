@@ -134,6 +134,29 @@ def test_both_eta_rules_read_one_path_per_step(feats, tmp_path, monkeypatch):
         assert np.allclose(solved[k]["ridge_all"]["sse"], sse, rtol=1e-9, atol=0)
 
 
+def test_dsal_keeps_its_own_eta_under_eta_auto(feats, tmp_path):
+    """DS-AL's residuals are taken batch by batch before a step's η is
+    chosen: both its streams stay at η 1 under `eta: auto`, recorded as its
+    η, while the ridge takes the chosen one."""
+    params = SolveParams(width=WIDTH, eta="auto", heads=("ridge", "dsal"))
+    solve(feats, tmp_path / "auto", params, backend=get_backend("cpu"))
+    _, solved = read_heads(tmp_path / "auto" / "heads.h5")
+    ref = _reference(feats, eta=1.0)
+    W_up = upsampling_matrix(D, WIDTH, 0)
+    s = hd.HeadStats(WIDTH, D, 7, heads=("dsal",), dsal_eta=1.0)
+    assert {solved[k]["eta"] for k in solved} != {1.0}  # auto moved the ridge's
+    for k, step in zip(solved, open_features(feats), strict=True):
+        X, y, _, _ = step.train.read_all()
+        Z = X.astype(np.float64) @ W_up
+        s.begin_task(y)
+        s.add(np.maximum(Z, 0), X, y, np.arange(len(y)), Z=Z)
+        s.end_task()
+        main = hd.ridge(s, 1.0)[:, : step.classes_seen]
+        assert solved[k]["dsal"]["eta"] == 1.0
+        assert np.abs(solved[k]["dsal"]["W_main"] - main).max() < 1e-9
+        assert np.abs(solved[k]["dsal"]["W_comp"] - ref[k]["dsal"]).max() < 1e-9
+
+
 def test_heads_do_not_depend_on_the_chunks_but_dsal(feats, tmp_path):
     _, one = _solve(feats, tmp_path / "one", batch_rows=4096)
     _, many = _solve(feats, tmp_path / "many", batch_rows=17)
