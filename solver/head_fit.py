@@ -95,14 +95,18 @@ class HeadsFit:
         self.stats.add(H, xp.asarray(X), xp.asarray(y), xp.asarray(ids), Z)
 
     def _lend(self) -> None:
-        """The solve's G (its lower triangle, made whole) and Q, when shared
-        and a head reads them (ridge_all's path, DS-AL's main stream)."""
+        """The solve's G and Q, when shared and a head reads them (ridge_all's
+        path, DS-AL's main stream): G as it is on NumPy (the heads read its
+        lower triangle), made whole from it on CuPy."""
         if self.rls is None or not {"ridge_all", "dsal"} & set(self.params.heads):
             return
-        G = self.rls.G_
+        G, xp = self.rls.G_, self.backend.xp
+        if xp is np:  # the heads read the lower triangle (`solver.heads`)
+            self.stats.lend_gram(G, self.rls.Q_)
+            return
         if self._full is None:
-            self._full = self.backend.xp.empty(G.shape, dtype=G.dtype)
-        _symmetrize(self._full, G, self.backend.xp)
+            self._full = xp.empty(G.shape, dtype=G.dtype)
+        _symmetrize(self._full, G, xp)
         self.stats.lend_gram(self._full, self.rls.Q_)
 
     def end_step(

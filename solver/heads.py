@@ -6,6 +6,10 @@ labels. Statistics add, so two states merge by summing (AFL's absolute
 aggregation is this sum), and W does not depend on batching or sharding.
 All arithmetic is float64 in the NumPy/CuPy common subset; `xp` is the array
 module (numpy by default). A state keeps only the sums its `heads` need.
+On NumPy the E x E sums (G, G_v, AIR's, DS-AL's) are Fortran-ordered and
+only their lower triangle is kept: each batch enters by one in-place SYRK
+(half a GEMM's FLOPs, no E x E temporary), and every reader reads the lower
+triangle (a Cholesky, `symm`). On CuPy they are whole.
 
 Heads (source: the analytic-heads survey, sections 1.3, 1.4, 2 and 5), each
 fitted on every training row:
@@ -115,7 +119,13 @@ class HeadStats:
         keep = ["G", "Q"] if self.own_gram else []
         keep += ["n"] + [k for h in self.heads for k in _SUMS[h]]
         if not self.sums:
-            self.sums = {k: self.xp.zeros(shapes[k]) for k in dict.fromkeys(keep)}
+            self.sums = {k: self._zeros(shapes[k]) for k in dict.fromkeys(keep)}
+
+    def _zeros(self, shape: tuple[int, ...]) -> Any:
+        square = len(shape) == 2 and shape[0] == shape[1] == self.E
+        if square and self.xp is np:  # the lower triangle, for `_sym_add`
+            return np.zeros(shape, order="F")
+        return self.xp.zeros(shape)
 
     def __getattr__(self, name: str) -> Any:
         sums = self.__dict__.get("sums", {})
@@ -164,18 +174,17 @@ class HeadStats:
         Y[xp.arange(len(y)), y] = 1.0
         s = self.sums
         if self.own_gram:
-            s["G"] += H.T @ H
+            _sym_add(s["G"], H, xp)
             s["Q"] += H.T @ Y
         s["n"] += Y.sum(0)
         w = 1.0 / xp.maximum(self.task_n[y], 1.0)  # 1/n_y per row
         if self._has("Gv"):
             v = held_out(ids, self.seed, self.holdout, xp)
-            s["Gv"] += H[v].T @ H[v]
+            _sym_add(s["Gv"], H[v], xp)
             s["Qv"] += H[v].T @ Y[v]
             self.yv2 += float((Y[v] ** 2).sum())
         if self._has("Gair"):  # (sqrt(w) H)' (sqrt(w) H): one symmetric product
-            Hw = H * xp.sqrt(w)[:, None]
-            s["Gair"] += Hw.T @ Hw
+            _sym_add(s["Gair"], H * xp.sqrt(w)[:, None], xp)
             s["Qair"] += H.T @ (Y * w[:, None])
         if self._has("Hsum"):
             s["Hsum"] += Y.T @ H
@@ -203,7 +212,7 @@ class HeadStats:
         W = self.dsal_main = _ridge_solve(self.G, self.dsal_eta, self.Q, xp)
         R = (Y - H @ W) * (self.task_n > 0)[None, :]  # the current task's columns
         T = xp.tanh(Z)
-        self.sums["Gc"] += T.T @ T
+        _sym_add(self.sums["Gc"], T, xp)
         self.sums["Qc"] += T.T @ R
 
     def end_task(self) -> None:
@@ -239,6 +248,26 @@ class HeadStats:
         return out
 
 
+def _sym_add(M: Any, A: Any, xp: Any) -> None:
+    """M += A'A for A (r, E): in place on M's lower triangle on NumPy (one
+    SYRK on the Fortran-ordered M), the whole product on CuPy."""
+    if xp is not np:
+        M += A.T @ A
+        return
+    syrk = scipy.linalg.blas.get_blas_funcs("syrk", (M,))
+    out = syrk(1.0, A.T, beta=1.0, c=M, trans=0, lower=1, overwrite_c=1)
+    if not np.shares_memory(out, M):  # a layout the in-place kernel refused
+        raise AssertionError("_sym_add: M must be a Fortran-ordered float64")
+
+
+def _sym_matmul(A: Any, B: Any, xp: Any) -> Any:
+    """A B for A symmetric: its lower triangle read on NumPy (`symm`)."""
+    if xp is not np:
+        return A @ B
+    symm = scipy.linalg.blas.get_blas_funcs("symm", (A, B))
+    return symm(1.0, A, B, side=0, lower=1)
+
+
 def _chol_solve(A: Any, B: Any, xp: Any) -> Any:
     """A^-1 B for A symmetric positive definite: a Cholesky factor and two
     triangular solves (a general solve of each factor costs 4x as much)."""
@@ -253,8 +282,9 @@ def _chol_solve(A: Any, B: Any, xp: Any) -> Any:
 
 def _ridge_solve(A: Any, eta: float, B: Any, xp: Any) -> Any:
     """(A + eta I)^-1 B for A symmetric positive semi-definite, with one
-    E x E copy of A (no identity matrix, no second copy for the factor)."""
-    M = A.copy()
+    E x E copy of A (no identity matrix, no second copy for the factor).
+    On NumPy only A's lower triangle is read."""
+    M = np.array(A, order="F") if xp is np else A.copy()
     idx = xp.arange(M.shape[0])
     M[idx, idx] += eta
     if xp is np:
@@ -340,7 +370,8 @@ def lda(s: HeadStats, shrinkage: float) -> tuple[Any, Any]:
 
 def val_sse(s: HeadStats, W: Any) -> float:
     """Held-out squared error |Y_v - H_v W|^2 = |Y_v|^2 - 2<W,Q_v> + <W,G_v W>."""
-    return float(s.yv2 - 2 * (W * s.Qv).sum() + (W * (s.Gv @ W)).sum())
+    GvW = _sym_matmul(s.Gv, W, s.xp)
+    return float(s.yv2 - 2 * (W * s.Qv).sum() + (W * GvW).sum())
 
 
 def eta_over_tasks(s: HeadStats, etas: list[float]) -> tuple[float, list[float]]:
@@ -373,7 +404,8 @@ def solve_flops(
 ) -> dict[str, float]:
     """A FLOP model: the plain solve's (up-sampling GEMM, SYRK, Q and a
     factorisation per step) and what each head adds beside it (its sums,
-    and its factorisations: DS-AL one per `chunk` rows). n rows, E width,
+    and its factorisations: DS-AL one per chunk, a step's n / steps rows
+    read `chunk` rows at a time, its last chunk partial). n rows, E width,
     D features, C classes, a 20 % fold. The η path (the fold's SYRK and a
     factorisation per η of a `grid` and step) is the solve's with `auto`
     (`solve.eta: auto`), and ridge_all then adds only its refit; beside a
@@ -386,7 +418,7 @@ def solve_flops(
         "ridge": 0.0,  # the solve's own W
         "ridge_all": steps * chol + (0.0 if auto else path),
         "air": n * E * E + steps * chol,
-        "dsal": n * E * E + -(-n // chunk) * chol + steps * chol,
+        "dsal": n * E * E + steps * -(-n // (steps * chunk)) * chol + steps * chol,
         "ncm": 2 * n * E * C,
         "lda": 2 * n * D * D + 2 * n * D * C + steps * D**3 / 3,
     }

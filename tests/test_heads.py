@@ -250,7 +250,7 @@ def test_eta_over_tasks_scores_every_tasks_fold_without_its_rows():
 def test_flop_model_moves_the_eta_path_into_an_auto_solve():
     """solve_flops: the η path (the fold's SYRK, a factorisation per η and
     step) is ridge_all's beside a fixed η and the solve's own with `auto`."""
-    E, n, D, C, steps, chunk = 100, 1000, 10, 4, 2, 300
+    E, n, D, C, steps, chunk = 100, 1000, 10, 4, 2, 400
     chol = E**3 / 3 + 2 * E * E * C
     path = 0.2 * n * E * E + steps * 5 * chol
     fixed = heads.solve_flops(E, n, D, C, steps, chunk)
@@ -259,5 +259,6 @@ def test_flop_model_moves_the_eta_path_into_an_auto_solve():
     assert auto["solve"] == fixed["solve"] + path
     assert fixed["ridge_all"] == steps * chol + path
     assert auto["ridge_all"] == steps * chol
+    # DS-AL: 2 chunks in each step's 500 rows (400 + 100), not 1000 / 400 -> 3
     assert fixed["dsal"] == auto["dsal"] == n * E * E + 4 * chol + steps * chol
     assert fixed["ncm"] == 2 * n * E * C and fixed["ridge"] == 0.0
