@@ -9,6 +9,13 @@ Tasks: the C classes are split evenly over K = `data.tasks` tasks. When K does
 not divide C this is an error, unless `data.allow_uneven` is true; then the
 first C mod K tasks get one class more.
 
+Multi-label samples (MM-IMDb; `RawSample.labels`): a sample joins the task
+of its class first in the class order, and only that task: each sample is
+learnt once, exemplar-free as the single-label datasets are. It is learnt
+and scored on its classes of that task (a later task's classes are not
+known yet, `Sample.targets`); RebQ scores each task on its own classes'
+columns. Its earlier tasks hold none of its classes by construction.
+
 Missing tables (DESIGN §6), one per (task, split), drawn from
 `numpy.random.default_rng([data.seed, task, split_code])` with split codes
 train 0, val 1, test 2, over the (task, split)'s samples sorted by id, so a
@@ -89,6 +96,14 @@ def empty_task_line(task: int, split: str, classes: list[str]) -> str:
         f"task {task} has no {split} samples (its classes: {shown}): every task "
         f"needs both; the dataset's {split} split lacks these classes"
     )
+
+
+def first_in_order(labels: Sequence[str], order: Sequence[str]) -> str:
+    """A multi-label sample's class that places it: the first of its
+    `labels` in the class `order`, so the sample joins the task of its
+    earliest class and is learnt once (module doc)."""
+    rank = {name: i for i, name in enumerate(order)}
+    return min(labels, key=lambda name: rank[name])
 
 
 def task_of_label(sizes: Sequence[int]) -> list[int]:

@@ -1,10 +1,11 @@
 """The prepare contract and the batch layout, without torch.
 
 `data/prepare/` holds `samples.jsonl` (one `Sample` per line, keys
-`SAMPLE_KEYS`) and `tasks.json` (class order, the task split, the params of
-`data`). `pal prepare` writes them; `read_prepare` reads and validates them
-for `pal tune`, `pal extract` and the loader. `Batch` is what the loader
-yields and the model consumes. Missing-modality codes are `palcore.codes.Missing`.
+`SAMPLE_KEYS`, and `labels` on a multi-label sample's line) and `tasks.json`
+(class order, the task split, the params of `data`). `pal prepare` writes
+them; `read_prepare` reads and validates them for `pal tune`, `pal extract`
+and the loader. `Batch` is what the loader yields and the model consumes.
+Missing-modality codes are `palcore.codes.Missing`.
 """
 
 from __future__ import annotations
@@ -44,10 +45,23 @@ class Sample:
     image: str | None
     text: str
     missing: int
+    # a multi-label sample's labels, sorted, `label` the first (so the
+    # others lie in its task's range or later tasks'); () when the sample
+    # has one label (the line then has no "labels" key)
+    labels: tuple[int, ...] = ()
+
+    def targets(self, end: int) -> tuple[int, ...]:
+        """The labels the model learns and is scored on, `end` the end of
+        the sample's task's label range: a multi-label sample's labels below
+        it (a later task's classes are unknown while its task is learnt),
+        else its one label."""
+        return tuple(v for v in self.labels if v < end) or (self.label,)
 
 
-# the keys of a samples.jsonl line, in file order: `Sample`'s fields
-SAMPLE_KEYS = tuple(f.name for f in dataclasses.fields(Sample))
+# the keys every samples.jsonl line has, in file order; a multi-label
+# sample's line ends with LABELS_KEY too
+SAMPLE_KEYS = tuple(f.name for f in dataclasses.fields(Sample))[:-1]
+LABELS_KEY = "labels"
 
 
 @dataclass(frozen=True)
@@ -169,7 +183,7 @@ def _sample(
         problem = text_problem(raw[key])
         if problem:
             raise PrepareError(f"{where}: {key} {problem}")
-    s = Sample(**{k: raw[k] for k in SAMPLE_KEYS})
+    s = Sample(**{k: raw[k] for k in SAMPLE_KEYS}, labels=_labels(raw, where))
     if s.split not in SPLITS:
         raise PrepareError(f"{where}: split must be one of {SPLITS}, got {s.split!r}")
     if not isinstance(s.task, int) or not 1 <= s.task <= len(bounds):
@@ -184,6 +198,11 @@ def _sample(
             f"{where}: class_name {s.class_name!r} is not class_order[{s.label}] "
             f"{order[s.label]!r} (tasks.json)"
         )
+    if s.labels and (s.labels[0] != s.label or s.labels[-1] >= len(order)):
+        raise PrepareError(
+            f"{where}: labels {list(s.labels)} must start at label {s.label} "
+            f"and end below {len(order)} (tasks.json's classes)"
+        )
     if s.missing not in tuple(Missing):
         raise PrepareError(f"{where}: missing must be 0, 1 or 2, got {s.missing!r}")
     if s.missing != Missing.IMAGE and not s.image:
@@ -193,6 +212,33 @@ def _sample(
     if not isinstance(s.text, str):
         raise PrepareError(f"{where}: text must be a string")
     return s
+
+
+def _labels(raw: dict, where: str) -> tuple[int, ...]:
+    """A multi-label line's "labels": distinct ints, ascending."""
+    if LABELS_KEY not in raw:
+        return ()
+    value = raw[LABELS_KEY]
+    ok = isinstance(value, list) and value and all(type(v) is int for v in value)
+    if not ok or value != sorted(set(value)):
+        raise PrepareError(
+            f"{where}: labels must be a list of distinct labels in ascending "
+            f"order, got {value!r}"
+        )
+    return tuple(value)
+
+
+MULTI_LABEL_NOT_BUILT = (
+    "multi-label samples (MM-IMDb): pal prepare places them in tasks, but "
+    "tune, extract and solve learn one label a sample (not built yet)"
+)
+
+
+def single_label(samples: Sequence[Sample], stage: str) -> None:
+    """Refuse multi-label samples in a stage that learns one label a sample."""
+    first = next((s for s in samples if s.labels), None)
+    if first is not None:
+        raise PrepareError(f"{stage}: sample {first.id!r}: {MULTI_LABEL_NOT_BUILT}")
 
 
 def select(samples: Sequence[Sample], split: str, tasks: Sequence[int]) -> list[Sample]:

@@ -45,6 +45,7 @@ from palcore.params import (
 from palcore.paramsfile import read_params_file
 from palcore.variants import pipeline_variants
 from pipeline.contract_code import guard_problem
+from pipeline.data.samples import MULTI_LABEL_NOT_BUILT
 from pipeline.params import (
     SECTIONS,
     DataParams,
@@ -216,7 +217,7 @@ def check_data(
     data = load_section(path, "data", DataParams)
     if not Path(data.root).is_dir():  # check_paths names it, or the demo makes it
         return [], f"data: {data.dataset}, made by the demo stage"
-    key = (data.dataset, str(data.root), data.text_field)
+    key = (data.dataset, str(data.root), data.text_field, data.label_count)
     listings = {} if listings is None else listings
     try:
         if key not in listings:
@@ -234,8 +235,13 @@ def check_data(
     for s in listing.samples:
         counts[s.split] = counts.get(s.split, 0) + 1
     splits = ", ".join(f"{n} {split}" for split, n in sorted(counts.items()))
-    return [], (
-        f"data: {data.dataset}, {len(listing.classes)} classes in {data.tasks} "
+    kind, problems = "classes", []
+    if any(s.labels for s in listing.samples):
+        mean = sum(len(s.labels) for s in listing.samples) / len(listing.samples)
+        kind = f"labels (multi-label, {mean:.2f} a sample)"
+        problems = [f"{path}: data.dataset: {MULTI_LABEL_NOT_BUILT}"]
+    return problems, (
+        f"data: {data.dataset}, {len(listing.classes)} {kind} in {data.tasks} "
         f"tasks; {splits}"
     )
 
@@ -248,18 +254,22 @@ def _empty_tasks(path: Path, data: DataParams, listing: Any) -> list[str]:
         class_order,
         empty_task_line,
         empty_tasks,
+        first_in_order,
         task_sizes,
     )
 
     if data.per_class is not None:
         listing = per_class(listing, data.per_class)
     protocol = load_section(path, "protocol", ProtocolParams)
-    pairs = [(s.class_name, s.split) for s in listing.samples]
     lines = []
     for run in protocol.runs:
         seed = load_section(Source(path, run), "data", DataParams).class_order_seed
         order = class_order(listing.classes, seed)
         sizes = task_sizes(len(order), data.tasks, data.allow_uneven)
+        pairs = [  # a multi-label sample joins its first class's task
+            (first_in_order(s.labels, order) if s.labels else s.class_name, s.split)
+            for s in listing.samples
+        ]
         empty = empty_tasks(pairs, order, sizes)
         if empty:
             lines.append(f"run {run}: data: " + empty_task_line(*empty[0]))

@@ -24,8 +24,9 @@ the patch order from torch's RNG, so the RNG is reseeded per batch (as
 `pipeline.model.embed`): same inputs, same bytes.
 
 Reads `data.dataset`, `data.root`, `data.text_field`, `data.per_class`,
-`data.absent`, the `model` section and `extract.device` (the device of the
-pass: bf16 on CUDA as tune and extract run it) and `extract.num_workers`.
+`data.label_count`, `data.absent`, the `model` section and `extract.device`
+(the device of the pass: bf16 on CUDA as tune and extract run it) and
+`extract.num_workers`.
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def listing_params(source: Source) -> pparams.DataParams:
         "root": section_value(source, "data", "root"),
         "text_field": section_value(source, "data", "text_field"),
         "per_class": section_value(source, "data", "per_class"),
+        "label_count": section_value(source, "data", "label_count"),
         "absent": section_value(source, "data", "absent"),
     }
     return pparams.DataParams(**{k: v for k, v in keys.items() if v is not None})

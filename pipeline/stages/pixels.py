@@ -15,8 +15,9 @@ stored: `pal prepare` keeps its sample with the image missing
 an empty marker and the loader decodes as before.
 
 Reads params `pixels` and the keys data.dataset, data.per_class,
-data.text_field and model.backbone (data.root, like tune and extract, only to
-find the images: their content is the stage's dependency).
+data.text_field, data.label_count and model.backbone (data.root, like tune
+and extract, only to find the images: their content is the stage's
+dependency).
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def _data_params(params_file: Source) -> pparams.DataParams:
         "dataset": section_value(params_file, "data", "dataset"),
         "per_class": section_value(params_file, "data", "per_class"),
         "text_field": section_value(params_file, "data", "text_field"),
+        "label_count": section_value(params_file, "data", "label_count"),
     }
     given = {k: v for k, v in keys.items() if v is not None}
     # data_root reads the file itself, which os.fspath names for a Source
@@ -134,7 +136,7 @@ def cli(params_file: Source, out: str) -> None:
     <out> holds only an empty marker `off` and they decode as before. Images
     that do not decode are left out (prepare keeps their samples with the
     image missing). Reads params pixels, data.dataset, data.per_class,
-    data.text_field and model.backbone.
+    data.text_field, data.label_count and model.backbone.
     """
     params = load_section(params_file, "pixels", pparams.PixelsParams)
     backbone = section_value(params_file, "model", "backbone")

@@ -12,6 +12,9 @@ test), then id, with exactly the keys
     image       str, path relative to `data.root`; null when there is none
     text        str; "" when there is none
     missing     int, 0 complete, 1 text missing, 2 image missing
+and, on a multi-label sample's line only (MM-IMDb),
+    labels      [int], its labels ascending: `label` (the one that places it
+                in its task, `pipeline.data.protocol`) and the others
 
 `image` and `text` say what the dataset has; `missing` says what the model may
 see: a consumer replaces the missing modality by its dummy (empty text, white
@@ -50,9 +53,11 @@ import numpy as np
 from palcore.cliutil import clean_errors, folder_option, run_params_option
 from palcore.codes import Missing
 from palcore.outputs import write_bytes_atomic
+from palcore.params import outcome_record
 from pipeline.data import protocol
 from pipeline.data.listing import listed
 from pipeline.data.samples import (
+    LABELS_KEY,
     SAMPLE_KEYS,
     SAMPLES_FILE,
     SPLITS,
@@ -83,6 +88,7 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
     """
     listing, kept, absent, images = listed(params)
     order = protocol.class_order(listing.classes, params.class_order_seed)
+    kept = [(_placed(s, order), *rest) for s, *rest in kept]
     sizes = protocol.task_sizes(len(order), params.tasks, params.allow_uneven)
     groups = _group_by_task(kept, order, sizes)
     pairs = ((s.class_name, s.split) for s, *_ in kept)
@@ -92,13 +98,14 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
             f"data (class_order_seed {params.class_order_seed}): "
             + protocol.empty_task_line(*empty[0])
         )
+    label_of = {name: i for i, name in enumerate(order)}
     rows, tasks, first_label = [], [], 0
     for task, size in enumerate(sizes, start=1):
         counts = {}
         for split in SPLITS:
             group = sorted(groups.get((task, split), []), key=lambda g: g[0])
             codes = _missing_codes(group, params, task, split)
-            rows += _rows(group, codes, task, split)
+            rows += _rows(group, codes, task, split, label_of)
             counts[split] = {
                 "total": len(group),
                 "by_missing": np.bincount(codes, minlength=len(Missing)).tolist(),
@@ -117,10 +124,24 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
         # where the dataset is kept is no part of the output (tune and extract
         # take it from their params file): a byte-identical copy elsewhere
         # leaves tasks.json, and so every later stage, as it was
-        "data": {k: v for k, v in dataclasses.asdict(params).items() if k != "root"},
+        "data": _data_record(params),
         "images": images,
     }
     return rows, doc
+
+
+def _data_record(params: DataParams) -> dict:
+    """tasks.json's `data`: the params but `root`, a key newer than the
+    outputs only when set (`palcore.params.outcome_record`)."""
+    return {k: v for k, v in outcome_record(params).items() if k != "root"}
+
+
+def _placed(s, order: list[str]):
+    """A multi-label sample with `class_name` its class first in the order
+    (the task it joins, `protocol.first_in_order`); others as they are."""
+    if not s.labels:
+        return s
+    return dataclasses.replace(s, class_name=protocol.first_in_order(s.labels, order))
 
 
 def _group_by_task(
@@ -161,8 +182,11 @@ def _missing_codes(group: list, params: DataParams, task: int, split: str):
     return codes
 
 
-def _rows(group: list, codes, task: int, split: str) -> list[dict]:
-    """The samples.jsonl rows of one (task, split) group: `Sample`s as dicts."""
+def _rows(
+    group: list, codes, task: int, split: str, label_of: dict[str, int]
+) -> list[dict]:
+    """The samples.jsonl rows of one (task, split) group: `Sample`s as dicts
+    (a multi-label sample's labels sorted, its placing label first)."""
     return [
         dataclasses.asdict(
             Sample(
@@ -174,6 +198,7 @@ def _rows(group: list, codes, task: int, split: str) -> list[dict]:
                 image=image,
                 text=text,
                 missing=int(code),
+                labels=tuple(sorted(label_of[n] for n in s.labels)),
             )
         )
         for (sid, label, s, _, image, text), code in zip(group, codes, strict=True)
@@ -186,13 +211,19 @@ def write_outputs(rows: list[dict], doc: dict, out: str | Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     encode = json.JSONEncoder(ensure_ascii=False).encode  # one encoder for all rows
     files = {
-        SAMPLES_FILE: "".join(
-            encode({k: r[k] for k in SAMPLE_KEYS}) + "\n" for r in rows
-        ),
+        SAMPLES_FILE: "".join(encode(_line(r)) + "\n" for r in rows),
         TASKS_FILE: json.dumps(doc, indent=2, ensure_ascii=False) + "\n",
     }
     for name, text in files.items():
         write_bytes_atomic(out / name, text.encode("utf-8"))
+
+
+def _line(row: dict) -> dict:
+    """A samples.jsonl line: SAMPLE_KEYS, then a multi-label row's labels."""
+    line = {k: row[k] for k in SAMPLE_KEYS}
+    if row["labels"]:
+        line[LABELS_KEY] = list(row["labels"])
+    return line
 
 
 @click.command("prepare")

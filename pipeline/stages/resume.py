@@ -91,9 +91,13 @@ def run_environment(module: str, backbone: str, device: str) -> dict[str, Any]:
 
 def hash_samples(h: Any, samples: Iterable[Any]) -> Any:
     """Feed each sample (a dataclass) to sha256 object `h` as sorted JSON;
-    returns `h`."""
+    returns `h`. A single-label `Sample`'s empty `labels` is left out, as
+    samples.jsonl leaves it out (its hash is the one before the field)."""
     for sample in samples:
-        h.update(json.dumps(dataclasses.asdict(sample), sort_keys=True).encode())
+        record = dataclasses.asdict(sample)
+        if record.get("labels") == ():
+            del record["labels"]
+        h.update(json.dumps(record, sort_keys=True).encode())
     return h
 
 

@@ -5,6 +5,7 @@
 - `demo`: the folder `pal demo` writes (`pipeline.data.datasets.demo`)
 - `food101`: UPMC-Food101, both layouts (`pipeline.data.datasets.food101`)
 - `n24news`: N24News (`pipeline.data.datasets.n24news`)
+- `mmimdb`: MM-IMDb, multi-label (`pipeline.data.datasets.mmimdb`)
 - `files`: a listing (JSONL or CSV) beside the images, a layout anyone can
   write (`pipeline.data.datasets.files`)
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from pipeline.data.datasets import demo, files, food101, n24news
+from pipeline.data.datasets import demo, files, food101, mmimdb, n24news
 from pipeline.data.datasets.base import (
     DatasetError,
     FileIndex,
@@ -49,6 +50,7 @@ READERS: dict[Dataset, Reader] = {
     "demo": lambda root, params: demo.read(root),
     "food101": lambda root, params: food101.read(root),
     "n24news": lambda root, params: n24news.read(root, params.text_field),
+    "mmimdb": lambda root, params: mmimdb.read(root, params.label_count),
     "files": lambda root, params: files.read(root),
 }
 

@@ -1,5 +1,9 @@
 """What every dataset reader returns, and the helpers they share.
 
+A multi-label dataset (MM-IMDb) lists each sample's classes in `labels`;
+`pal prepare` puts the sample in the task of the first of them in the class
+order (`pipeline.data.protocol.assign_multilabel`).
+
 A reader lists samples; it never opens an image. `image` is a path relative to
 the dataset root (or None when the dataset names no image for the sample) and
 `text` is None when the dataset has no text for it. Whether a listed image file
@@ -28,9 +32,12 @@ class RawSample:
 
     id: str  # unique within the dataset
     split: str  # train | val | test
-    class_name: str
+    class_name: str  # a multi-label sample's first class (`labels`)
     image: str | None  # path relative to the dataset root; None: none listed
     text: str | None  # None: the dataset has no text for it
+    # a multi-label sample's classes, `class_name` among them (); a
+    # single-label sample has none: its class is `class_name`
+    labels: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass

@@ -55,23 +55,35 @@ modality. Everything else is refused in one line naming the file (and the
 film): a missing root, split.json or film JSON; malformed JSON or not UTF-8;
 split.json not an object of the three splits, each a list of digit-string
 ids; an id listed twice; a film without genres or with a genre outside
-both lists; `genres` or `plot` not a list of strings.
+both lists; `genres` or `plot` not a list of strings. A genre the JSON
+lists twice counts once.
+
+`read` lists the films as multi-label samples for `pal prepare`: every genre
+kept is a class (`data.label_count` keeps the most frequent ones of the
+training split: RebQ's 20), and `pipeline.data.protocol.assign_multilabel`
+puts each film in one task.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from pipeline.data.datasets.base import (
     DatasetError,
     FileIndex,
+    Listing,
+    RawSample,
     expect,
     read_json,
     require_root,
 )
 from pipeline.data.samples import SPLITS
+
+log = logging.getLogger(__name__)
 
 SPLIT_FILE = "split.json"
 FILMS = "dataset"  # the folder of <id>.json and <id>.jpeg
@@ -139,6 +151,44 @@ def read_films(root: Path) -> list[Film]:
     return films
 
 
+def read(root: Path, label_count: int | None = None) -> Listing:
+    """MM-IMDb's films as multi-label samples (`RawSample.labels`, the
+    film's genres kept, in the JSON's order; `class_name` the first). With
+    `label_count` (`data.label_count`), the genres kept are the
+    `label_count` most frequent in the training split (ties: `GENRES`'
+    order); the others are dropped from every film, and a film left without
+    a genre is dropped (logged). Sample ids are the films' ids."""
+    films = read_films(root)
+    counts = Counter(g for f in films if f.split == "train" for g in f.genres)
+    ranked = sorted(GENRES, key=lambda g: (-counts[g], GENRES.index(g)))
+    n = len(GENRES) if label_count is None else label_count
+    if not 0 < n <= len(GENRES):
+        raise DatasetError(
+            f"data.label_count: must be 1..{len(GENRES)} (MM-IMDb's genres), got {n}"
+        )
+    kept = set(ranked[:n])
+    samples, lost = [], 0
+    for f in films:
+        genres = tuple(g for g in f.genres if g in kept)
+        if not genres:
+            lost += 1
+            continue
+        samples.append(RawSample(f.id, f.split, genres[0], f.image, f.text, genres))
+    if lost:
+        log.info(
+            "data.label_count %d: %d films have none of the genres kept; dropped",
+            n,
+            lost,
+        )
+    return Listing(
+        root=root,
+        samples=samples,
+        classes=sorted(kept),
+        dropped_classes=sorted(set(GENRES) - kept),
+        source=str(root / SPLIT_FILE),
+    )
+
+
 def _splits(path: Path) -> dict[str, list[str]]:
     """split.json as {train|val|test: ids}; its faults named by the file."""
     doc = read_json(path)
@@ -188,7 +238,7 @@ def _film(path: Path, ident: str, doc: Any) -> tuple[tuple[str, ...], str | None
             path,
             f"{film} has genre {g!r}, which is none of the 23 MM-IMDb genres",
         )
-    kept = tuple(g for g in genres if g in GENRES)
+    kept = tuple(dict.fromkeys(g for g in genres if g in GENRES))  # once each
     expect(
         len(kept) > 0,
         path,
