@@ -322,6 +322,38 @@ def test_tune_stamps_carry_the_later_tune_keys_only_when_set(tmp_path) -> None:
     assert later == {"decay", "beta2", "clip_norm"}
 
 
+def test_listing_stamps_carry_data_label_count_only_when_set(tmp_path) -> None:
+    """data.label_count keys pixels and frozen through their stamps: absent
+    when unset (their bytes as before the key), present when set."""
+    params = tmp_path / "params.yaml"
+    params.write_text(committed("params.yaml"))
+    guard.write_stamps(str(params), tmp_path / "a")
+    before = {
+        n: (tmp_path / "a" / f"{n}.json").read_bytes() for n in ("pixels", "frozen")
+    }
+    assert all(b'"data"' not in b for b in before.values())
+    data = yaml.safe_load(params.read_text())
+    data["data"]["label_count"] = 20
+    params.write_text(yaml.safe_dump(data))
+    guard.write_stamps(str(params), tmp_path / "b")
+    for name in ("pixels", "frozen"):
+        stamp = json.loads((tmp_path / "b" / f"{name}.json").read_text())
+        assert stamp["data"] == {"label_count": 20}
+        assert {k: v for k, v in stamp.items() if k != "data"} == json.loads(
+            before[name]
+        )
+    tune = (tmp_path / "b" / "tune" / "pal.json").read_bytes()
+    assert tune == (tmp_path / "a" / "tune" / "pal.json").read_bytes()
+    from pipeline.params import DataParams
+
+    later = {
+        f.name
+        for f in dataclasses.fields(DataParams)
+        if f.metadata.get("recorded_if_set")
+    }
+    assert later == {"label_count"}  # the keys data_keys_set reads
+
+
 def test_the_fixture_reaches_every_unit() -> None:
     """Each unit has jobs; every method, the frozen variant, the pixel cache
     off, a resumed tune, both real layouts and a 2-rank extract are there."""

@@ -39,6 +39,8 @@ def write_stamps(params_file: str, out: Path, root: Path = con.ROOT) -> list[Pat
         variants = sorted(rows) if stage in con.METHOD_STAGES else [None]
         for variant in variants:
             record = con.stamp(stage, None, versions)  # pixels, frozen
+            if variant is None and (keys := data_keys_set(Source(Path(params_file)))):
+                record["data"] = keys  # the listing's keys newer than stamps
             if variant is not None:
                 source = Source(Path(params_file), variant=variant)
                 enabled = section_value(source, "prompt", "enabled")
@@ -77,6 +79,15 @@ def tune_keys_set(source: Source) -> dict[str, Any]:
     }
     defaults = {f.name: f.default for f in dataclasses.fields(TuneParams)}
     return {k: v for k, v in values.items() if v != defaults[k]}
+
+
+def data_keys_set(source: Source) -> dict[str, Any]:
+    """The data keys added after the listing stages' outputs were first
+    recorded (`palcore.params.RECORDED_IF_SET`) that `source` sets: pixels
+    and frozen are keyed on them through their stamps, as tune is on
+    `tune_keys_set`. Unset, the stamps keep their bytes."""
+    values = {"label_count": section_value(source, "data", "label_count")}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def former_stamps(out: Path) -> list[Path]:
