@@ -6,6 +6,7 @@ films)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,8 +19,9 @@ from pipeline.cli import main
 from pipeline.data.datasets.base import DatasetError
 from pipeline.data.datasets.mmimdb import GENRES, read, read_films
 from pipeline.data.protocol import class_order
-from pipeline.data.samples import PrepareError, read_prepare
+from pipeline.data.samples import PrepareError, read_prepare, single_label
 from pipeline.fakes.trees import make_mmimdb_tree
+from pipeline.stages.check import check_data
 
 KEYS = ["id", "split", "task", "label", "class_name", "image", "text", "missing"]
 
@@ -202,16 +204,41 @@ def test_pal_check_lists_the_tree_and_names_the_stages_not_built(
     params["data"].update(dataset="mmimdb", root=str(tree), tasks=2, label_count=8)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     r = CliRunner().invoke(main, ["check"])
+    problem = (
+        "params.yaml: data.dataset: multi-label samples (MM-IMDb): pal "
+        "prepare places them in tasks, but tune, extract and solve learn one "
+        "label a sample (not built yet)"
+    )
+    kept = set(top_genres(tree, 8))
+    lost = sum(1 for f in read_films(tree) if not set(f.genres) & kept)
+    assert (r.exit_code, r.stdout) == (1, "")
+    assert r.stderr.strip().splitlines() == [
+        f"INFO pipeline.data.datasets.mmimdb: data.label_count 8: {lost} films "
+        "have none of the genres kept; dropped",
+        f"Error: {problem}",
+    ]
+    # the summary `pal check` prints once nothing is wrong
     listing = read(tree, 8)
     mean = sum(len(s.labels) for s in listing.samples) / len(listing.samples)
     n = Counter(s.split for s in listing.samples)
-    assert r.exit_code == 1
-    assert r.stdout.splitlines()[0] == (
+    assert check_data(Path("params.yaml")) == (
+        [problem],
         f"data: mmimdb, 8 labels (multi-label, {mean:.2f} a sample) in 2 tasks; "
-        f"{n['test']} test, {n['train']} train, {n['val']} val"
+        f"{n['test']} test, {n['train']} train, {n['val']} val",
     )
-    assert r.stderr.strip().splitlines() == [
-        "Error: params.yaml: data.dataset: multi-label samples (MM-IMDb): pal "
-        "prepare places them in tasks, but tune, extract and solve learn one "
-        "label a sample (not built yet)"
-    ]
+
+
+def test_tune_and_extract_refuse_multi_label_samples_in_one_line(tmp_path, tree):
+    r, out = run_prepare(tmp_path, tree, tasks=2, label_count=8)
+    assert r.exit_code == 0, r.output
+    samples, _ = read_prepare(out, tree)
+    first = next(s for s in samples if s.labels)
+    with pytest.raises(PrepareError) as e:
+        single_label(samples, "tune")
+    assert str(e.value) == (
+        f"tune: sample {first.id!r}: multi-label samples (MM-IMDb): pal prepare "
+        "places them in tasks, but tune, extract and solve learn one label a "
+        "sample (not built yet)"
+    )
+    one = [dataclasses.replace(s, labels=()) for s in samples]
+    assert single_label(one, "extract") is None  # single-label samples pass
