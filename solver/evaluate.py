@@ -91,6 +91,13 @@ def evaluate(
     computed before the first output is written.
     """
     steps = open_features(features_dir)
+    multi = next((t for s in steps for t in s.test.values() if t.has_targets), None)
+    if multi is not None:
+        raise PalError(
+            f"evaluate: {multi.where} holds multi-label targets; accuracy does not "
+            "score them and their F1 and mAP (solver.multilabel) are not wired "
+            "into evaluate yet"
+        )
     backend = backend or get_backend("cpu")
     files = [Classifier(p, backend) for p in resolve_weights(weights_paths)]
     for wf in files:

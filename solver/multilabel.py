@@ -8,17 +8,23 @@ labels (an index list; default all) and the macro mean runs over those.
 - `macro_map` = 100 · mean_l AP_l, AP = Σ_n (R_n − R_{n−1}) P_n (sklearn's)
 - `task_matrix_summary`: avg, fg (RebQ's drop from the diagonal) and last from a
   T×T matrix of such a metric, M[i][j] = metric on task j after step i
+- `task_matrices`: the F1 and mAP matrices of a weights file on multi-label
+  test shards, task j scored on its own label columns (RebQ's evaluator)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from solver.metrics import acc, forgetting_diag
+
+if TYPE_CHECKING:
+    from solver.classifier import Classifier
+    from solver.shard_readers import StepShards
 
 
 def _targets_scores(
@@ -134,3 +140,31 @@ def task_matrix_summary(
             )
         tri.append(row[: i + 1].tolist())
     return {"avg": acc(tri), "fg": forgetting_diag(tri), "last": tri[-1][-1]}
+
+
+def task_matrices(
+    classifier: Classifier, steps: Sequence[StepShards], threshold: float
+) -> dict[str, list[list[float]]]:
+    """{"f1": M, "map": M} of `classifier` on the test shards of `steps`
+    (multi-label: `targets` in every test block), M[k][j] the metric (%) on
+    task j's test rows after step k (0-based, j ≤ k), over task j's own label
+    columns [C_{j−1}, C_j), as RebQ's evaluator passes a task's columns.
+    Scores are the ridge's raw outputs, thresholded at `threshold` for F1."""
+    bounds = [0, *(s.classes_seen for s in steps)]
+    out: dict[str, list[list[float]]] = {"f1": [], "map": []}
+    for k, step in enumerate(steps):
+        W = classifier.W(step.step)
+        f1_row, map_row = [], []
+        for j in range(1, k + 2):
+            block = step.test[j]
+            Y = block.targets()
+            if Y is None:
+                raise ValueError(f"{block.where}: no targets (a single-label shard)")
+            X, _, _, _ = block.read_all()
+            S = classifier.logits(X, step.step, W)
+            cols = list(range(bounds[j - 1], bounds[j]))
+            f1_row.append(macro_f1(Y, S, threshold, cols))
+            map_row.append(macro_map(Y, S, cols))
+        out["f1"].append(f1_row)
+        out["map"].append(map_row)
+    return out

@@ -84,10 +84,23 @@ def one_hot(labels: Any, n_classes: int, xp: Any, dtype: Any) -> Any:
     return Y
 
 
+def targets_matrix(targets: Any, classes_seen: int, xp: Any, dtype: Any) -> Any:
+    """Y (r, classes_seen) of a chunk's targets on the backend: one-hot rows
+    of labels (r,) int, or multi-hot rows (r, c), c <= classes_seen, of a
+    multi-label shard (`Block.targets`), padded with zero columns."""
+    if targets.ndim == 1:
+        return one_hot(targets, classes_seen, xp, dtype)
+    Y = xp.zeros((targets.shape[0], classes_seen), dtype=dtype)
+    Y[:, : targets.shape[1]] = targets
+    return Y
+
+
 class RidgeRLS:
     """Common state: the backend, width d, the η values and the class budget.
 
-    `partial_fit(H, labels, classes_seen)` absorbs one chunk of rows;
+    `partial_fit(H, labels, classes_seen)` absorbs one chunk of rows (labels
+    (r,) int, or a multi-label chunk's multi-hot targets (r, c): each column
+    then an independent ridge, the ridge itself unchanged);
     `weights(classes_seen)` returns W_k for every η as host arrays
     (d, classes_seen), in the order of `etas` (gram: or of the `etas` it is
     given, e.g. the one η that `solve.eta: auto` chose for the step).
@@ -165,10 +178,12 @@ class GramRLS(RidgeRLS):
         if H.shape[0] == 0:
             return
         self.backend.syrk_(self.G_, H.T)  # G += HᵀH
-        # Q += HᵀY, over the range of classes present (a chunk holds one task's)
-        lo, hi = int(labels.min()), int(labels.max()) + 1
-        Y = one_hot(labels - lo, hi - lo, self.xp, self.dtype)  # (r, hi - lo)
-        self.Q_[:, lo:hi] += H.T @ Y
+        if labels.ndim == 2:  # multi-hot targets (r, c): Q[:, :c] += HᵀY
+            self.Q_[:, : labels.shape[1]] += H.T @ labels.astype(self.dtype)
+        else:  # Q += HᵀY over the range of classes present (one task's)
+            lo, hi = int(labels.min()), int(labels.max()) + 1
+            Y = one_hot(labels - lo, hi - lo, self.xp, self.dtype)  # (r, hi - lo)
+            self.Q_[:, lo:hi] += H.T @ Y
         if self._X is not None:
             if X is None or self.n_rows_ > self.width // 2:
                 self._X, self._y = None, []  # primal form from here on
@@ -204,7 +219,9 @@ class GramRLS(RidgeRLS):
         K = b.sym_empty(n, dt)  # (N, N), lower triangle
         for lo in range(0, d, blk):
             b.syrk_(K, columns(lo))  # K += H_c H_cᵀ
-        Y = one_hot(b.asarray(np.concatenate(self._y)), classes_seen, xp, dt)
+        Y = xp.concatenate(
+            [targets_matrix(b.asarray(y), classes_seen, xp, dt) for y in self._y]
+        )
         M, alphas = b.sym_empty(n, dt), []
         for eta in etas:
             xp.copyto(M, K)
@@ -290,7 +307,7 @@ class WoodburyRLS(RidgeRLS):
         self._absorb(H, classes_seen)
         if H.shape[0] == 0:
             return
-        Y = one_hot(labels, classes_seen, self.xp, self.dtype)  # (b, C_k)
+        Y = targets_matrix(labels, classes_seen, self.xp, self.dtype)  # (b, C_k)
         b = self.backend
         for eta, R, W in zip(self.etas, self.R_, self.W_, strict=True):
             P = b.symm(R, H.T)  # (d, b) = R Hᵀ

@@ -24,6 +24,7 @@ from palcore.recorded import check_features
 from solver.shards import (
     FEATURE_DTYPES,
     FORMAT_VERSION,
+    check_targets,
     check_values,
     hdf5_reason,
 )
@@ -46,6 +47,7 @@ class BlockReader:
     classes_seen: int
     has_bp_logits: bool
     made_under: str = ""  # attr `params`: the outcome params of its chain
+    has_targets: bool = False  # multi-hot targets (a multi-label block)
 
     @property
     def where(self) -> str:
@@ -122,6 +124,23 @@ class BlockReader:
                         f"{path}: unreadable labels ({hdf5_reason(exc)})"
                     ) from None
         return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def targets(self) -> np.ndarray | None:
+        """The (n, C_k) uint8 multi-hot targets of a multi-label block, in
+        row order (features unread); None for a single-label block."""
+        if not self.has_targets:
+            return None
+        out = []
+        for path in self.files:
+            with _open(path) as f:
+                g = f[self.group] if self.group else f
+                try:
+                    out.append(np.asarray(g["targets"][()], dtype=np.uint8))
+                except OSError as exc:
+                    raise ShardError(
+                        f"{path}: unreadable targets ({hdf5_reason(exc)})"
+                    ) from None
+        return np.concatenate(out)
 
     def sample_ids(self) -> list[str]:
         """The n sample ids of the block, in row order."""
@@ -273,7 +292,7 @@ def _open(path: Path) -> h5py.File:
 
 
 def _block_reader(files: tuple[Path, ...], group: str, step: int) -> BlockReader:
-    n_rows, has_bp = 0, None
+    n_rows, has_bp, has_targets = 0, None, None
     dim = classes = -1  # from the first file's attrs
     for path in files:
         with _open(path) as f:
@@ -299,10 +318,16 @@ def _block_reader(files: tuple[Path, ...], group: str, step: int) -> BlockReader
             if has_bp is not None and bp != has_bp:
                 raise ShardError(f"{where}: bp_logits present in some parts only")
             has_bp = bp
+            targets = "targets" in g
+            if has_targets is not None and targets != has_targets:
+                raise ShardError(f"{where}: targets present in some parts only")
+            has_targets = targets
             n_rows += n
     with _open(files[0]) as f:
         made_under = _text(f.attrs.get("params", ""))
-    return BlockReader(files, group, n_rows, dim, classes, bool(has_bp), made_under)
+    return BlockReader(
+        files, group, n_rows, dim, classes, bool(has_bp), made_under, bool(has_targets)
+    )
 
 
 def _first_difference(a: str, b: str) -> str:
@@ -385,6 +410,15 @@ def _check_datasets(g: h5py.Group, where: str, dim: int, classes: int) -> int:
                 f"{where}: unreadable labels/missing ({hdf5_reason(exc)})"
             ) from None
         check_values(labels, missing, classes, where)
+    if "targets" in g:
+        t = g["targets"]
+        if t.shape != (n, classes) or t.dtype != np.uint8:
+            raise ShardError(
+                f"{where}: targets must be ({n}, {classes}) uint8, got "
+                f"{t.shape} {t.dtype}"
+            )
+        if n:
+            check_targets(t[()], labels, where)
     if "bp_logits" in g:
         bp = g["bp_logits"]
         if bp.shape != (n, classes) or bp.dtype not in FEATURE_DTYPES:

@@ -49,7 +49,10 @@ class Block:
 
     features: (n, D) float32 or float16; labels: (n,) int64 incremental class
     index; missing: (n,) int8 in {0, 1, 2}; sample_ids: n strings;
-    bp_logits: optional (n, C_k) float32, the BP head's logits over seen classes.
+    bp_logits: optional (n, C_k) float32, the BP head's logits over seen classes;
+    targets: optional (n, C_k) uint8, a multi-label block's multi-hot targets
+    (each row's `labels` entry, the label that placed it in its task, among
+    them); absent, a row's target is its one label.
     """
 
     features: np.ndarray
@@ -57,6 +60,7 @@ class Block:
     missing: np.ndarray
     sample_ids: Sequence[str]
     bp_logits: np.ndarray | None = None
+    targets: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ def write_test(path: str | Path, tasks: Mapping[int, Block], attrs: ShardAttrs) 
 def _nbytes(block: Block) -> int:
     """About a block's bytes on disk (its arrays; ids at 32 bytes each)."""
     arrays = (block.features, block.labels, block.missing, block.bp_logits)
+    arrays += (block.targets,)
     return sum(a.nbytes for a in arrays if a is not None) + 32 * len(block.sample_ids)
 
 
@@ -140,6 +145,8 @@ def _write_block(g: h5py.Group, block: Block, attrs: ShardAttrs) -> None:
     )
     if block.bp_logits is not None:
         g.create_dataset("bp_logits", data=np.asarray(block.bp_logits, np.float32))
+    if block.targets is not None:
+        g.create_dataset("targets", data=np.asarray(block.targets, np.uint8))
 
 
 def _check_block(block: Block, attrs: ShardAttrs, where: str) -> None:
@@ -173,6 +180,12 @@ def _check_block(block: Block, attrs: ShardAttrs, where: str) -> None:
         raise ShardError(
             f"{where}: bp_logits must have shape ({n}, {attrs.classes_seen})"
         )
+    if block.targets is not None:
+        if np.shape(block.targets) != (n, attrs.classes_seen):
+            raise ShardError(
+                f"{where}: targets must have shape ({n}, {attrs.classes_seen})"
+            )
+        check_targets(np.asarray(block.targets), np.asarray(block.labels), where)
 
 
 def hdf5_reason(exc: BaseException) -> str:
@@ -193,3 +206,16 @@ def check_values(
     if not np.isin(missing, MISSING_CODES).all():
         bad = missing[~np.isin(missing, MISSING_CODES)][0]
         raise ShardError(f"{where}: missing codes must be 0, 1 or 2, got {bad}")
+
+
+def check_targets(targets: np.ndarray, labels: np.ndarray, where: str) -> None:
+    """Multi-hot targets: 0 or 1, each row's label among its targets."""
+    if targets.size and not np.isin(targets, (0, 1)).all():
+        raise ShardError(f"{where}: targets must be 0 or 1")
+    if len(labels):
+        hit = targets[np.arange(len(labels)), labels]
+        if not hit.all():
+            row = int(np.argmin(hit))
+            raise ShardError(
+                f"{where}: targets row {row} lacks its label {int(labels[row])}"
+            )

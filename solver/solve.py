@@ -138,6 +138,14 @@ def _build(params: SolveParams, backend: Backend, steps: list[StepShards]) -> _F
     η rules' folds (`eta: auto`, or head ridge_all beside `method: gram`,
     which then reads the same η path) and the heads."""
     max_classes = steps[-1].classes_seen
+    multi = next((s for s in steps if s.train.has_targets), None)
+    if multi is not None and (params.is_auto or params.heads):
+        key = "solve.eta: auto" if params.is_auto else "solve.heads"
+        raise PalError(
+            f"{key}: {multi.train.where} holds multi-label targets; the η rules "
+            "and heads score single-label rows (a fixed solve.eta, or a list, "
+            "fits them)"
+        )
     expand = make_expander(
         backend, steps[0].feature_dim, params.width, params.seed, params.dtype
     )
@@ -248,14 +256,17 @@ def _absorb_step(fit: _Fit, shards: StepShards, bar: tqdm) -> None:
         fit.selector.start_step()
     if fit.heads is not None:
         fit.heads.start_step(shards.train.labels())
+    targets, row = shards.train.targets(), 0  # multi-hot of a multi-label shard
     for X, y, _, _ in shards.train.iter_chunks(fit.params.batch_rows):
+        T = y if targets is None else targets[row : row + len(y)]
+        row += len(y)
         Z = None
         if fit.heads is not None and fit.heads.needs_z:
             Z = fit.expand.pre(X)  # DS-AL's stream reads tanh(Z)
             H = fit.backend.xp.maximum(Z, 0)
         else:
             H = fit.expand(X)  # (r, d), freed before the next chunk's
-        fit.rls.partial_fit(H, fit.backend.asarray(y), shards.classes_seen, X=X)
+        fit.rls.partial_fit(H, fit.backend.asarray(T), shards.classes_seen, X=X)
         if fit.selector is not None:
             fit.selector.absorb(H, X, y)
         if fit.heads is not None:

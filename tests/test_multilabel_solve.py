@@ -1,0 +1,227 @@
+"""Multi-label shards (`Block.targets`, multi-hot) through the shard format and
+the solve: each target column an independent ridge, the ridge unchanged, so W
+equals (G + ηI)⁻¹ HᵀY with Y multi-hot; the η rules, the heads and evaluate,
+which score single-label rows, refuse them in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from palcore.errors import PalError, ShardError
+from palcore.outputs import step_dir_name, task_group_name
+from solver.backend import Backend
+from solver.classifier import Classifier
+from solver.evaluate import evaluate
+from solver.multilabel import task_matrices
+from solver.params import SolveParams
+from solver.rls import Expander, make_rls, upsampling_matrix
+from solver.shard_readers import open_features
+from solver.shards import Block, ShardAttrs, write_test, write_train
+from solver.solve import solve
+from solver.synthetic import make_features
+from solver.weights import WeightsFile
+
+D, WIDTH = 16, 96
+ROWS, CLASSES = [90, 70], [3, 4]  # C_k = 3, 7
+
+
+def multi_hot(labels: np.ndarray, classes_seen: int, task_end: int, seed: int):
+    """Each row's label, and a second label of its task's range at or above
+    it with probability 1/2 (its label stays the first of its targets)."""
+    rng = np.random.default_rng(seed)
+    T = np.zeros((len(labels), classes_seen), np.uint8)
+    T[np.arange(len(labels)), labels] = 1
+    extra = rng.integers(labels, task_end)  # in [label, task_end)
+    keep = rng.random(len(labels)) < 0.5
+    T[np.arange(len(labels))[keep], extra[keep]] = 1
+    return T
+
+
+def with_targets(src: Path, dst: Path) -> Path:
+    """The synthetic shards of `src` rewritten into `dst` with multi-hot targets."""
+    ends = np.cumsum(CLASSES)
+    for s in open_features(src):
+        attrs = ShardAttrs(s.step, s.classes_seen, s.feature_dim)
+        folder = dst / step_dir_name(s.step)
+        folder.mkdir(parents=True)
+        X, y, m, _ = s.train.read_all()
+        T = multi_hot(y, s.classes_seen, int(ends[s.step - 1]), s.step)
+        ids = s.train.sample_ids()
+        write_train(folder / "train.h5", Block(X, y, m, ids, targets=T), attrs)
+        tests = {}
+        for task, block in s.test.items():
+            X, y, m, _ = block.read_all()
+            T = multi_hot(y, s.classes_seen, int(ends[task - 1]), 10 * s.step + task)
+            tests[task] = Block(X, y, m, block.sample_ids(), targets=T)
+        write_test(folder / "test.h5", tests, attrs)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def features(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ml")
+    plain = make_features(root / "plain", ROWS, CLASSES, feature_dim=D, test_rows=12)
+    return with_targets(plain, root / "multi")
+
+
+def closed_forms(
+    features: Path, eta: float, seed: int, width: int = WIDTH
+) -> list[np.ndarray]:
+    """Per step: (HᵀH + ηI)⁻¹ HᵀY over every row so far, Y multi-hot."""
+    W_up = upsampling_matrix(D, width, seed)
+    Hs, Ts, out = [], [], []
+    for s in open_features(features):
+        X, _, _, _ = s.train.read_all()
+        Hs.append(np.maximum(X.astype(np.float64) @ W_up, 0))
+        Ts.append(s.train.targets())
+        H = np.vstack(Hs)
+        Y = np.zeros((len(H), s.classes_seen))
+        row = 0
+        for T in Ts:
+            Y[row : row + len(T), : T.shape[1]] = T
+            row += len(T)
+        out.append(np.linalg.solve(H.T @ H + eta * np.eye(width), H.T @ Y))
+    return out
+
+
+def test_targets_round_trip_and_a_single_label_shard_has_none(features, tmp_path):
+    (step,) = [s for s in open_features(features) if s.step == 1]
+    assert step.train.has_targets and step.test[1].has_targets
+    T = step.train.targets()
+    _, y, _, _ = step.train.read_all()
+    assert T.dtype == np.uint8 and T.shape == (ROWS[0], 3)
+    assert (T[np.arange(len(y)), y] == 1).all() and T.sum() > len(y)
+    plain = make_features(tmp_path / "p", [20], [2], feature_dim=D, test_rows=4)
+    (s,) = open_features(plain)
+    assert not s.train.has_targets and s.train.targets() is None
+    with h5py.File(plain / "step_01" / "train.h5") as f:
+        assert "targets" not in f
+
+
+@pytest.mark.parametrize("method", ["gram", "woodbury"])
+def test_the_solve_fits_multi_hot_targets(features, tmp_path, method):
+    p = SolveParams(eta=0.5, width=WIDTH, seed=2, method=method, device="cpu")
+    (path,) = solve(features, tmp_path, dataclasses.replace(p, batch_rows=33))
+    wf = WeightsFile(path)
+    for k, closed in enumerate(closed_forms(features, 0.5, 2), start=1):
+        W = wf.W(k)
+        assert np.linalg.norm(W - closed) / np.linalg.norm(closed) <= 1e-9
+
+
+def test_the_dual_form_fits_multi_hot_targets(features):
+    """Few rows against a wide layer: step 1 (90 rows <= d/2 = 128) in the
+    gram solve's dual form, whose kept targets are padded to the step's
+    classes; step 2 (160 rows) in the primal form."""
+    b, width = Backend(), 256
+    W_up = upsampling_matrix(D, width, 2)
+    expand = Expander(b, W_up, np.float64)
+    dual = make_rls("gram", b, width, (0.5,), 7, expand=expand)
+    closed = closed_forms(features, 0.5, 2, width)
+    for s in open_features(features):
+        X, _, _, _ = s.train.read_all()
+        T = s.train.targets()
+        for lo in range(0, len(X), 40):
+            rows = slice(lo, lo + 40)
+            dual.partial_fit(expand(X[rows]), T[rows], s.classes_seen, X=X[rows])
+        (W,) = dual.weights(s.classes_seen)
+        ref = closed[s.step - 1]
+        assert np.linalg.norm(W - ref) / np.linalg.norm(ref) <= 1e-9
+        assert dual.dual_steps_ == 1  # step 1's
+
+
+def test_eta_auto_heads_and_evaluate_refuse_multi_label_rows(features, tmp_path):
+    shard = features / "step_01" / "train.h5"
+    base = SolveParams(eta=1.0, width=WIDTH, device="cpu")
+    with pytest.raises(PalError) as e:
+        solve(features, tmp_path / "a", dataclasses.replace(base, eta="auto"))
+    assert str(e.value) == (
+        f"solve.eta: auto: {shard} holds multi-label targets; the η rules and "
+        "heads score single-label rows (a fixed solve.eta, or a list, fits them)"
+    )
+    with pytest.raises(PalError) as e:
+        solve(features, tmp_path / "b", dataclasses.replace(base, heads=("ncm",)))
+    assert str(e.value).startswith(f"solve.heads: {shard} holds multi-label targets")
+    (weights,) = solve(features, tmp_path / "c", base)
+    with pytest.raises(PalError) as e:
+        evaluate(features, [weights], tmp_path / "eval")
+    group = f"{features / 'step_01' / 'test.h5'}:{task_group_name(1)}"
+    assert str(e.value) == (
+        f"evaluate: {group} holds multi-label targets; accuracy does not score "
+        "them and their F1 and mAP (solver.multilabel) are not wired into "
+        "evaluate yet"
+    )
+    assert not (tmp_path / "eval").exists()
+
+
+def bad_block(n: int = 4, C: int = 3, **kw) -> Block:
+    y = np.array([0, 1, 2, 0])[:n]
+    T = np.eye(C, dtype=np.uint8)[y]
+    fields = dict(
+        features=np.zeros((n, D), np.float32),
+        labels=y,
+        missing=np.zeros(n, np.int8),
+        sample_ids=[f"s{i}" for i in range(n)],
+        targets=T,
+    )
+    fields.update(kw)
+    return Block(**fields)
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        (np.full((4, 3), 2, np.uint8), "targets must be 0 or 1"),
+        (np.eye(3, dtype=np.uint8)[[1, 1, 2, 0]], "targets row 0 lacks its label 0"),
+        (np.ones((4, 2), np.uint8), "targets must have shape (4, 3)"),
+    ],
+)
+def test_bad_targets_are_one_line(tmp_path, targets, message):
+    path = tmp_path / "train.h5"
+    with pytest.raises(ShardError) as e:
+        write_train(path, bad_block(targets=targets), ShardAttrs(1, 3, D))
+    assert str(e.value) == f"{path}: {message}"
+    assert not path.exists()
+
+
+def test_a_shard_whose_targets_were_damaged_is_refused_when_read(tmp_path):
+    folder = tmp_path / "f" / "step_01"
+    folder.mkdir(parents=True)
+    write_train(folder / "train.h5", bad_block(), ShardAttrs(1, 3, D))
+    write_test(folder / "test.h5", {1: bad_block()}, ShardAttrs(1, 3, D))
+    with h5py.File(folder / "train.h5", "r+") as f:
+        f["targets"][0, 0] = 0  # row 0 loses its label
+    with pytest.raises(ShardError) as e:
+        open_features(tmp_path / "f")
+    assert str(e.value) == f"{folder / 'train.h5'}: targets row 0 lacks its label 0"
+
+
+def test_task_matrices_score_each_task_on_its_own_columns(features, tmp_path):
+    """F1 (scores > 0.5) and mAP of every (step, task) against sklearn on the
+    task's label columns, from the weights' own scores max(X W_up, 0) W_k."""
+    from sklearn.metrics import average_precision_score, f1_score
+
+    p = SolveParams(eta=0.5, width=WIDTH, seed=2, device="cpu")
+    (path,) = solve(features, tmp_path, p)
+    steps = open_features(features)
+    got = task_matrices(Classifier(path), steps, 0.5)
+    W_up = upsampling_matrix(D, WIDTH, 2)
+    bounds = [0, *np.cumsum(CLASSES)]
+    wf = WeightsFile(path)
+    for k, s in enumerate(steps):
+        assert len(got["f1"][k]) == len(got["map"][k]) == k + 1
+        for j in range(1, k + 2):
+            X, _, _, _ = s.test[j].read_all()
+            S = np.maximum(X.astype(np.float64) @ W_up, 0) @ wf.W(s.step)
+            cols = slice(bounds[j - 1], bounds[j])
+            Y, S = s.test[j].targets()[:, cols], S[:, cols]
+            f1 = f1_score(Y, S > 0.5, average="macro", zero_division=0)
+            assert got["f1"][k][j - 1] == pytest.approx(100 * f1, abs=1e-9)
+            has = Y.any(axis=0)  # columns with a positive (mAP's definition)
+            ap = average_precision_score(Y[:, has], S[:, has], average="macro")
+            assert got["map"][k][j - 1] == pytest.approx(100 * ap, abs=1e-9)
+    assert 0 < got["f1"][-1][0] < 100 and 0 < got["map"][-1][-1] <= 100
