@@ -206,7 +206,7 @@ def test_pal_check_lists_the_tree_and_names_the_stages_not_built(
     r = CliRunner().invoke(main, ["check"])
     problem = (
         "params.yaml: data.dataset: multi-label samples (MM-IMDb): pal "
-        "prepare places them in tasks, but tune, extract and solve learn one "
+        "prepare places them in tasks, but tune and extract learn one "
         "label a sample (not built yet)"
     )
     kept = set(top_genres(tree, 8))
@@ -237,7 +237,7 @@ def test_tune_and_extract_refuse_multi_label_samples_in_one_line(tmp_path, tree)
         single_label(samples, "tune")
     assert str(e.value) == (
         f"tune: sample {first.id!r}: multi-label samples (MM-IMDb): pal prepare "
-        "places them in tasks, but tune, extract and solve learn one label a "
+        "places them in tasks, but tune and extract learn one label a "
         "sample (not built yet)"
     )
     one = [dataclasses.replace(s, labels=()) for s in samples]

@@ -230,7 +230,7 @@ def _labels(raw: dict, where: str) -> tuple[int, ...]:
 
 MULTI_LABEL_NOT_BUILT = (
     "multi-label samples (MM-IMDb): pal prepare places them in tasks, but "
-    "tune, extract and solve learn one label a sample (not built yet)"
+    "tune and extract learn one label a sample (not built yet)"
 )
 
 
