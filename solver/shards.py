@@ -104,8 +104,13 @@ def write_test(path: str | Path, tasks: Mapping[int, Block], attrs: ShardAttrs) 
 
 def _nbytes(block: Block) -> int:
     """About a block's bytes on disk (its arrays; ids at 32 bytes each)."""
-    arrays = (block.features, block.labels, block.missing, block.bp_logits)
-    arrays += (block.targets,)
+    arrays = (
+        block.features,
+        block.labels,
+        block.missing,
+        block.bp_logits,
+        block.targets,
+    )
     return sum(a.nbytes for a in arrays if a is not None) + 32 * len(block.sample_ids)
 
 
