@@ -113,34 +113,26 @@ class BlockReader:
 
     def labels(self) -> np.ndarray:
         """The n labels (int64) of the block, in row order, features unread."""
-        out = []
-        for path in self.files:
-            with _open(path) as f:
-                g = f[self.group] if self.group else f
-                try:
-                    out.append(np.asarray(g["labels"][()], dtype=np.int64))
-                except OSError as exc:
-                    raise ShardError(
-                        f"{path}: unreadable labels ({hdf5_reason(exc)})"
-                    ) from None
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
+        return self._whole("labels", np.dtype(np.int64))
 
     def targets(self) -> np.ndarray | None:
         """The (n, C_k) uint8 multi-hot targets of a multi-label block, in
         row order (features unread); None for a single-label block."""
-        if not self.has_targets:
-            return None
+        return self._whole("targets", np.dtype(np.uint8)) if self.has_targets else None
+
+    def _whole(self, name: str, dtype: np.dtype) -> np.ndarray:
+        """Dataset `name` of every part, concatenated in row order."""
         out = []
         for path in self.files:
             with _open(path) as f:
                 g = f[self.group] if self.group else f
                 try:
-                    out.append(np.asarray(g["targets"][()], dtype=np.uint8))
+                    out.append(np.asarray(g[name][()], dtype=dtype))
                 except OSError as exc:
                     raise ShardError(
-                        f"{path}: unreadable targets ({hdf5_reason(exc)})"
+                        f"{path}: unreadable {name} ({hdf5_reason(exc)})"
                     ) from None
-        return np.concatenate(out)
+        return np.concatenate(out) if out else np.zeros(0, dtype)
 
     def sample_ids(self) -> list[str]:
         """The n sample ids of the block, in row order."""
