@@ -37,7 +37,7 @@ count then exceeds m; `prepare` logs it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -98,12 +98,14 @@ def empty_task_line(task: int, split: str, classes: list[str]) -> str:
     )
 
 
-def first_in_order(labels: Sequence[str], order: Sequence[str]) -> str:
-    """A multi-label sample's class that places it: the first of its
-    `labels` in the class `order`, so the sample joins the task of its
-    earliest class and is learnt once (module doc)."""
-    rank = {name: i for i, name in enumerate(order)}
-    return min(labels, key=lambda name: rank[name])
+def placing_class(
+    labels: Sequence[str], class_name: str, label_of: Mapping[str, int]
+) -> str:
+    """The class that places a listed sample in its task: `class_name`, or
+    for a multi-label sample the one of its `labels` first in the class
+    order (`label_of`: class name -> label), so that it joins the task of
+    its earliest class and is learnt once (module doc)."""
+    return min(labels, key=label_of.__getitem__) if labels else class_name
 
 
 def task_of_label(sizes: Sequence[int]) -> list[int]:

@@ -254,7 +254,7 @@ def _empty_tasks(path: Path, data: DataParams, listing: Any) -> list[str]:
         class_order,
         empty_task_line,
         empty_tasks,
-        first_in_order,
+        placing_class,
         task_sizes,
     )
 
@@ -266,8 +266,9 @@ def _empty_tasks(path: Path, data: DataParams, listing: Any) -> list[str]:
         seed = load_section(Source(path, run), "data", DataParams).class_order_seed
         order = class_order(listing.classes, seed)
         sizes = task_sizes(len(order), data.tasks, data.allow_uneven)
-        pairs = [  # a multi-label sample joins its first class's task
-            (first_in_order(s.labels, order) if s.labels else s.class_name, s.split)
+        label_of = {name: i for i, name in enumerate(order)}
+        pairs = [
+            (placing_class(s.labels, s.class_name, label_of), s.split)
             for s in listing.samples
         ]
         empty = empty_tasks(pairs, order, sizes)

@@ -88,7 +88,8 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
     """
     listing, kept, absent, images = listed(params)
     order = protocol.class_order(listing.classes, params.class_order_seed)
-    kept = [(_placed(s, order), *rest) for s, *rest in kept]
+    label_of = {name: i for i, name in enumerate(order)}
+    kept = [(_placed(s, label_of), *rest) for s, *rest in kept]
     sizes = protocol.task_sizes(len(order), params.tasks, params.allow_uneven)
     groups = _group_by_task(kept, order, sizes)
     pairs = ((s.class_name, s.split) for s, *_ in kept)
@@ -98,7 +99,6 @@ def prepare(params: DataParams) -> tuple[list[dict], dict]:
             f"data (class_order_seed {params.class_order_seed}): "
             + protocol.empty_task_line(*empty[0])
         )
-    label_of = {name: i for i, name in enumerate(order)}
     rows, tasks, first_label = [], [], 0
     for task, size in enumerate(sizes, start=1):
         counts = {}
@@ -136,12 +136,14 @@ def _data_record(params: DataParams) -> dict:
     return {k: v for k, v in outcome_record(params).items() if k != "root"}
 
 
-def _placed(s, order: list[str]):
+def _placed(s, label_of: dict[str, int]):
     """A multi-label sample with `class_name` its class first in the order
-    (the task it joins, `protocol.first_in_order`); others as they are."""
+    (the task it joins, `protocol.placing_class`); others as they are."""
     if not s.labels:
         return s
-    return dataclasses.replace(s, class_name=protocol.first_in_order(s.labels, order))
+    return dataclasses.replace(
+        s, class_name=protocol.placing_class(s.labels, s.class_name, label_of)
+    )
 
 
 def _group_by_task(
