@@ -1,7 +1,8 @@
 """What `evaluate` writes for one weights file: metrics<suffix>.json, the
 accuracy matrix and per-step CSVs and (per chain) the step plot, each renamed
 into place after every file's bytes are made (solver/evaluate.py's module
-docstring lists the files)."""
+docstring lists the files); on multi-label shards metrics<suffix>.json,
+f1_matrix<suffix>.csv and map_matrix<suffix>.csv (`write_multilabel`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from palcore.outputs import write_bytes_atomic
 from solver.classifier import Classifier
 from solver.metrics import Counts, matrix_csv, metrics_json, summarize
+from solver.multilabel import Scored, multilabel_metrics
 from solver.plots import step_plot_png
 
 log = logging.getLogger("solver.evaluate")  # the stage's log, as before
@@ -88,5 +90,35 @@ def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
         m["fg"],
         m["aia"],
         m["last"],
+    )
+    return metrics
+
+
+def write_multilabel(
+    out_dir: Path, e: Evaluation, scored: Scored, threshold: float
+) -> Path:
+    """Write metrics<suffix>.json (`multilabel_metrics`, with the weights'
+    width and η) and the F1 and mAP task matrices as CSVs for one weights
+    file on multi-label shards; return the metrics file's path."""
+    sfx = e.suffix
+    m = multilabel_metrics(scored, threshold)
+    m["width"] = e.weights.info.width
+    m["eta"] = e.weights.info.eta
+    metrics = out_dir / f"metrics{sfx}.json"
+    files = {
+        f"f1_matrix{sfx}.csv": matrix_csv(m["matrix"]),
+        f"map_matrix{sfx}.csv": matrix_csv(m["map"]["matrix"]),
+        metrics.name: metrics_json(m),
+    }
+    for name, text in files.items():
+        write_bytes_atomic(out_dir / name, text.encode())
+    log.info(
+        "evaluate: %s F1 %.2f fg %.2f last %.2f mAP %.2f (threshold %g)",
+        metrics,
+        m["acc"],
+        m["fg_diag"],
+        m["last"],
+        m["map"]["acc"],
+        threshold,
     )
     return metrics

@@ -44,9 +44,10 @@ from palcore.progress import tqdm
 from solver.backend import Backend, get_backend
 from solver.chains import chains, check_chain_steps, pipeline_option
 from solver.classifier import Classifier
-from solver.eval_outputs import Evaluation, write_outputs
+from solver.eval_outputs import Evaluation, write_multilabel, write_outputs
 from solver.head_eval import evaluate_heads
 from solver.metrics import Counts
+from solver.multilabel import score_steps
 from solver.options import apply_overrides, metavar, verified_option
 from solver.params import EvaluateParams, SolveParams
 from solver.shard_readers import StepShards, open_features
@@ -82,22 +83,18 @@ def evaluate(
     batch_rows: int = 4096,
     plot: bool = True,
     solve_params: SolveParams | None = None,
+    threshold: float = 0.5,
 ) -> list[Path]:
     """Score every weights file on the test shards; write its outputs (the
-    per-run plot only with `plot`).
+    per-run plot only with `plot`). Multi-label test shards (`targets`) are
+    scored by macro F1 at `threshold` and macro mAP instead of accuracy
+    (`solver.multilabel`; no plot, no BP head).
 
     Returns the metrics files written, one per weights file. All inputs are
     validated (against `solve_params` too, when given) and all scores
     computed before the first output is written.
     """
     steps = open_features(features_dir)
-    multi = next((t for s in steps for t in s.test.values() if t.has_targets), None)
-    if multi is not None:
-        raise PalError(
-            f"evaluate: {multi.where} holds multi-label targets; accuracy does not "
-            "score them and their F1 and mAP (solver.multilabel) are not wired "
-            "into evaluate yet"
-        )
     backend = backend or get_backend("cpu")
     files = [Classifier(p, backend) for p in resolve_weights(weights_paths)]
     for wf in files:
@@ -109,6 +106,12 @@ def evaluate(
     dupes = sorted({s for s in suffixes if suffixes.count(s) > 1})
     if dupes:
         raise WeightsError(f"two weights files would both write metrics{dupes[0]}.json")
+    if any(t.has_targets for s in steps for t in s.test.values()):
+        scored = [score_steps(wf, steps, threshold) for wf in files]
+        return [
+            write_multilabel(Path(out_dir), e, sc, threshold)
+            for e, sc in zip(evals, scored, strict=True)
+        ]
     has_bp = [t.has_bp_logits for s in steps for t in s.test.values()]
     if any(has_bp) and not all(has_bp):
         log.warning("evaluate: bp_logits only in some test shards; BP not scored")
@@ -279,7 +282,15 @@ def cli(
         solved = None if weights else load_section(params_file, "solve", SolveParams)
         score = list(weights) or [solve]
         backend = get_backend(params.device)
-        evaluate(features, score, out, backend, params.batch_rows, solve_params=solved)
+        evaluate(
+            features,
+            score,
+            out,
+            backend,
+            params.batch_rows,
+            solve_params=solved,
+            threshold=params.threshold,
+        )
         if not weights:  # the heads solve wrote beside the weights, if any
             steps = open_features(features)
             evaluate_heads(steps, Path(solve), Path(out), backend, params.batch_rows)
@@ -323,6 +334,7 @@ def evaluate_pipeline(
             params.batch_rows,
             plot=False,
             solve_params=solved,
+            threshold=params.threshold,
         )
         chain_features = open_features(Path(features) / chain)
         evaluate_heads(

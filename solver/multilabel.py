@@ -10,17 +10,24 @@ labels (an index list; default all) and the macro mean runs over those.
   T×T matrix of such a metric, M[i][j] = metric on task j after step i
 - `task_matrices`: the F1 and mAP matrices of a weights file on multi-label
   test shards, task j scored on its own label columns (RebQ's evaluator)
+- `score_steps` and `multilabel_metrics`: what `evaluate` writes for a weights
+  file on multi-label shards (metrics.json under the single-label keys, with
+  `measure: macro_f1` and a `map` group)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from solver.metrics import acc, forgetting_diag
+from palcore.codes import Missing
+from palcore.errors import ShardError
+from palcore.outputs import task_group_name
+from solver.metrics import acc, forgetting_diag, metrics_from_matrix
 
 if TYPE_CHECKING:
     from solver.classifier import Classifier
@@ -150,21 +157,113 @@ def task_matrices(
     task j's test rows after step k (0-based, j ≤ k), over task j's own label
     columns [C_{j−1}, C_j), as RebQ's evaluator passes a task's columns.
     Scores are the ridge's raw outputs, thresholded at `threshold` for F1."""
+    scored = score_steps(classifier, steps, threshold)
+    return {"f1": scored.f1, "map": scored.map}
+
+
+@dataclass
+class Scored:
+    """A weights file's multi-label scores on every step's test shards.
+
+    f1, map: the task matrices (`task_matrices`); pooled_f1, pooled_map: per
+    step, the metric over the rows of every seen task and every seen label
+    column (the F1 analogue of evaluate's pooled accuracy, AIA's terms);
+    f1_by_missing: at the last step, macro F1 over every label column of the
+    test rows of each missing type (None for a type without rows)."""
+
+    f1: list[list[float]] = field(default_factory=list)
+    map: list[list[float]] = field(default_factory=list)
+    pooled_f1: list[float] = field(default_factory=list)
+    pooled_map: list[float] = field(default_factory=list)
+    f1_by_missing: dict[str, float | None] = field(default_factory=dict)
+
+
+def score_steps(
+    classifier: Classifier, steps: Sequence[StepShards], threshold: float
+) -> Scored:
+    """Score `classifier` on the multi-label test shards of `steps`: each test
+    block read and up-sampled once per step (`Scored` says what is kept)."""
     bounds = [0, *(s.classes_seen for s in steps)]
-    out: dict[str, list[list[float]]] = {"f1": [], "map": []}
+    out = Scored()
     for k, step in enumerate(steps):
         W = classifier.W(step.step)
+        Ys, Ss, Ms = [], [], []
         f1_row, map_row = [], []
         for j in range(1, k + 2):
-            block = step.test[j]
-            Y = block.targets()
-            if Y is None:
-                raise ValueError(f"{block.where}: no targets (a single-label shard)")
-            X, _, _, _ = block.read_all()
-            S = classifier.logits(X, step.step, W)
+            Y, S, m = _block_scores(classifier, step, j, W)
             cols = list(range(bounds[j - 1], bounds[j]))
             f1_row.append(macro_f1(Y, S, threshold, cols))
-            map_row.append(macro_map(Y, S, cols))
-        out["f1"].append(f1_row)
-        out["map"].append(map_row)
+            map_row.append(_map(Y, S, cols, step.test[j].where))
+            Ys.append(Y)
+            Ss.append(S)
+            Ms.append(m)
+        out.f1.append(f1_row)
+        out.map.append(map_row)
+        Y_all, S_all = np.vstack(Ys), np.vstack(Ss)
+        out.pooled_f1.append(macro_f1(Y_all, S_all, threshold))
+        out.pooled_map.append(_map(Y_all, S_all, None, f"step {step.step}"))
+    M_all = np.concatenate(Ms)
+    for code in Missing:
+        sel = M_all == code
+        out.f1_by_missing[code.key] = (
+            macro_f1(Y_all[sel], S_all[sel], threshold) if sel.any() else None
+        )
+    return out
+
+
+def _block_scores(
+    classifier: Classifier, step: StepShards, task: int, W: Any
+) -> tuple[NDArray[np.uint8], NDArray[Any], NDArray[np.int8]]:
+    """Targets (n, C_k), raw scores (n, C_k) and missing codes (n,) of
+    `task`'s test block at `step`; one line when it is empty or has no targets."""
+    block = step.test[task]
+    Y = block.targets()
+    if Y is None:
+        raise ShardError(
+            f"{block.where}: no targets, but other test shards are multi-label"
+        )
+    if block.n_rows == 0:
+        raise ShardError(f"{block.where}: test set of {task_group_name(task)} is empty")
+    X, _, m, _ = block.read_all()
+    return Y, classifier.logits(X, step.step, W), m
+
+
+def _map(Y: NDArray[Any], S: NDArray[Any], cols: list[int] | None, where: str) -> float:
+    try:
+        return macro_map(Y, S, cols)
+    except ValueError as e:  # no positive target in any column
+        raise ShardError(f"{where}: {e}") from None
+
+
+def multilabel_metrics(
+    scored: Scored, threshold: float, digits: int = 6
+) -> dict[str, Any]:
+    """metrics.json of a multi-label evaluation, under the keys of the
+    single-label one so the report, headline and grids read it unchanged:
+    `measure` is "macro_f1" and acc, fg, fg_diag, aia, last, matrix,
+    step_accuracy, acc_by_task and acc_by_missing hold macro F1 (%) at
+    `threshold` (RebQ's Avg, Last and, as fg_diag, its forgetting); `map`
+    holds acc, fg, fg_diag, aia, last and matrix on macro mAP."""
+
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, digits)
+
+    def summary(M: list[list[float]], pooled: list[float]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            key: r(v) for key, v in metrics_from_matrix(M, pooled).items()
+        }
+        out["matrix"] = [[r(a) for a in row] for row in M]
+        return out
+
+    out = summary(scored.f1, scored.pooled_f1)
+    out["measure"] = "macro_f1"
+    out["threshold"] = threshold
+    out["step_accuracy"] = [r(a) for a in scored.pooled_f1]
+    final = scored.f1[-1]
+    out["acc_by_task"] = {
+        "first": r(final[0]),
+        "later": r(sum(final[1:]) / len(final[1:])) if len(final) > 1 else None,
+    }
+    out["acc_by_missing"] = {k: r(v) for k, v in scored.f1_by_missing.items()}
+    out["map"] = summary(scored.map, scored.pooled_map)
     return out

@@ -118,12 +118,19 @@ class EvaluateParams:
 
     device: SolveDevice = "auto"  # auto: CuPy when a working GPU is found
     batch_rows: int = 4096  # test rows per scored chunk
+    # multi-label F1: a label is predicted where its raw score > this
+    threshold: float = 0.5
 
     def __post_init__(self) -> None:
         check(
             self.batch_rows > 0,
             "evaluate.batch_rows",
             f"must be > 0, got {self.batch_rows}",
+        )
+        check(
+            math.isfinite(self.threshold),
+            "evaluate.threshold",
+            f"must be a finite number, got {self.threshold}",
         )
 
 

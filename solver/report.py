@@ -42,6 +42,7 @@ from solver.metrics import matrix_csv, mean_std, metrics_json
 from solver.plots import matrix_figure, steps_figure
 from solver.tables import (
     GROUPS,
+    MAP_GROUP,
     SCALARS,
     cell,
     steps_csv,
@@ -119,6 +120,7 @@ def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "std": _round(std),
                     "runs": values,
                 }
+    _aggregate_measure(per_run, row)
     for key in ("width", "eta"):  # what solve used: one value per row
         used = [m.get(key) for m in per_run]
         if any(v != used[0] for v in used):
@@ -147,6 +149,27 @@ def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for k in range(len(per_run[0]["matrix"]))
     ]
     return row
+
+
+def _aggregate_measure(per_run: Sequence[dict[str, Any]], row: dict[str, Any]) -> None:
+    """On multi-label runs (`measure` in metrics.json): the row's measure and
+    threshold, one per row, and its mAP scalars (`map`) like the scalars."""
+    if all("measure" not in m for m in per_run):
+        return
+    for key in ("measure", "threshold"):
+        used = [m.get(key) for m in per_run]
+        if any(v != used[0] for v in used):
+            other = next(v for v in used if v != used[0])
+            raise ReportError(
+                f"the runs of one row were scored with different {key}: "
+                f"{used[0]} and {other}"
+            )
+        row[key] = used[0]
+    row[MAP_GROUP] = {}
+    for key in SCALARS:
+        values = [float(m[MAP_GROUP][key]) for m in per_run]
+        mean, std = mean_std(values)
+        row[MAP_GROUP][key] = {"mean": _round(mean), "std": _round(std), "runs": values}
 
 
 def build(

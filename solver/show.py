@@ -116,10 +116,10 @@ def table_lines(
     rows = {k: v for k, v in metrics.items() if isinstance(v, dict) and "acc" in v}
     rows = {k: rows[k] for k in [*(o for o in order if o in rows), *sorted(rows)]}
     cols = [["", *rows]]
+    f1 = any("measure" in r for r in rows.values())  # multi-label: acc is F1
     for key, group in SHOWN:
-        cols.append(
-            [COLUMNS[key], *(cell(_stat(r, key, group)) for r in rows.values())]
-        )
+        head = "F1" if f1 and key == "acc" and group is None else COLUMNS[key]
+        cols.append([head, *(cell(_stat(r, key, group)) for r in rows.values())])
     sizes = [max(len(x) for x in col) for col in cols]
     kept = len(cols)
     while kept > 2 and sum(sizes[:kept]) + len(GAP) * (kept - 1) > width:

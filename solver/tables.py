@@ -15,6 +15,9 @@ GROUPS = {  # the per-run dicts of metrics.json that a row aggregates key by key
     "acc_by_task": ("first", "later"),
 }
 SCALARS = ("acc", "fg", "fg_diag", "aia", "last")
+# a multi-label row's macro mAP (metrics.json `map`): its columns join a table
+# only when a row holds it, so single-label tables keep their bytes
+MAP_GROUP = "map"
 COLUMNS = {
     "acc": "Acc",
     "fg": "FG",
@@ -43,16 +46,40 @@ def cell(stat: dict[str, Any] | None) -> str:
     return f"{stat['mean']:.2f} ± {stat['std']:.2f}"
 
 
-def _stats(row: dict[str, Any]) -> list[dict[str, Any] | None]:
-    """The row's statistics in COLUMNS order (None where a group lacks one)."""
-    stats = [row[k] for k in SCALARS]
+def _columns(report: dict[str, Any]) -> list[tuple[str | None, str, str]]:
+    """(group or None for a scalar, key, header) of each table column: the
+    scalars, the groups, and mAP's scalars when a row holds them. On
+    multi-label rows (`measure: macro_f1`) the scalars are macro F1, so the
+    first column reads F1."""
+    f1 = _measure(report) is not None
+    cols: list[tuple[str | None, str, str]] = [
+        (None, k, "F1" if f1 and k == "acc" else COLUMNS[k]) for k in SCALARS
+    ]
     for group, keys in GROUPS.items():
-        stats += [row.get(group, {}).get(k) for k in keys]
-    return stats
+        cols += [(group, k, COLUMNS[k]) for k in keys]
+    if any(MAP_GROUP in row for row in report["rows"].values()):
+        cols += [
+            (MAP_GROUP, k, "mAP" if k == "acc" else f"mAP {COLUMNS[k]}")
+            for k in SCALARS
+        ]
+    return cols
 
 
-def _cells(row: dict[str, Any]) -> list[str]:
-    return [cell(stat) for stat in _stats(row)]
+def _measure(report: dict[str, Any]) -> tuple[str, float] | None:
+    """(measure, threshold) of multi-label rows; None for accuracy."""
+    row = next((r for r in report["rows"].values() if "measure" in r), None)
+    return None if row is None else (row["measure"], row["threshold"])
+
+
+def _stats(
+    row: dict[str, Any], cols: list[tuple[str | None, str, str]]
+) -> list[dict[str, Any] | None]:
+    """The row's statistics in `cols` order (None where a group lacks one)."""
+    return [row[k] if g is None else row.get(g, {}).get(k) for g, k, _ in cols]
+
+
+def _cells(row: dict[str, Any], cols: list[tuple[str | None, str, str]]) -> list[str]:
+    return [cell(stat) for stat in _stats(row, cols)]
 
 
 def caption(report: dict[str, Any]) -> str:
@@ -77,27 +104,39 @@ def md_cell(text: str) -> str:
 
 
 def table_md(report: dict[str, Any]) -> str:
-    """The rows as a Markdown table, accuracies in %."""
-    header = ["", *COLUMNS.values()]
+    """The rows as a Markdown table, accuracies (or macro F1 and mAP) in %."""
+    cols = _columns(report)
+    header = ["", *(h for _, _, h in cols)]
+    measure = _measure(report)
+    what = (
+        "Accuracy (%)"
+        if measure is None
+        else f"Macro F1 (%, scores > {measure[1]:g}) and macro mAP (%)"
+    )
     lines = [
-        f"Accuracy (%) of each variant, {caption(report)}",
+        f"{what} of each variant, {caption(report)}",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
     for name, row in report["rows"].items():
         label = md_cell(report["labels"][name])
-        lines.append(f"| {label} | " + " | ".join(_cells(row)) + " |")
+        lines.append(f"| {label} | " + " | ".join(_cells(row, cols)) + " |")
     return "\n".join(lines) + "\n"
 
 
 def table_csv(report: dict[str, Any]) -> str:
     """One line per row: name, then mean and std of each column."""
-    cols = [f"{k}_{s}" for k in COLUMNS for s in ("mean", "std")]
-    lines = ["row," + ",".join(cols)]
+    cols = _columns(report)
+    names = [
+        f"{k if g != MAP_GROUP else f'map_{k}'}_{s}"
+        for g, k, _ in cols
+        for s in ("mean", "std")
+    ]
+    lines = ["row," + ",".join(names)]
     for name, row in report["rows"].items():
         cells = []
-        for stat in _stats(row):
+        for stat in _stats(row, cols):
             for s in ("mean", "std"):
                 value = None if stat is None else stat[s]
                 cells.append("" if value is None else f"{value:.4f}")

@@ -1,24 +1,27 @@
-"""Multi-label shards (`Block.targets`, multi-hot) through the shard format and
-the solve: each target column an independent ridge, the ridge unchanged, so W
-equals (G + ηI)⁻¹ HᵀY with Y multi-hot; the η rules, the heads and evaluate,
-which score single-label rows, refuse them in one line."""
+"""Multi-label shards (`Block.targets`, multi-hot) through the shard format,
+the solve and evaluate: each target column an independent ridge, the ridge
+unchanged, so W equals (G + ηI)⁻¹ HᵀY with Y multi-hot; the η rules and the
+heads, which score single-label rows, refuse them in one line; evaluate
+scores macro F1 and mAP, equal to sklearn's."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from palcore.errors import PalError, ShardError
+from palcore.errors import PalError, ParamsError, ShardError
 from palcore.outputs import step_dir_name, task_group_name
 from solver.backend import Backend
 from solver.classifier import Classifier
 from solver.evaluate import evaluate
 from solver.multilabel import task_matrices
-from solver.params import SolveParams
+from solver.params import EvaluateParams, SolveParams
 from solver.rls import Expander, make_rls, upsampling_matrix
 from solver.shard_readers import open_features
 from solver.shards import Block, ShardAttrs, write_test, write_train
@@ -134,7 +137,7 @@ def test_the_dual_form_fits_multi_hot_targets(features):
         assert dual.dual_steps_ == 1  # step 1's
 
 
-def test_eta_auto_heads_and_evaluate_refuse_multi_label_rows(features, tmp_path):
+def test_eta_auto_and_heads_refuse_multi_label_rows(features, tmp_path):
     shard = features / "step_01" / "train.h5"
     base = SolveParams(eta=1.0, width=WIDTH, device="cpu")
     with pytest.raises(PalError) as e:
@@ -146,14 +149,96 @@ def test_eta_auto_heads_and_evaluate_refuse_multi_label_rows(features, tmp_path)
     with pytest.raises(PalError) as e:
         solve(features, tmp_path / "b", dataclasses.replace(base, heads=("ncm",)))
     assert str(e.value).startswith(f"solve.heads: {shard} holds multi-label targets")
-    (weights,) = solve(features, tmp_path / "c", base)
-    with pytest.raises(PalError) as e:
-        evaluate(features, [weights], tmp_path / "eval")
-    group = f"{features / 'step_01' / 'test.h5'}:{task_group_name(1)}"
+
+
+def test_a_threshold_that_is_not_finite_is_a_params_error():
+    with pytest.raises(ParamsError) as e:
+        EvaluateParams(threshold=float("nan"))
+    assert str(e.value) == "evaluate.threshold must be a finite number, got nan"
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.3])
+def test_evaluate_writes_f1_and_map_equal_to_sklearn(features, tmp_path, threshold):
+    """metrics.json on multi-label shards: the F1 task matrix, its summary
+    (RebQ's avg, fg_diag, last), the pooled F1 of each step, F1 by missing
+    type and the mAP matrix, each equal to sklearn on the weights' raw scores
+    (which leave [0, 1]); the CSVs beside it; no accuracy files."""
+    from sklearn.metrics import average_precision_score, f1_score
+
+    (weights,) = solve(
+        features,
+        tmp_path / "w",
+        SolveParams(eta=0.5, width=WIDTH, seed=2, device="cpu"),
+    )
+    out = tmp_path / "eval"
+    (path,) = evaluate(features, [weights], out, threshold=threshold)
+    got = json.loads(path.read_text())
+    assert sorted(p.name for p in out.iterdir()) == [
+        "f1_matrix.csv",
+        "map_matrix.csv",
+        "metrics.json",
+    ]
+    assert (got["measure"], got["threshold"], got["eta"]) == (
+        "macro_f1",
+        threshold,
+        0.5,
+    )
+    W_up = upsampling_matrix(D, WIDTH, 2)
+    wf = WeightsFile(weights)
+    bounds = [0, *np.cumsum(CLASSES)]
+    steps = open_features(features)
+    f1 = lambda Y, S: 100 * f1_score(Y, S > threshold, average="macro", zero_division=0)  # noqa: E731
+    ap = lambda Y, S: 100 * average_precision_score(Y, S, average="macro")  # noqa: E731
+    for k, s in enumerate(steps):
+        Ys, Ss, Ms = [], [], []
+        for j in range(1, k + 2):
+            X, _, m, _ = s.test[j].read_all()
+            S = np.maximum(X.astype(np.float64) @ W_up, 0) @ wf.W(s.step)
+            Y = s.test[j].targets()
+            cols = slice(bounds[j - 1], bounds[j])
+            assert got["matrix"][k][j - 1] == pytest.approx(
+                f1(Y[:, cols], S[:, cols]), abs=1e-6
+            )
+            assert got["map"]["matrix"][k][j - 1] == pytest.approx(
+                ap(Y[:, cols], S[:, cols]), abs=1e-6
+            )
+            Ys.append(Y)
+            Ss.append(S)
+            Ms.append(m)
+        Y, S, M = np.vstack(Ys), np.vstack(Ss), np.concatenate(Ms)
+        assert got["step_accuracy"][k] == pytest.approx(f1(Y, S), abs=1e-6)
+        assert S.min() < 0 and S.max() > 1  # raw ridge scores, no sigmoid
+    for code in range(3):
+        key = ("complete", "text_missing", "image_missing")[code]
+        want = f1(Y[M == code], S[M == code]) if (M == code).any() else None
+        assert got["acc_by_missing"][key] == (
+            want if want is None else pytest.approx(want, abs=1e-6)
+        )
+    F = got["matrix"]
+    assert got["acc"] == pytest.approx(np.mean(F[-1]), abs=1e-6)
+    assert got["fg_diag"] == pytest.approx(F[0][0] - F[1][0], abs=1e-6)
+    assert got["last"] == F[-1][-1]
+    assert got["aia"] == pytest.approx(np.mean(got["step_accuracy"]), abs=1e-6)
+    csv = (out / "f1_matrix.csv").read_text().splitlines()
+    assert csv[2] == f"2,{F[1][0]:.4f},{F[1][1]:.4f}"
+
+
+def test_evaluate_refuses_a_single_label_test_shard_beside_multi_label_ones(
+    features, tmp_path
+):
+    mixed = tmp_path / "mixed"
+    shutil.copytree(features, mixed)
+    test = mixed / "step_02" / "test.h5"
+    with h5py.File(test, "r+") as f:
+        del f[task_group_name(2)]["targets"]
+    (weights,) = solve(
+        mixed, tmp_path / "w", SolveParams(eta=1.0, width=WIDTH, device="cpu")
+    )
+    with pytest.raises(ShardError) as e:
+        evaluate(mixed, [weights], tmp_path / "eval")
     assert str(e.value) == (
-        f"evaluate: {group} holds multi-label targets; accuracy does not score "
-        "them and their F1 and mAP (solver.multilabel) are not wired into "
-        "evaluate yet"
+        f"{test}:{task_group_name(2)}: no targets, "
+        "but other test shards are multi-label"
     )
     assert not (tmp_path / "eval").exists()
 

@@ -501,3 +501,60 @@ def test_a_label_with_a_bar_or_a_line_break_stays_one_cell() -> None:
         assert cell == "PAL \\| prompts and AL"
         row = f"| {cell} | 1.00 |"
         assert len(row.replace("\\|", "").split("|")) == 4  # 2 cells, 2 ends
+
+
+def test_multi_label_rows_read_f1_and_add_map_columns(tmp_path: Path) -> None:
+    """Runs scored by macro F1 (`measure`) head the first column F1 and join
+    mAP's five columns, mean ± std like the others; the CSV names them map_*."""
+    root = tmp_path / "evaluate"
+    for run, f1 in enumerate([40.0, 44.0]):
+        m = metrics(f1)
+        m |= {"measure": "macro_f1", "threshold": 0.5, "map": metrics(f1 + 10)}
+        folder = root / "pal" / str(run)
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps(m))
+    report = build(root, ["pal"], ProtocolParams(runs=(0, 1)), {"pal": ROWS["pal"]})
+    row = report["rows"]["pal"]
+    assert (row["measure"], row["threshold"]) == ("macro_f1", 0.5)
+    assert row["map"]["acc"] == {
+        "mean": 52.0,
+        "std": round(math.sqrt(8), 6),
+        "runs": [50.0, 54.0],
+    }
+    lines = table_md(report).splitlines()
+    assert lines[0].startswith(
+        "Macro F1 (%, scores > 0.5) and macro mAP (%) of each variant, "
+        "mean ± sample std over 2 runs"
+    )
+    assert lines[2] == (
+        "|  | F1 | FG | FG_diag | AIA | Last | complete | image missing | text missing "
+        "| first task | later tasks | mAP | mAP FG | mAP FG_diag | mAP AIA | mAP Last |"
+    )
+    assert lines[4].endswith(
+        "| 52.00 ± 2.83 | 5.20 ± 0.28 | 2.60 ± 0.14 | 53.00 ± 2.83 | 51.00 ± 2.83 |"
+    )
+    out = tmp_path / "results"
+    write_report(out, report)
+    header = (out / "table.csv").read_text().splitlines()[0].split(",")
+    assert header[-2:] == ["map_last_mean", "map_last_std"] and len(header) == 31
+
+
+def test_runs_of_one_row_scored_at_different_thresholds_are_refused(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "evaluate"
+    for run, threshold in enumerate([0.5, 0.3]):
+        m = metrics(40.0) | {
+            "measure": "macro_f1",
+            "threshold": threshold,
+            "map": metrics(50.0),
+        }
+        folder = root / "pal" / str(run)
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps(m))
+    with pytest.raises(ReportError) as e:
+        build(root, ["pal"], ProtocolParams(runs=(0, 1)))
+    assert (
+        str(e.value)
+        == "the runs of one row were scored with different threshold: 0.5 and 0.3"
+    )
