@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -19,7 +20,7 @@ from pipeline.cli import main
 from pipeline.data.datasets.base import DatasetError
 from pipeline.data.datasets.mmimdb import GENRES, read, read_films
 from pipeline.data.protocol import class_order
-from pipeline.data.samples import PrepareError, read_prepare, single_label
+from pipeline.data.samples import PrepareError, label_sets, multi_hot, read_prepare
 from pipeline.fakes.trees import make_mmimdb_tree
 from pipeline.stages.check import check_data
 
@@ -190,11 +191,12 @@ def test_a_bad_labels_line_is_one_line(tmp_path, tree, labels, message):
     assert str(e.value) == f"{path}:1: {message}"
 
 
-def test_pal_check_lists_the_tree_and_names_the_stages_not_built(
+def test_pal_check_lists_the_tree_and_names_a_single_label_solve(
     tmp_path, monkeypatch, tree
 ):
     """The committed pipeline files with data.dataset mmimdb: the listing's
-    line, and the one problem (tune, extract and solve are single-label)."""
+    line, no problem at the committed fixed η, and one line for each of
+    `solve.eta: auto` and `solve.heads`, which score single-label rows."""
     from helpers import committed
 
     for rel in ("dvc.yaml", "params.yaml"):
@@ -203,42 +205,52 @@ def test_pal_check_lists_the_tree_and_names_the_stages_not_built(
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     params["data"].update(dataset="mmimdb", root=str(tree), tasks=2, label_count=8)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    r = CliRunner().invoke(main, ["check"])
-    problem = (
-        "params.yaml: data.dataset: multi-label samples (MM-IMDb): pal "
-        "prepare places them in tasks, but tune and extract learn one "
-        "label a sample (not built yet)"
-    )
-    kept = set(top_genres(tree, 8))
-    lost = sum(1 for f in read_films(tree) if not set(f.genres) & kept)
-    assert (r.exit_code, r.stdout) == (1, "")
-    assert r.stderr.strip().splitlines() == [
-        f"INFO pipeline.data.datasets.mmimdb: data.label_count 8: {lost} films "
-        "have none of the genres kept; dropped",
-        f"Error: {problem}",
-    ]
-    # the summary `pal check` prints once nothing is wrong
     listing = read(tree, 8)
     mean = sum(len(s.labels) for s in listing.samples) / len(listing.samples)
     n = Counter(s.split for s in listing.samples)
-    assert check_data(Path("params.yaml")) == (
-        [problem],
+    summary = (
         f"data: mmimdb, 8 labels (multi-label, {mean:.2f} a sample) in 2 tasks; "
-        f"{n['test']} test, {n['train']} train, {n['val']} val",
+        f"{n['test']} test, {n['train']} train, {n['val']} val"
     )
+    assert check_data(Path("params.yaml")) == ([], summary)
+    params["solve"].update(eta="auto", heads=["ridge", "ncm"])
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    r = CliRunner().invoke(main, ["check"])
+    problems = [
+        f"params.yaml: {key}: data.dataset mmimdb is multi-label; the η rules "
+        "and heads score single-label rows (a fixed solve.eta, or a list, fits it)"
+        for key in ("solve.eta: auto", "solve.heads")
+    ]
+    assert (r.exit_code, r.stdout) == (1, "")
+    kept = set(top_genres(tree, 8))
+    lost = sum(1 for f in read_films(tree) if not set(f.genres) & kept)
+    assert r.stderr.strip().splitlines() == [
+        f"INFO pipeline.data.datasets.mmimdb: data.label_count 8: {lost} films "
+        "have none of the genres kept; dropped",
+        *(f"Error: {p}" for p in problems),
+    ]
+    assert check_data(Path("params.yaml")) == (problems, summary)
 
 
-def test_tune_and_extract_refuse_multi_label_samples_in_one_line(tmp_path, tree):
+def test_a_multi_label_prepare_reads_its_label_sets_and_multi_hot_rows(tmp_path, tree):
+    """read_prepare's label width (the most labels a film has), each film's
+    label set (its labels of its own task's range, −1 padded) and their
+    multi-hot rows over the classes seen."""
     r, out = run_prepare(tmp_path, tree, tasks=2, label_count=8)
     assert r.exit_code == 0, r.output
-    samples, _ = read_prepare(out, tree)
-    first = next(s for s in samples if s.labels)
-    with pytest.raises(PrepareError) as e:
-        single_label(samples, "tune")
-    assert str(e.value) == (
-        f"tune: sample {first.id!r}: multi-label samples (MM-IMDb): pal prepare "
-        "places them in tasks, but tune and extract learn one label a "
-        "sample (not built yet)"
-    )
+    samples, tasks = read_prepare(out, tree)
+    assert tasks.label_width == max(len(s.labels) for s in samples) > 1
+    assert [tasks.end(k) for k in (1, 2)] == [4, 8]
+    sets = label_sets(samples, tasks.label_width, tasks)
+    assert sets.shape == (len(samples), tasks.label_width)
+    for s, row in zip(samples, sets, strict=True):
+        end = tasks.end(s.task)
+        want = [v for v in s.labels if v < end] or [s.label]
+        assert row.tolist() == want + [-1] * (tasks.label_width - len(want))
+    hot = multi_hot(sets, 8)
+    assert hot.dtype == np.uint8 and hot.shape == (len(samples), 8)
+    assert (hot.sum(1) == (sets >= 0).sum(1)).all()
+    assert hot[np.arange(len(samples)), [s.label for s in samples]].all()
+    assert (multi_hot(sets, 4)[:, :4] == hot[:, :4]).all()
     one = [dataclasses.replace(s, labels=()) for s in samples]
-    assert single_label(one, "extract") is None  # single-label samples pass
+    assert label_sets(one, 1, tasks)[:, 0].tolist() == [s.label for s in samples]

@@ -46,7 +46,8 @@ class SampleDataset(Dataset):
     (`vision.normalise_pixels`, bit for bit the same), and `dummy` says
     whether it stands for the dummy image. With `pixels` (a pixel cache made
     for this processor), images are read from it instead of decoded: the
-    same bytes (`pipeline.data.pixel_cache`).
+    same bytes (`pipeline.data.pixel_cache`). With `label_sets`, an item
+    also carries its sample's row of them (`label_set`).
     """
 
     def __init__(
@@ -59,8 +60,12 @@ class SampleDataset(Dataset):
         draft: bool = True,
         uint8: bool = False,
         pixels: PixelCache | None = None,
+        label_sets: np.ndarray | None = None,
     ):
         self.samples = list(samples)
+        # (n, L) a multi-label prepare's `samples.label_sets` of the samples,
+        # each item's row (batches carry them); None: one label a sample
+        self.label_sets = None if label_sets is None else torch.from_numpy(label_sets)
         self.pixels = pixels
         self.root = Path(root)
         self.image_processor = processor.image_processor
@@ -141,7 +146,7 @@ class SampleDataset(Dataset):
                     "error": f"sample {s.id!r}: cannot read image "
                     f"{self.root / image} ({reason})"
                 }
-        return {
+        item = {
             "index": i,
             "input_ids": self.input_ids[i],
             "attention_mask": self.attention_mask[i],
@@ -151,6 +156,9 @@ class SampleDataset(Dataset):
             "id": s.id,
             "dummy": s.missing == Missing.IMAGE,
         }
+        if self.label_sets is not None:
+            item["label_set"] = self.label_sets[i]
+        return item
 
     def _image(self, path: Path) -> torch.Tensor:
         """(3, h, w): the image at `path` decoded and processed (one decode)."""
@@ -232,6 +240,11 @@ class Collate:
             image_sizes=torch.tensor([p.shape[1:] for p in images], dtype=torch.int64),
             dummy=torch.tensor(dummy, dtype=torch.bool),
             norm=self.norm,
+            label_sets=(
+                torch.stack([it["label_set"] for it in items])
+                if "label_set" in items[0]
+                else None
+            ),
         )
 
     def _pad(self, images: list[torch.Tensor]) -> tuple[torch.Tensor, Any]:
@@ -327,10 +340,15 @@ def make_loader(
 
 
 def index_batches(
-    labels: torch.Tensor, batch_size: int, seed: int, epoch: int
+    labels: torch.Tensor,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    label_sets: torch.Tensor | None = None,
 ) -> Iterator[Batch]:
     """Batches of indices and labels only (the head-only run of
-    `prompt.enabled: false` trains on cached queries, no images needed)."""
+    `prompt.enabled: false` trains on cached queries, no images needed);
+    `label_sets` (n, L): a multi-label prepare's, sliced like the labels."""
     g = torch.Generator().manual_seed(seed * 1000 + epoch)
     order = torch.randperm(len(labels), generator=g)
     empty = torch.zeros(0, dtype=torch.int64)
@@ -346,4 +364,5 @@ def index_batches(
             labels=labels[idx],
             complete=empty,
             ids=[""] * len(idx),
+            label_sets=None if label_sets is None else label_sets[idx],
         )

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from palcore.codes import Missing
 from palcore.errors import PalError
 
@@ -72,10 +74,18 @@ class Tasks:
     classes_per_task: list[int]
     root: Path
     data: dict[str, Any]
+    # the most labels a sample has in a multi-label prepare, 0 for a
+    # single-label one (from samples.jsonl: tune learns by BCE, extract
+    # writes multi-hot targets, when it is > 0)
+    label_width: int = 0
 
     @property
     def n_tasks(self) -> int:
         return len(self.classes_per_task)
+
+    def end(self, task: int) -> int:
+        """The end of task `task`'s label range [start, end) (1-based task)."""
+        return sum(self.classes_per_task[:task])
 
     def record(self) -> dict[str, Any]:
         """What a tune checkpoint keeps of the task split."""
@@ -119,7 +129,8 @@ def read_prepare(
             samples.append(_sample(raw, where, bounds, tasks.class_order))
     if not samples:
         raise PrepareError(f"{path}: no samples")
-    return samples, tasks
+    width = max(len(s.labels) for s in samples)
+    return samples, dataclasses.replace(tasks, label_width=width)
 
 
 def _read_tasks(path: Path, root: str | Path | None) -> Tasks:
@@ -228,17 +239,24 @@ def _labels(raw: dict, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-MULTI_LABEL_NOT_BUILT = (
-    "multi-label samples (MM-IMDb): pal prepare places them in tasks, but "
-    "tune and extract learn one label a sample (not built yet)"
-)
+def label_sets(samples: Sequence[Sample], width: int, tasks: Tasks) -> np.ndarray:
+    """(n, width) int64: each sample's `targets` (its labels of its own
+    task's range and earlier), padded with −1: what a multi-label batch
+    carries (`Batch.label_sets`) and extract turns into multi-hot rows."""
+    out = np.full((len(samples), width), -1, dtype=np.int64)
+    for i, s in enumerate(samples):
+        t = s.targets(tasks.end(s.task))
+        out[i, : len(t)] = t
+    return out
 
 
-def single_label(samples: Sequence[Sample], stage: str) -> None:
-    """Refuse multi-label samples in a stage that learns one label a sample."""
-    first = next((s for s in samples if s.labels), None)
-    if first is not None:
-        raise PrepareError(f"{stage}: sample {first.id!r}: {MULTI_LABEL_NOT_BUILT}")
+def multi_hot(sets: np.ndarray, columns: int) -> np.ndarray:
+    """(n, columns) uint8 rows with a 1 at each label of `sets` ((n, L)
+    int64, −1 padding) below `columns`."""
+    out = np.zeros((len(sets), columns), dtype=np.uint8)
+    rows, cols = np.nonzero((sets >= 0) & (sets < columns))
+    out[rows, sets[rows, cols]] = 1
+    return out
 
 
 def select(samples: Sequence[Sample], split: str, tasks: Sequence[int]) -> list[Sample]:
@@ -261,7 +279,8 @@ class Batch:
     rescale factor, mean and std per channel; index: (n,) int64 position in
     the dataset; missing: (n,) int64 codes; labels: (n,) int64; complete:
     (c,) int64 positions (in [0, n)) of the complete samples that have
-    copies; ids: n sample ids.
+    copies; ids: n sample ids; label_sets: (n, L) int64 a multi-label
+    prepare's `label_sets` (None for a single-label one).
     """
 
     input_ids: torch.Tensor
@@ -276,6 +295,7 @@ class Batch:
     image_sizes: torch.Tensor | None = None
     dummy: torch.Tensor | None = None
     norm: torch.Tensor | None = None
+    label_sets: torch.Tensor | None = None
 
     @property
     def n(self) -> int:

@@ -10,7 +10,10 @@ method (`pipeline.methods`), and
            + λ · the method's auxiliary loss (PAL: mean over complete
              samples of ‖q̂_t − q_t‖² + ‖q̂_v − q_v‖², stop-gradient targets)
 
-with λ = `tune.recon_weight`.
+with λ = `tune.recon_weight`. On a multi-label prepare (`Batch.label_sets`)
+CE is BCE over the same classes, each sample's labels among them its
+multi-hot target (mean over rows and classes, as RebQ trains MM-IMDb), for
+every method alike; the parts keep the name `ce`.
 
 `static_loss` computes the same loss with shapes fixed by the batch's shape,
 so a GPU step can be captured and replayed as a CUDA graph
@@ -80,13 +83,49 @@ def loss(
             view.copies = _copies(h, mask, n, idx, comp, cache)
         out = model.prompts.features(model.backbone, view)
     logits = model.head(out.x)[:, lo:hi]
-    ce = F.cross_entropy(logits, labels)
+    sets = batch.label_sets
+    if sets is not None:
+        sets = sets.to(dev, non_blocking=True)
+    ce, correct = head_loss(logits, labels, sets, lo)
     return ce + recon_weight * out.aux, {
         "ce": ce.detach(),
         "aux": out.aux.detach(),
         "aux_rows": out.aux_rows,
-        "correct": (logits.argmax(-1) == labels).sum(),
+        "correct": correct,
     }
+
+
+def head_loss(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    label_sets: torch.Tensor | None,
+    lo: int,
+    valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, hits) of the head's logits (B, C) over classes [lo, lo + C).
+
+    Single-label (`label_sets` None): CE against `target` (B,) (labels − lo,
+    −100 where not `valid`); hits: argmax equal to it. Multi-label:
+    `label_sets` (B, L) int64 labels with −1 padding, whose labels in the
+    range make each row's multi-hot target; BCE with logits averaged over
+    the classes and the `valid` rows (all rows without `valid`); hits:
+    argmax among the row's labels."""
+    if label_sets is None:
+        ce = F.cross_entropy(logits, target, ignore_index=-100)
+        hit = logits.argmax(-1) == target
+        return ce, (hit if valid is None else hit & valid).sum()
+    width = logits.shape[1]
+    idx = label_sets - lo
+    inside = (idx >= 0) & (idx < width)
+    hot = torch.zeros(len(idx), width + 1, device=logits.device, dtype=logits.dtype)
+    hot.scatter_(1, torch.where(inside, idx, width), 1.0)
+    hot = hot[:, :width]
+    per_row = F.binary_cross_entropy_with_logits(logits, hot, reduction="none").mean(1)
+    hit = hot.gather(1, logits.argmax(-1, keepdim=True))[:, 0] > 0
+    if valid is None:
+        return per_row.mean(), hit.sum()
+    w = valid.to(per_row.dtype)
+    return (per_row * w).sum() / w.sum().clamp(min=1), (hit & valid).sum()
 
 
 def _copies(
@@ -130,7 +169,8 @@ def static_inputs(
     device: h (rows, N, D) and mask (rows, N), the samples embedded with
     their text padded to T = `text_bucket` of the batch's longest;
     text_mask (rows, T), the text's part of mask (its width is T for
-    `static_loss`); index, missing, labels (rows,).
+    `static_loss`); index, missing, labels (rows,); label_sets (rows, L)
+    for a multi-label batch (padding rows −1).
     With `rows`, the batch is padded to `rows` rows by repeating its first
     sample with label −1; with `min_image_tokens`, h and mask get masked
     tokens up to N = T + min_image_tokens (a batch of very wide photos has
@@ -146,6 +186,9 @@ def static_inputs(
     index, missing, labels = (
         t.to(dev, non_blocking=True) for t in (batch.index, batch.missing, batch.labels)
     )
+    sets = batch.label_sets
+    if sets is not None:
+        sets = sets.to(dev, non_blocking=True)
     if rows > n:  # repeat the first sample; its copies get label −1
         sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
         sizes = None if sizes is None else sizes[sel]  # host rows, no transfer
@@ -155,6 +198,9 @@ def static_inputs(
         )
         pm = None if pm is None else pm[sel]
         labels[n:] = -1
+        if sets is not None:
+            sets = sets[sel]
+            sets[n:] = -1
     T = text_bucket(ids.shape[1], model.backbone.max_text_len)
     pad = T - ids.shape[1]
     ids, am = F.pad(ids, (0, pad)), F.pad(am, (0, pad))
@@ -163,7 +209,7 @@ def static_inputs(
     if h.shape[1] < T + min_image_tokens:
         extra = T + min_image_tokens - h.shape[1]
         h, mask = F.pad(h, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
-    return {
+    out = {
         "h": h,
         "mask": mask,
         "text_mask": mask[:, :T],
@@ -171,6 +217,9 @@ def static_inputs(
         "missing": missing,
         "labels": labels,
     }
+    if sets is not None:
+        out["label_sets"] = sets
+    return out
 
 
 @dataclass
@@ -249,7 +298,8 @@ def static_loss(
 
     inputs (from `static_inputs`): h (B, N, D), mask (B, N): embedded
     samples, text length T = text_mask's width; index, missing,
-    labels (B,) int64 on the device, label −1 marking a padding row.
+    labels (B,) int64 on the device, label −1 marking a padding row;
+    label_sets (B, L) on a multi-label batch (BCE, `head_loss`).
     `dummy` None: no copies (no reconstruction loss). Returns the loss and
     the parts of `loss`.
 
@@ -267,12 +317,12 @@ def static_loss(
     assert model.prompts is not None, "a static step without a prompt method"
     out = model.prompts.static_features(model.backbone, view)
     logits = model.head(out.x)[:, lo:hi]
-    ce = F.cross_entropy(logits, target, ignore_index=-100)
+    ce, correct = head_loss(logits, target, inputs.get("label_sets"), lo, view.valid)
     return ce + recon_weight * out.aux, {
         "ce": ce.detach(),
         "aux": out.aux.detach(),
         "aux_rows": out.aux_rows,
-        "correct": ((logits.argmax(-1) == target) & view.valid).sum(),
+        "correct": correct,
     }
 
 

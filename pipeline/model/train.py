@@ -29,7 +29,7 @@ from palcore.progress import tqdm
 from pipeline import params as pparams
 from pipeline.data.loader import SampleDataset, WaitClock, index_batches, make_loader
 from pipeline.data.pixel_cache import PixelCache
-from pipeline.data.samples import Batch, Sample, Tasks
+from pipeline.data.samples import Batch, Sample, Tasks, label_sets
 from pipeline.model.checkpoint import CheckpointError
 from pipeline.model.device import autocast
 from pipeline.model.graphs import set_lr
@@ -63,6 +63,7 @@ class Session:
     per_epoch: int
     labels: torch.Tensor  # (n,) int64: the training labels (head-only batches)
     seed: int
+    label_sets: torch.Tensor | None = None  # (n, L) multi-label (head-only batches)
 
     def schedule(
         self, epochs: int, warmup: float, decay: str = "cosine"
@@ -128,6 +129,7 @@ def _session(
     """Dataset, frozen queries, optimiser, step and loader of one task."""
     backbone, method = model.backbone, model.prompts
     device = backbone.device
+    sets = label_sets(train, tasks.label_width, tasks) if tasks.label_width else None
     dataset = SampleDataset(
         train,
         tasks.root,
@@ -136,6 +138,7 @@ def _session(
         backbone.image_side,
         uint8=True,  # normalised on the device, same bits
         pixels=pixels,
+        label_sets=sets,
     )
     _hold_prompts(method, task, tune_p.prompt_tasks)
     copies = _trains_copies(method, tune_p.recon_weight)
@@ -169,7 +172,16 @@ def _session(
     )
     per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
     labels = torch.tensor([s.label for s in train])
-    return Session(loader, optimiser, base_lrs, step, per_epoch, labels, seed)
+    return Session(
+        loader,
+        optimiser,
+        base_lrs,
+        step,
+        per_epoch,
+        labels,
+        seed,
+        None if sets is None else torch.from_numpy(sets),
+    )
 
 
 def _trains_copies(method: Method | None, recon_weight: float) -> bool:
@@ -209,7 +221,9 @@ def _epoch(
     t0 = time.perf_counter()
     batches = s.loader
     if model.prompts is None:
-        batches = index_batches(s.labels, tune_p.batch_size, s.seed, epoch)
+        batches = index_batches(
+            s.labels, tune_p.batch_size, s.seed, epoch, s.label_sets
+        )
     clock = WaitClock(batches)
     bar = tqdm(
         clock,

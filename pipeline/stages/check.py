@@ -45,7 +45,6 @@ from palcore.params import (
 from palcore.paramsfile import read_params_file
 from palcore.variants import pipeline_variants
 from pipeline.contract_code import guard_problem
-from pipeline.data.samples import MULTI_LABEL_NOT_BUILT
 from pipeline.params import (
     SECTIONS,
     DataParams,
@@ -239,11 +238,26 @@ def check_data(
     if any(s.labels for s in listing.samples):
         mean = sum(len(s.labels) for s in listing.samples) / len(listing.samples)
         kind = f"labels (multi-label, {mean:.2f} a sample)"
-        problems = [f"{path}: data.dataset: {MULTI_LABEL_NOT_BUILT}"]
+        problems = _multi_label_solve(path)
     return problems, (
         f"data: {data.dataset}, {len(listing.classes)} {kind} in {data.tasks} "
         f"tasks; {splits}"
     )
+
+
+def _multi_label_solve(path: Path) -> list[str]:
+    """The solve's η rule and heads on a multi-label dataset: `solve` refuses
+    `eta: auto` and `solve.heads` there (they score single-label rows)."""
+    from solver.api import SolveParams
+
+    solve = load_section(path, "solve", SolveParams)
+    keys = ["solve.eta: auto"] * solve.is_auto + ["solve.heads"] * bool(solve.heads)
+    return [
+        f"{path}: {key}: data.dataset {load_section(path, 'data', DataParams).dataset} "
+        "is multi-label; the η rules and heads score single-label rows (a fixed "
+        "solve.eta, or a list, fits it)"
+        for key in keys
+    ]
 
 
 def _empty_tasks(path: Path, data: DataParams, listing: Any) -> list[str]:

@@ -43,7 +43,7 @@ from palcore.params import Source, load_section, outcome_record
 from pipeline import params as pparams
 from pipeline.contracts import check_stamp, prompt_method, write_stamp
 from pipeline.data.pixel_cache import PixelCache, open_pixels
-from pipeline.data.samples import Sample, Tasks, read_prepare, select, single_label
+from pipeline.data.samples import Sample, Tasks, read_prepare, select
 from pipeline.methods import model_from_checkpoint
 from pipeline.model.backbone import load_backbone
 from pipeline.model.checkpoint import (
@@ -115,7 +115,6 @@ def extract(
     params and inputs reuses them (`pipeline.stages.resume`), `fresh` discards them.
     """
     samples, tasks = read_prepare(prepare_dir, data_root)
-    single_label(samples, "extract")  # multi-label learning is not built yet
     cache = open_pixels(pixels)
     if steps is None or isinstance(steps, str):
         steps = parse_steps(steps, tasks.n_tasks)

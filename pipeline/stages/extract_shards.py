@@ -21,7 +21,7 @@ import torch
 
 from palcore.outputs import step_dir_name
 from pipeline import params as pparams
-from pipeline.data.samples import Batch, Sample, Tasks, select
+from pipeline.data.samples import Batch, Sample, Tasks, label_sets, multi_hot, select
 from pipeline.model.device import autocast
 from pipeline.model.embed import embed_samples
 from pipeline.model.network import PalModel
@@ -113,7 +113,8 @@ def extract_step(
         a = max(start, lo)
         b = max(a, min(start + len(block), hi))  # a == b: the ranges do not meet
         rows = slice(a - lo, b - lo)
-        parts.append(_block(every[a:b], x[rows], logits[rows] if i else None))
+        part = every[a:b]
+        parts.append(_block(part, x[rows], logits[rows] if i else None, run, step))
         start += len(block)
     if reuse is not None:
         parts[1:1] = _reused_tests(model, reuse, step)
@@ -177,18 +178,43 @@ def _reused_tests(model: PalModel, prev: Path, step: int) -> list[Block]:
                 missing=missing,
                 sample_ids=reader.sample_ids(),
                 bp_logits=np.ascontiguousarray(head.cpu().numpy()),
+                targets=_widened(reader.targets(), head.shape[1]),
             )
         )
     return blocks
 
 
-def _block(part: list[Sample], x: np.ndarray, logits: np.ndarray | None) -> Block:
+def _widened(targets: np.ndarray | None, columns: int) -> np.ndarray | None:
+    """A previous step's multi-hot targets with zero columns up to `columns`
+    (the classes seen now: an old sample holds none of the new task's)."""
+    if targets is None:
+        return None
+    out = np.zeros((len(targets), columns), dtype=np.uint8)
+    out[:, : targets.shape[1]] = targets
+    return out
+
+
+def _block(
+    part: list[Sample],
+    x: np.ndarray,
+    logits: np.ndarray | None,
+    run: ExtractRun,
+    step: int,
+) -> Block:
+    """The block of `part`'s rows; on a multi-label prepare with its
+    multi-hot targets over the classes seen at `step` (`Sample.targets`)."""
+    tasks = run.tasks
+    targets = None
+    if tasks.label_width:
+        sets = label_sets(part, tasks.label_width, tasks)
+        targets = multi_hot(sets, tasks.end(step))
     return Block(
         features=np.ascontiguousarray(x),
         labels=np.array([s.label for s in part], dtype=np.int64),
         missing=np.array([s.missing for s in part], dtype=np.int8),
         sample_ids=[s.id for s in part],
         bp_logits=None if logits is None else np.ascontiguousarray(logits),
+        targets=targets,
     )
 
 

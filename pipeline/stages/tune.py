@@ -35,7 +35,6 @@ from pipeline.data.samples import (
     Tasks,
     read_prepare,
     select,
-    single_label,
 )
 from pipeline.methods import build_model
 from pipeline.model.backbone import load_backbone
@@ -90,7 +89,6 @@ def tune(
     """
     check_stamp("tune", prompt_method(prompt_p))
     samples, tasks = read_prepare(prepare_dir, data_root)
-    single_label(samples, "tune")  # multi-label learning is not built yet
     cache = open_pixels(pixels)
     out = Path(out_dir)
     record = params_record(model_p, prompt_p, tune_p, tasks.n_tasks)
