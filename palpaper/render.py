@@ -100,7 +100,26 @@ def stat_of(metrics: Mapping[str, Any], row: str, key: str) -> Stat | None:
         return None
     if key in ("first", "later"):
         return entry.get("acc_by_task", {}).get(key)
+    if key == "map":  # a multi-label row's macro mAP (its avg over tasks)
+        return (entry.get("map") or {}).get("acc")
     return entry.get(key)
+
+
+# Tables 1-2's metrics: accuracy and FG; on multi-label rows (`measure:
+# macro_f1`) RebQ's: macro F1, its forgetting (fg_diag) and macro mAP
+ACC_METRICS = (("acc", "Acc"), ("fg", "FG"))
+F1_METRICS = (("acc", "F1"), ("fg_diag", "FG"), ("map", "mAP"))
+
+
+def block_metrics(data: Mapping[str, Mapping[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """The (key, word) of each metric block: F1_METRICS when any cell's row
+    was scored by macro F1, else ACC_METRICS."""
+    multi = any(
+        isinstance(entry, Mapping) and "measure" in entry
+        for cell in data.values()
+        for entry in cell.values()
+    )
+    return F1_METRICS if multi else ACC_METRICS
 
 
 def build(
@@ -180,7 +199,7 @@ def _metric_block(
     whatever a cell's metrics hold for them."""
     cited = cited or {}
     table = Table("", ["Metric", "Method"], [c.label for c in columns], [])
-    for metric, word in (("acc", "Acc"), ("fg", "FG")):
+    for metric, word in block_metrics(data):
         for row in result.rows:
             name = cited.get(row) or paper_name(data, row, result.id) or ""
             paper = (pub or {}).get(metric, {}).get(name)

@@ -105,7 +105,7 @@ def _listed(data: Mapping[str, Any], root: Path) -> Size:
     from pipeline.data.datasets import read_dataset
     from pipeline.params import DataParams
 
-    keys = ("dataset", "root", "text_field")
+    keys = ("dataset", "root", "text_field", "label_count")
     raw = {k: data[k] for k in keys if k in data}
     try:
         listing = read_dataset(section_from_mapping(DataParams, "data", raw))

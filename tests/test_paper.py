@@ -230,6 +230,36 @@ def test_tables_1_2_in_the_papers_layout() -> None:
     assert len(lines) == table_end + 2 * 6  # six notes, a blank line before each
 
 
+def test_tables_1_2_of_a_multi_label_dataset_read_f1_fg_diag_and_map() -> None:
+    """MM-IMDb's rows (metrics scored by macro F1, `measure`) fill Tables
+    1-2's blocks with RebQ's metrics: F1, its forgetting (fg_diag, not the
+    paper's max-drop fg) and mAP; the paper has no MM-IMDb numbers beside."""
+    mmimdb = yaml.safe_load(committed("configs/mmimdb.yaml"))
+    r = RESULTS["missing"]
+    cols = r.columns(mmimdb, None)
+    data = {}
+    for c in cols:
+        m = metrics(40.0, [0, 1, 2])
+        for row in r.rows:
+            m[row] |= {
+                "measure": "macro_f1",
+                "fg_diag": stat(3.0, 0.5),
+                "map": {"acc": stat(55.0, 0.25)},
+            }
+        data[c.key] = m
+    lines = build(r, cols, data, "mmimdb", "pal-paper run missing").markdown()
+    lines = lines.splitlines()
+    assert lines[0].startswith("Tables 1-2 of the paper: ")
+    assert "The paper reports no numbers for mmimdb" in lines[0]
+    n = len(r.rows)
+    words = [line.split(" | ")[0] for line in lines[4 : 4 + 3 * n]]
+    assert words == ["| F1"] * n + ["| FG"] * n + ["| mAP"] * n
+    assert lines[4].startswith("| F1 | MAP | 40.00 ± 1.50 | 40.00 ± 1.50 |")
+    assert lines[4 + n].startswith("| FG | MAP | 3.00 ± 0.50 |")
+    assert lines[4 + 2 * n].startswith("| mAP | MAP | 55.00 ± 0.25 |")
+    assert lines[4 + 3 * n :] == []  # no paper numbers, so no notes
+
+
 def test_the_demo_says_there_is_nothing_to_compare() -> None:
     r = RESULTS["stability"]
     cols = r.columns(PARAMS, [0])

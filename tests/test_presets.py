@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
-    "name, dataset, tasks", [("food101", "food101", 10), ("n24news", "n24news", 6)]
+    "name, dataset, tasks",
+    [("food101", "food101", 10), ("n24news", "n24news", 6), ("mmimdb", "mmimdb", 5)],
 )
 def test_preset_loads_with_paper_settings(name: str, dataset: str, tasks: int) -> None:
     path = ROOT / "configs" / f"{name}.yaml"
@@ -26,6 +27,21 @@ def test_preset_loads_with_paper_settings(name: str, dataset: str, tasks: int) -
     assert (prompt.pool_size, prompt.length, prompt.layers) == (128, 8, tuple(range(8)))
     assert (tune.lr, tune.batch_size, tune.recon_weight) == (1e-4, 4, 0.01)
     assert (solve.width, solve.eta, solve.method) == (15000, 1.0, "gram")
+
+
+def test_the_mmimdb_preset_follows_rebqs_protocol() -> None:
+    """20 genres in 5 tasks of 4, text up to 1024 tokens (RebQ's MM-IMDb
+    config), F1 at 0.5, and a solve the multi-label shards take: a fixed η
+    and no heads (`pal check` names either otherwise)."""
+    from solver.params import EvaluateParams
+
+    path = ROOT / "configs" / "mmimdb.yaml"
+    data, model = load(path, "data"), load(path, "model")
+    assert (data.dataset, data.tasks, data.label_count) == ("mmimdb", 5, 20)
+    assert model.max_text_len == 1024
+    assert load_section(path, "evaluate", EvaluateParams).threshold == 0.5
+    solve = load_section(path, "solve", SolveParams)
+    assert (solve.is_auto, solve.heads) == (False, ())
 
 
 @pytest.fixture(scope="module")
