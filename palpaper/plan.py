@@ -56,7 +56,7 @@ from palpaper.prices import (  # noqa: F401  (plan's names for its callers)
     unique,
     variant,
 )
-from palpaper.sizes import Size, dataset_size
+from palpaper.sizes import Size, caches, dataset_size
 from palpaper.solves import largest_solve
 from palpaper.workers import wall_hours
 
@@ -266,6 +266,7 @@ def _grid_report(
         "routes": routes,
         "minutes": _minutes(grid, grid.card),
         "largest_solve": largest_solve(every, params, grid.size),
+        "caches": caches(grid.dataset, grid.size),
     }
 
 

@@ -144,3 +144,27 @@ def _recorded(dataset: str) -> Size | None:
 def _names(n: int) -> list[str]:
     """Stand-in names of `n` classes of equal counts."""
     return [f"{i:04d}" for i in range(n)]
+
+
+# a sample's frozen queries: q_t, q_v of the sample and of its two copies,
+# ViLT-B/32's hidden size, float32 (the `frozen` stage's file)
+FROZEN_BYTES = 3 * 2 * 768 * 4
+
+
+def caches(dataset: str, size: Size) -> dict[str, Any]:
+    """The frozen queries' and the pixel cache's size for `size`'s train and
+    test samples: the queries FROZEN_BYTES a sample; the pixels at the bytes
+    a photo costs.yaml records for the dataset (`photo_bytes`, with its
+    source), None where it records none."""
+    from palpaper.cards import costs
+
+    n = size.total("train") + size.total("test")
+    entry = (costs().get("datasets") or {}).get(dataset) or {}
+    photo = entry.get("photo_bytes")
+    return {
+        "samples": round(n),
+        "frozen_gb": n * FROZEN_BYTES / 1e9,
+        "photo_bytes": photo,
+        "pixels_gb": None if photo is None else n * float(photo) / 1e9,
+        "photo_source": entry.get("photo_source"),
+    }

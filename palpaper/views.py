@@ -87,6 +87,7 @@ def _grid_lines(grid: Mapping[str, Any], card: Mapping[str, Any]) -> list[str]:
         f"  largest solve: width {solve['width']}, a {solve['dtype']} Gram matrix of "
         f"{solve['gram_gb']:.1f} GB (solve.device {solve['device']})"
     )
+    lines.append(_cache_line(grid["caches"]))
     if "heads" in solve:
         lines.append(
             f"  solve.heads ({', '.join(solve['heads'])}): {solve['heads_flops_x']:.2f}"
@@ -94,6 +95,20 @@ def _grid_lines(grid: Mapping[str, Any], card: Mapping[str, Any]) -> list[str]:
             "no card work"
         )
     return [*lines, *_minutes_lines(grid["minutes"])]
+
+
+def _cache_line(c: Mapping[str, Any]) -> str:
+    """The frozen queries' and the pixel cache's size, once per dataset."""
+    pixels = (
+        "no size a photo recorded for the pixel cache"
+        if c["pixels_gb"] is None
+        else f"the pixel cache about {c['pixels_gb']:.1f} GB "
+        f"({c['photo_bytes'] / 1e3:.0f} KB a photo: {c['photo_source']})"
+    )
+    return (
+        f"  caches for {c['samples']} train and test samples: the frozen queries "
+        f"{c['frozen_gb']:.2f} GB (3 x 2 x 768 float32 a sample); {pixels}"
+    )
 
 
 def _route_lines(route: Mapping[str, Any], card: Mapping[str, Any]) -> list[str]:

@@ -675,3 +675,28 @@ def test_a_method_the_card_lacks_is_priced_at_pals_figures() -> None:
     assert toy == pal == pytest.approx(20 + 10 * 3 + 10 * 61127 / 400)
     assert c.priced_as("toy") == "pal" and c.priced_as("map") == "map"
     assert c.largest(["toy"]) == c.largest(["pal"])
+
+
+def test_mmimdb_is_priced_with_its_caches_away_from_its_data(tmp_path: Path) -> None:
+    """The MM-IMDb preset, its data absent: sized from split.json's totals
+    (costs.yaml), Tables 1-2 priced, and the caches in closed form: the
+    frozen queries 3 x 2 x 768 float32 a train or test film, the pixels a
+    2:3 poster at 384 x 576 x 3 bytes."""
+    write(tmp_path, "card.yaml", CARD)
+    write(
+        tmp_path,
+        "configs/mmimdb.yaml",
+        yaml.safe_load(committed("configs/mmimdb.yaml")),
+    )
+    args = ["missing", "--params", "configs/mmimdb.yaml", "--card", "card.yaml"]
+    (grid,) = json.loads("\n".join(plan(tmp_path, *args, "--json")))["datasets"]
+    n = 15552 + 7799
+    assert grid["size"]["train"] == 15552 and grid["size"]["test"] == 7799
+    assert grid["routes"]["measured"]["cells"] == 15
+    assert grid["caches"]["samples"] == n
+    assert grid["caches"]["frozen_gb"] == approx(n * 3 * 2 * 768 * 4 / 1e9)
+    assert grid["caches"]["pixels_gb"] == approx(n * 384 * 576 * 3 / 1e9)
+    lines = plan(tmp_path, *args)
+    assert lines[0].startswith("mmimdb (configs/mmimdb.yaml): ")
+    want = f"  caches for {n} train and test samples: the frozen queries 0.43 GB ("
+    assert any(line.startswith(want) for line in lines)
