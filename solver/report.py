@@ -122,15 +122,9 @@ def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 }
     _aggregate_measure(per_run, row)
     for key in ("width", "eta"):  # what solve used: one value per row
-        used = [m.get(key) for m in per_run]
-        if any(v != used[0] for v in used):
-            other = next(v for v in used if v != used[0])
-            raise ReportError(
-                f"the runs of one row were solved with different {key}: "
-                f"{used[0]} and {other}"
-            )
-        if used[0] is not None:
-            row[key] = used[0]
+        value = _one_value(per_run, key, "solved")
+        if value is not None:
+            row[key] = value
     steps = [m["step_accuracy"] for m in per_run]
     if len({len(s) for s in steps}) != 1:
         raise ReportError(
@@ -151,20 +145,26 @@ def aggregate(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def _one_value(per_run: Sequence[dict[str, Any]], key: str, verb: str) -> Any:
+    """The one value of `key` every run holds (None where none does); one
+    line naming two values when the runs differ."""
+    used = [m.get(key) for m in per_run]
+    other = next((v for v in used if v != used[0]), None)
+    if any(v != used[0] for v in used):
+        raise ReportError(
+            f"the runs of one row were {verb} with different {key}: "
+            f"{used[0]} and {other}"
+        )
+    return used[0]
+
+
 def _aggregate_measure(per_run: Sequence[dict[str, Any]], row: dict[str, Any]) -> None:
     """On multi-label runs (`measure` in metrics.json): the row's measure and
     threshold, one per row, and its mAP scalars (`map`) like the scalars."""
     if all("measure" not in m for m in per_run):
         return
     for key in ("measure", "threshold"):
-        used = [m.get(key) for m in per_run]
-        if any(v != used[0] for v in used):
-            other = next(v for v in used if v != used[0])
-            raise ReportError(
-                f"the runs of one row were scored with different {key}: "
-                f"{used[0]} and {other}"
-            )
-        row[key] = used[0]
+        row[key] = _one_value(per_run, key, "scored")
     row[MAP_GROUP] = {}
     for key in SCALARS:
         values = [float(m[MAP_GROUP][key]) for m in per_run]
