@@ -149,11 +149,11 @@ def _one_value(per_run: Sequence[dict[str, Any]], key: str, verb: str) -> Any:
     """The one value of `key` every run holds (None where none does); one
     line naming two values when the runs differ."""
     used = [m.get(key) for m in per_run]
-    other = next((v for v in used if v != used[0]), None)
-    if any(v != used[0] for v in used):
+    differing = [v for v in used if v != used[0]]
+    if differing:
         raise ReportError(
             f"the runs of one row were {verb} with different {key}: "
-            f"{used[0]} and {other}"
+            f"{used[0]} and {differing[0]}"
         )
     return used[0]
 

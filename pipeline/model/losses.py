@@ -176,50 +176,55 @@ def static_inputs(
     tokens up to N = T + min_image_tokens (a batch of very wide photos has
     fewer image tokens than the square dummy image its copies need; masked
     tokens change nothing). Call under `autocast`."""
-    dev = model.backbone.device
     n = batch.n
-    rows = rows or n
-    ids, am, px, pm = batch_inputs(batch, dev)
-    ids, am, px = ids[:n], am[:n], px[:n]
-    pm = None if pm is None else pm[:n]
-    sizes = None if batch.image_sizes is None else batch.image_sizes[:n]
-    index, missing, labels = (
-        t.to(dev, non_blocking=True) for t in (batch.index, batch.missing, batch.labels)
-    )
-    sets = batch.label_sets
-    if sets is not None:
-        sets = sets.to(dev, non_blocking=True)
-    if rows > n:  # repeat the first sample; its copies get label −1
-        sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
-        sizes = None if sizes is None else sizes[sel]  # host rows, no transfer
-        sel = sel.to(dev, non_blocking=True)
-        ids, am, px, index, missing, labels = (
-            t[sel] for t in (ids, am, px, index, missing, labels)
-        )
-        pm = None if pm is None else pm[sel]
-        labels[n:] = -1
-        if sets is not None:
-            sets = sets[sel]
-            sets[n:] = -1
+    t, sizes = _sample_rows(batch, model.backbone.device)
+    if rows is not None and rows > n:  # repeat the first sample; label −1
+        t, sizes = _pad_rows(t, sizes, n, rows)
+    ids, am = t.pop("ids"), t.pop("am")
     T = text_bucket(ids.shape[1], model.backbone.max_text_len)
     pad = T - ids.shape[1]
     ids, am = F.pad(ids, (0, pad)), F.pad(am, (0, pad))
     with torch.no_grad():
-        h, mask = model.backbone.embed(ids, am, px, pm, sizes)
+        h, mask = model.backbone.embed(ids, am, t.pop("px"), t.pop("pm", None), sizes)
     if h.shape[1] < T + min_image_tokens:
         extra = T + min_image_tokens - h.shape[1]
         h, mask = F.pad(h, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
-    out = {
-        "h": h,
-        "mask": mask,
-        "text_mask": mask[:, :T],
-        "index": index,
-        "missing": missing,
-        "labels": labels,
-    }
-    if sets is not None:
-        out["label_sets"] = sets
-    return out
+    return {"h": h, "mask": mask, "text_mask": mask[:, :T], **t}
+
+
+def _sample_rows(
+    batch: Batch, dev: torch.device
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """The batch's n samples (no copies) on the device: ids, am, px, pm
+    (absent for uint8 images), index, missing, labels and label_sets
+    (multi-label only); and their image sizes, on the host."""
+    n = batch.n
+    ids, am, px, pm = batch_inputs(batch, dev)
+    t = {"ids": ids[:n], "am": am[:n], "px": px[:n]}
+    if pm is not None:
+        t["pm"] = pm[:n]
+    for name in ("index", "missing", "labels", "label_sets"):
+        value = getattr(batch, name)
+        if value is not None:
+            t[name] = value.to(dev, non_blocking=True)
+    sizes = None if batch.image_sizes is None else batch.image_sizes[:n]
+    return t, sizes
+
+
+def _pad_rows(
+    t: dict[str, torch.Tensor], sizes: torch.Tensor | None, n: int, rows: int
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """`_sample_rows`' tensors padded to `rows` rows by repeating the first
+    sample, its copies labelled −1 (and label set −1) so they count for
+    nothing."""
+    sel = torch.cat([torch.arange(n), torch.zeros(rows - n, dtype=torch.int64)])
+    sizes = None if sizes is None else sizes[sel]  # host rows, no transfer
+    sel = sel.to(t["labels"].device, non_blocking=True)
+    t = {name: value[sel] for name, value in t.items()}
+    t["labels"][n:] = -1
+    if "label_sets" in t:
+        t["label_sets"][n:] = -1
+    return t, sizes
 
 
 @dataclass

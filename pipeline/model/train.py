@@ -32,6 +32,7 @@ from pipeline.data.pixel_cache import PixelCache
 from pipeline.data.samples import Batch, Sample, Tasks, label_sets
 from pipeline.model.checkpoint import CheckpointError
 from pipeline.model.device import autocast
+from pipeline.model.encoder import Backbone
 from pipeline.model.graphs import set_lr
 from pipeline.model.losses import (
     dummy_segments,
@@ -129,17 +130,7 @@ def _session(
     """Dataset, frozen queries, optimiser, step and loader of one task."""
     backbone, method = model.backbone, model.prompts
     device = backbone.device
-    sets = label_sets(train, tasks.label_width, tasks) if tasks.label_width else None
-    dataset = SampleDataset(
-        train,
-        tasks.root,
-        backbone.processor,
-        backbone.max_text_len,
-        backbone.image_side,
-        uint8=True,  # normalised on the device, same bits
-        pixels=pixels,
-        label_sets=sets,
-    )
+    dataset = _task_dataset(backbone, train, tasks, pixels)
     _hold_prompts(method, task, tune_p.prompt_tasks)
     copies = _trains_copies(method, tune_p.recon_weight)
     cache = _query_cache(model, dataset, task, copies, tune_p.num_workers, frozen)
@@ -173,14 +164,25 @@ def _session(
     per_epoch = math.ceil(len(dataset) / tune_p.batch_size)
     labels = torch.tensor([s.label for s in train])
     return Session(
-        loader,
-        optimiser,
-        base_lrs,
-        step,
-        per_epoch,
-        labels,
-        seed,
-        None if sets is None else torch.from_numpy(sets),
+        loader, optimiser, base_lrs, step, per_epoch, labels, seed, dataset.label_sets
+    )
+
+
+def _task_dataset(
+    backbone: Backbone, train: list[Sample], tasks: Tasks, pixels: PixelCache | None
+) -> SampleDataset:
+    """The task's training samples as uint8 items (normalised on the device,
+    the same bits), with their label sets on a multi-label prepare."""
+    sets = label_sets(train, tasks.label_width, tasks) if tasks.label_width else None
+    return SampleDataset(
+        train,
+        tasks.root,
+        backbone.processor,
+        backbone.max_text_len,
+        backbone.image_side,
+        uint8=True,
+        pixels=pixels,
+        label_sets=sets,
     )
 
 

@@ -238,14 +238,14 @@ def check_data(
     if any(s.labels for s in listing.samples):
         mean = sum(len(s.labels) for s in listing.samples) / len(listing.samples)
         kind = f"labels (multi-label, {mean:.2f} a sample)"
-        problems = _multi_label_solve(path)
+        problems = _multi_label_solve(path, data.dataset)
     return problems, (
         f"data: {data.dataset}, {len(listing.classes)} {kind} in {data.tasks} "
         f"tasks; {splits}"
     )
 
 
-def _multi_label_solve(path: Path) -> list[str]:
+def _multi_label_solve(path: Path, dataset: str) -> list[str]:
     """The solve's η rule and heads on a multi-label dataset: `solve` refuses
     `eta: auto` and `solve.heads` there (they score single-label rows)."""
     from solver.api import SolveParams
@@ -253,9 +253,8 @@ def _multi_label_solve(path: Path) -> list[str]:
     solve = load_section(path, "solve", SolveParams)
     keys = ["solve.eta: auto"] * solve.is_auto + ["solve.heads"] * bool(solve.heads)
     return [
-        f"{path}: {key}: data.dataset {load_section(path, 'data', DataParams).dataset} "
-        "is multi-label; the η rules and heads score single-label rows (a fixed "
-        "solve.eta, or a list, fits it)"
+        f"{path}: {key}: data.dataset {dataset} is multi-label; the η rules "
+        "and heads score single-label rows (a fixed solve.eta, or a list, fits it)"
         for key in keys
     ]
 
