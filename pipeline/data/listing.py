@@ -37,11 +37,15 @@ def listed(params: DataParams) -> tuple[Listing, list, dict, str]:
 
 def per_class(listing: Listing, n: int) -> Listing:
     """The listing with at most `n` samples of each (class, split), the first
-    by id (`data.per_class`)."""
-    chosen: dict[tuple[str, str], list[str]] = defaultdict(list)
+    by id (`data.per_class`). A multi-label sample counts for each of its
+    labels, and each label keeps the samples with the fewest labels first:
+    a film of one genre joins that genre's task in every class order, so
+    each task keeps samples where the dataset has them."""
+    chosen: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
     for s in listing.samples:
-        chosen[(s.class_name, s.split)].append(s.id)
-    keep = {i for ids in chosen.values() for i in sorted(ids)[:n]}
+        for name in s.labels or (s.class_name,):
+            chosen[(name, s.split)].append((len(s.labels), s.id))
+    keep = {i for ranked in chosen.values() for _, i in sorted(ranked)[:n]}
     samples = [s for s in listing.samples if s.id in keep]
     log.info(
         "data.per_class %d: %d of %d samples kept",
