@@ -95,15 +95,22 @@ def write_outputs(out_dir: Path, e: Evaluation, plot: bool = True) -> Path:
 
 
 def write_multilabel(
-    out_dir: Path, e: Evaluation, scored: Scored, threshold: float
+    out_dir: Path,
+    e: Evaluation,
+    scored: Scored,
+    threshold: float,
+    bp: Scored | None = None,
 ) -> Path:
     """Write metrics<suffix>.json (`multilabel_metrics`, with the weights'
-    width and η) and the F1 and mAP task matrices as CSVs for one weights
-    file on multi-label shards; return the metrics file's path."""
+    width and η, and the BP head's under `bp` when scored) and the F1 and mAP
+    task matrices as CSVs for one weights file on multi-label shards; return
+    the metrics file's path."""
     sfx = e.suffix
     m = multilabel_metrics(scored, threshold)
     m["width"] = e.weights.info.width
     m["eta"] = e.weights.info.eta
+    if bp is not None:
+        m["bp"] = multilabel_metrics(bp, threshold)
     metrics = out_dir / f"metrics{sfx}.json"
     files = {
         f"f1_matrix{sfx}.csv": matrix_csv(m["matrix"]),

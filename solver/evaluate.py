@@ -47,7 +47,7 @@ from solver.classifier import Classifier
 from solver.eval_outputs import Evaluation, write_multilabel, write_outputs
 from solver.head_eval import evaluate_heads
 from solver.metrics import Counts
-from solver.multilabel import score_steps
+from solver.multilabel import bp_everywhere, score_bp, score_steps
 from solver.options import apply_overrides, metavar, verified_option
 from solver.params import EvaluateParams, SolveParams
 from solver.shard_readers import StepShards, open_features
@@ -88,7 +88,7 @@ def evaluate(
     """Score every weights file on the test shards; write its outputs (the
     per-run plot only with `plot`). Multi-label test shards (`targets`) are
     scored by macro F1 at `threshold` and macro mAP instead of accuracy
-    (`solver.multilabel`; no plot, no BP head).
+    (`solver.multilabel`; no plot; the BP head's logits through a sigmoid).
 
     Returns the metrics files written, one per weights file. All inputs are
     validated (against `solve_params` too, when given) and all scores
@@ -108,8 +108,9 @@ def evaluate(
         raise WeightsError(f"two weights files would both write metrics{dupes[0]}.json")
     if any(t.has_targets for s in steps for t in s.test.values()):
         scored = [score_steps(wf, steps, threshold) for wf in files]
+        bp_scored = score_bp(steps, threshold) if bp_everywhere(steps) else None
         return [
-            write_multilabel(Path(out_dir), e, sc, threshold)
+            write_multilabel(Path(out_dir), e, sc, threshold, bp_scored)
             for e, sc in zip(evals, scored, strict=True)
         ]
     has_bp = [t.has_bp_logits for s in steps for t in s.test.values()]

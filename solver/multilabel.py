@@ -12,12 +12,13 @@ labels (an index list; default all) and the macro mean runs over those.
   test shards, task j scored on its own label columns (RebQ's evaluator)
 - `score_steps` and `multilabel_metrics`: what `evaluate` writes for a weights
   file on multi-label shards (metrics.json under the single-label keys, with
-  `measure: macro_f1` and a `map` group)
+  `measure: macro_f1` and a `map` group); `score_bp` the same of the BP head,
+  whose logits pass through a sigmoid before the threshold
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -178,19 +179,65 @@ class Scored:
     f1_by_missing: dict[str, float | None] = field(default_factory=dict)
 
 
+BlockScores = tuple[NDArray[np.uint8], NDArray[Any], NDArray[np.int8]]
+
+
 def score_steps(
     classifier: Classifier, steps: Sequence[StepShards], threshold: float
 ) -> Scored:
     """Score `classifier` on the multi-label test shards of `steps`: each test
-    block read and up-sampled once per step (`Scored` says what is kept)."""
+    block read and up-sampled once per step (`Scored` says what is kept); the
+    ridge's raw outputs are thresholded, no sigmoid first."""
+
+    def at(step: StepShards) -> Callable[[int], BlockScores]:
+        W = classifier.W(step.step)
+
+        def scores(task: int) -> BlockScores:
+            X, m, _ = _block_rows(step, task, bp=False)
+            return _targets(step, task), classifier.logits(X, step.step, W), m
+
+        return scores
+
+    return _score(steps, threshold, at)
+
+
+def score_bp(steps: Sequence[StepShards], threshold: float) -> Scored:
+    """Score the BP head on the multi-label test shards of `steps` from their
+    `bp_logits`: sigmoid(logit) > `threshold` for F1, as a head trained with
+    BCE on logits is read (RebQ's torchmetrics does the same)."""
+
+    def at(step: StepShards) -> Callable[[int], BlockScores]:
+        def scores(task: int) -> BlockScores:
+            _, m, bp = _block_rows(step, task, bp=True)
+            assert bp is not None  # _block_rows read it
+            sigmoid = 1.0 / (1.0 + np.exp(-bp.astype(np.float64)))
+            return _targets(step, task), sigmoid, m
+
+        return scores
+
+    return _score(steps, threshold, at)
+
+
+def bp_everywhere(steps: Sequence[StepShards]) -> bool:
+    """Whether every test block of `steps` holds the BP head's logits."""
+    return all(t.has_bp_logits for s in steps for t in s.test.values())
+
+
+def _score(
+    steps: Sequence[StepShards],
+    threshold: float,
+    at: Callable[[StepShards], Callable[[int], BlockScores]],
+) -> Scored:
+    """`Scored` of the scores `at(step)(task)` gives for every seen task's
+    test block at every step."""
     bounds = [0, *(s.classes_seen for s in steps)]
     out = Scored()
     for k, step in enumerate(steps):
-        W = classifier.W(step.step)
+        scores = at(step)
         Ys, Ss, Ms = [], [], []
         f1_row, map_row = [], []
         for j in range(1, k + 2):
-            Y, S, m = _block_scores(classifier, step, j, W)
+            Y, S, m = scores(j)
             cols = list(range(bounds[j - 1], bounds[j]))
             f1_row.append(macro_f1(Y, S, threshold, cols))
             map_row.append(_map(Y, S, cols, step.test[j].where))
@@ -211,11 +258,9 @@ def score_steps(
     return out
 
 
-def _block_scores(
-    classifier: Classifier, step: StepShards, task: int, W: Any
-) -> tuple[NDArray[np.uint8], NDArray[Any], NDArray[np.int8]]:
-    """Targets (n, C_k), raw scores (n, C_k) and missing codes (n,) of
-    `task`'s test block at `step`; one line when it is empty or has no targets."""
+def _targets(step: StepShards, task: int) -> NDArray[np.uint8]:
+    """Targets (n, C_k) of `task`'s test block at `step`; one line when it
+    has none or is empty."""
     block = step.test[task]
     Y = block.targets()
     if Y is None:
@@ -224,8 +269,16 @@ def _block_scores(
         )
     if block.n_rows == 0:
         raise ShardError(f"{block.where}: test set of {task_group_name(task)} is empty")
-    X, _, m, _ = block.read_all()
-    return Y, classifier.logits(X, step.step, W), m
+    return Y
+
+
+def _block_rows(
+    step: StepShards, task: int, bp: bool
+) -> tuple[NDArray[Any], NDArray[np.int8], NDArray[Any] | None]:
+    """Features, missing codes and (with `bp`) BP logits of `task`'s test
+    block at `step`."""
+    X, _, m, logits = step.test[task].read_all(with_bp_logits=bp)
+    return X, m, logits
 
 
 def _map(Y: NDArray[Any], S: NDArray[Any], cols: list[int] | None, where: str) -> float:

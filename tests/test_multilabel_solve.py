@@ -45,8 +45,9 @@ def multi_hot(labels: np.ndarray, classes_seen: int, task_end: int, seed: int):
     return T
 
 
-def with_targets(src: Path, dst: Path) -> Path:
-    """The synthetic shards of `src` rewritten into `dst` with multi-hot targets."""
+def with_targets(src: Path, dst: Path, bp: bool = False) -> Path:
+    """The synthetic shards of `src` rewritten into `dst` with multi-hot
+    targets; with `bp`, their test blocks keep the BP head's logits."""
     ends = np.cumsum(CLASSES)
     for s in open_features(src):
         attrs = ShardAttrs(s.step, s.classes_seen, s.feature_dim)
@@ -58,9 +59,11 @@ def with_targets(src: Path, dst: Path) -> Path:
         write_train(folder / "train.h5", Block(X, y, m, ids, targets=T), attrs)
         tests = {}
         for task, block in s.test.items():
-            X, y, m, _ = block.read_all()
+            X, y, m, logits = block.read_all(with_bp_logits=bp)
             T = multi_hot(y, s.classes_seen, int(ends[task - 1]), 10 * s.step + task)
-            tests[task] = Block(X, y, m, block.sample_ids(), targets=T)
+            tests[task] = Block(
+                X, y, m, block.sample_ids(), bp_logits=logits, targets=T
+            )
         write_test(folder / "test.h5", tests, attrs)
     return dst
 
@@ -221,6 +224,42 @@ def test_evaluate_writes_f1_and_map_equal_to_sklearn(features, tmp_path, thresho
     assert got["aia"] == pytest.approx(np.mean(got["step_accuracy"]), abs=1e-6)
     csv = (out / "f1_matrix.csv").read_text().splitlines()
     assert csv[2] == f"2,{F[1][0]:.4f},{F[1][1]:.4f}"
+
+
+def test_evaluate_scores_the_bp_head_through_a_sigmoid(tmp_path):
+    """Test shards with `bp_logits` (a BP head trained with BCE): metrics.json's
+    `bp` holds the same keys, its F1 sklearn's on sigmoid(logits) > threshold
+    per task's columns and its mAP sklearn's on the logits; without logits,
+    no `bp`."""
+    from sklearn.metrics import average_precision_score, f1_score
+
+    plain = make_features(tmp_path / "p", ROWS, CLASSES, feature_dim=D, test_rows=12)
+    shards = with_targets(plain, tmp_path / "bp", bp=True)
+    p = SolveParams(eta=0.5, width=WIDTH, seed=2, device="cpu")
+    (weights,) = solve(shards, tmp_path / "w", p)
+    (path,) = evaluate(shards, [weights], tmp_path / "eval", threshold=0.3)
+    got = json.loads(path.read_text())
+    bp = got["bp"]
+    assert sorted(bp) == sorted(k for k in got if k not in ("bp", "width", "eta"))
+    assert (bp["measure"], bp["threshold"]) == ("macro_f1", 0.3)
+    bounds = [0, *np.cumsum(CLASSES)]
+    steps = open_features(shards)
+    for k, s in enumerate(steps):
+        for j in range(1, k + 2):
+            _, _, _, logits = s.test[j].read_all(with_bp_logits=True)
+            cols = slice(bounds[j - 1], bounds[j])
+            Y, L = s.test[j].targets()[:, cols], logits[:, cols]
+            assert L.min() < 0  # logits, which a threshold of 0.3 would misread
+            f1 = f1_score(Y, 1 / (1 + np.exp(-L)) > 0.3, average="macro", zero_division=0)
+            has = Y.any(axis=0)
+            ap = average_precision_score(Y[:, has], L[:, has], average="macro")
+            assert bp["matrix"][k][j - 1] == pytest.approx(100 * f1, abs=1e-6)
+            assert bp["map"]["matrix"][k][j - 1] == pytest.approx(100 * ap, abs=1e-6)
+    assert bp["matrix"] != got["matrix"]
+    (plain_path,) = evaluate(
+        with_targets(plain, tmp_path / "nobp"), [weights], tmp_path / "e2"
+    )
+    assert "bp" not in json.loads(plain_path.read_text())
 
 
 def test_evaluate_refuses_a_single_label_test_shard_beside_multi_label_ones(
