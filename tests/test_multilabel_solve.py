@@ -250,7 +250,8 @@ def test_evaluate_scores_the_bp_head_through_a_sigmoid(tmp_path):
             cols = slice(bounds[j - 1], bounds[j])
             Y, L = s.test[j].targets()[:, cols], logits[:, cols]
             assert L.min() < 0  # logits, which a threshold of 0.3 would misread
-            f1 = f1_score(Y, 1 / (1 + np.exp(-L)) > 0.3, average="macro", zero_division=0)
+            P = 1 / (1 + np.exp(-L.astype(np.float64)))
+            f1 = f1_score(Y, P > 0.3, average="macro", zero_division=0)
             has = Y.any(axis=0)
             ap = average_precision_score(Y[:, has], L[:, has], average="macro")
             assert bp["matrix"][k][j - 1] == pytest.approx(100 * f1, abs=1e-6)
