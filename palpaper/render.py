@@ -66,16 +66,18 @@ def caption(
     departs: str = "",
     missing: int = 0,
     cited: str = "",
+    measure: str = "",
 ) -> str:
     """What the table is, where its numbers come from, what it cannot show;
     `departs`: the sentence on how the run departs from the paper's
     protocol; `missing`: cells without a finished experiment (marked –);
-    `cited`: the sentence on the baselines `--baselines cited` did not run."""
+    `cited`: the sentence on the baselines `--baselines cited` did not run;
+    `measure`: the sentence on what a multi-label dataset's rows hold."""
     where = DATASETS.get(dataset, f"the {dataset} dataset")
     source = (
         "Beyond the paper" if result.id == "heads" else f"{result.paper} of the paper"
     )
-    text = f"{source}: {result.title}; {where}, {_runs_words(runs)}."
+    text = f"{source}: {result.title}; {where}, {_runs_words(runs)}.{measure}"
     if missing:
         text += (
             f" Partial: {missing} cell{'s' * (missing != 1)} not run yet (marked –)."
@@ -165,10 +167,33 @@ def build(
         said,
         missing,
         _cited_sentence(cited or {}, result.cites),
+        _measure_sentence(data),
     )
     if pub is not None and departs:
         table.protocol = "; ".join(departs)
     return table
+
+
+def _measure_sentence(data: Mapping[str, Mapping[str, Any]]) -> str:
+    """On multi-label rows (`measure: macro_f1`): what F1, FG and mAP are."""
+    entry = next(
+        (
+            e
+            for cell in data.values()
+            for e in cell.values()
+            if isinstance(e, Mapping) and "measure" in e
+        ),
+        None,
+    )
+    if entry is None:
+        return ""
+    return (
+        " Multi-label, scored as RebQ scores MM-IMDb: F1 is the macro F1 of the "
+        f"labels whose score exceeds {entry['threshold']:g} (the ridge's raw "
+        "score; a BP head's logit through a sigmoid), FG RebQ's forgetting "
+        "(fg_diag: a task's F1 right after it was learnt minus its final F1), "
+        "mAP the macro mean average precision."
+    )
 
 
 def _cited_sentence(cited: Mapping[str, str], cites: bool) -> str:

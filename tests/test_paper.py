@@ -243,6 +243,7 @@ def test_tables_1_2_of_a_multi_label_dataset_read_f1_fg_diag_and_map() -> None:
         for row in r.rows:
             m[row] |= {
                 "measure": "macro_f1",
+                "threshold": 0.3,
                 "fg_diag": stat(3.0, 0.5),
                 "map": {"acc": stat(55.0, 0.25)},
             }
@@ -251,6 +252,13 @@ def test_tables_1_2_of_a_multi_label_dataset_read_f1_fg_diag_and_map() -> None:
     lines = lines.splitlines()
     assert lines[0].startswith("Tables 1-2 of the paper: ")
     assert "The paper reports no numbers for mmimdb" in lines[0]
+    assert (
+        "(0, 1, 2). Multi-label, scored as RebQ scores MM-IMDb: F1 is the macro "
+        "F1 of the labels whose score exceeds 0.3 (the ridge's raw score; a BP "
+        "head's logit through a sigmoid), FG RebQ's forgetting (fg_diag: a "
+        "task's F1 right after it was learnt minus its final F1), mAP the macro "
+        "mean average precision. The paper reports"
+    ) in lines[0]
     n = len(r.rows)
     words = [line.split(" | ")[0] for line in lines[4 : 4 + 3 * n]]
     assert words == ["| F1"] * n + ["| FG"] * n + ["| mAP"] * n
