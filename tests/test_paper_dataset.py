@@ -2,29 +2,34 @@
 real queue: a fresh clone, a Food101 tree of photo-sized JPEGs under
 `data/raw/food101`, a hub-layout ViLT in the local HF cache linked by `pal
 backbone --link`, then the README's "CPU smoke run" and "cpu-grid" blocks
-run verbatim (both ignored folders reach every cell's temporary copy)."""
+run verbatim (both ignored folders reach every cell's temporary copy); and
+MM-IMDb's smoke run and RebQ's cell (docs/USAGE.md, `ci: mmimdb-smoke`) on a
+generated MM-IMDb tree."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import committed
 from scratch_project import BIN, scratch_env
 
-from pipeline.fakes.trees import make_food101_tree, make_hub_vilt
+from pipeline.fakes.trees import make_food101_tree, make_hub_vilt, make_mmimdb_tree
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = committed("README.md")
 LINK = "pal backbone dandelin/vilt-b32-mlm --link models/vilt-b32-mlm"
 
 
-def block(marker: str) -> str:
-    """The README's bash block after `<!-- ci: marker -->`."""
-    found = re.search(rf"<!-- ci: {marker} -->\n```bash\n(.*?)```", README, re.S)
-    assert found, f"README.md has no block marked ci: {marker}"
+def block(marker: str, doc: str = "README.md") -> str:
+    """The bash block after `<!-- ci: marker -->` in `doc` as committed."""
+    text = README if doc == "README.md" else committed(doc)
+    found = re.search(rf"<!-- ci: {marker} -->\n```bash\n(.*?)```", text, re.S)
+    assert found, f"{doc} has no block marked ci: {marker}"
     return found.group(1)
 
 
@@ -57,13 +62,7 @@ def sh(
 def test_the_readme_route_runs_the_papers_grids_on_a_real_layout(
     tmp_path: Path,
 ) -> None:
-    if shutil.which("git") is None:
-        pytest.skip("git not installed")
-    project = tmp_path / "project"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
-    env = scratch_env(project)
-    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), PATH=f"{BIN}:/usr/bin:/bin")
-    hub_cache(tmp_path / "hub")
+    project, env = linked_clone(tmp_path)
     make_food101_tree(project / "data/raw/food101", classes=11, train=2, test=1)
     assert LINK in " ".join(README.split())  # the README's words, wrapped
     sh(project, env, LINK)
@@ -103,6 +102,61 @@ def test_the_readme_route_runs_the_papers_grids_on_a_real_layout(
     assert "Running stage 'tune@rebq-0'" in logs, logs
     assert "Stage 'pixels' didn't change" in logs and "'demo'" not in logs
     assert sorted(p.name for p in (project / ".dvc/tmp/exps").glob("tmp*")) == []
+
+
+def linked_clone(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh clone of the project and its environment, with nothing on
+    PATH but the venv and the system, and the hub ViLT in its HF cache."""
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    project = tmp_path / "project"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
+    env = scratch_env(project)
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), PATH=f"{BIN}:/usr/bin:/bin")
+    hub_cache(tmp_path / "hub")
+    return project, env
+
+
+@pytest.mark.slow  # the smoke run, then RebQ's cell through DVC's queue
+def test_mmimdb_smoke_run_and_rebqs_cell_render_f1_fg_and_map(
+    tmp_path: Path,
+) -> None:
+    """USAGE's MM-IMDb block verbatim on a generated tree (120 train, 10 dev,
+    60 test films): `data.per_class: 1` keeps a test film in every task, the
+    smoke run's table reads F1 with mAP's columns, and the grid's 70 % both
+    cell gives the seven methods an F1, an FG and an mAP each (the
+    baselines' from their BP heads), every other cell marked –."""
+    project, env = linked_clone(tmp_path)
+    make_mmimdb_tree(project / "data/raw/mmimdb", train=120, val=10, test=60)
+    sh(project, env, LINK)
+    script = block("mmimdb-smoke", "docs/USAGE.md")
+    smoke = block("cpu-smoke").split("\n", 1)[1]  # the README's line, after its branch
+    assert smoke in script
+    sh(project, env, script)
+
+    table = (project / "results/mmimdb/table.md").read_text(encoding="utf-8")
+    header = table.splitlines()[3]
+    assert header.startswith("|  | F1 | FG | FG_diag | AIA | Last |")
+    assert header.endswith("| mAP | mAP FG | mAP FG_diag | mAP AIA | mAP Last |")
+    tasks = project / "data/prepare/0/samples.jsonl"
+    rows = [json.loads(line) for line in tasks.read_text().splitlines()]
+    test_tasks = {r["task"] for r in rows if r["split"] == "test"}
+    assert test_tasks == {1, 2, 3, 4, 5}
+
+    md = (project / "results/paper/mmimdb/missing.md").read_text(encoding="utf-8")
+    lines = md.splitlines()
+    assert "Partial: 14 cells not run yet (marked –)." in lines[0]
+    assert "Multi-label, scored as RebQ scores MM-IMDb" in lines[0]
+    assert lines[2].split(" | ")[13] == "70% both"  # RebQ's cell, the 12th
+    methods = ["MAP", "MSP", "L2P", "DualPrompt", "RebQ", "ACIL", "PAL"]
+    for word in ("F1", "FG", "mAP"):
+        block_rows = [x.split(" | ") for x in lines[4:]]
+        cells = {c[1]: c[2:] for c in block_rows if c[0] == f"| {word}"}
+        assert list(cells)[:7] == methods, word
+        for method in methods:
+            values = [*cells[method][:-1], cells[method][-1].removesuffix(" |")]
+            assert re.fullmatch(r"\d+\.\d\d", values[11]), (word, method, values)
+            assert values[:11] + values[12:] == ["–"] * 14, (word, method, values)
 
 
 def sh_out(project: Path, env: dict[str, str], args: list[str]) -> str:
