@@ -135,7 +135,7 @@ def test_mmimdb_smoke_run_and_rebqs_cell_render_f1_fg_and_map(
     sh(project, env, script)
 
     table = (project / "results/mmimdb/table.md").read_text(encoding="utf-8")
-    header = table.splitlines()[3]
+    header = table.splitlines()[2]
     assert header.startswith("|  | F1 | FG | FG_diag | AIA | Last |")
     assert header.endswith("| mAP | mAP FG | mAP FG_diag | mAP AIA | mAP Last |")
     tasks = project / "data/prepare/0/samples.jsonl"
