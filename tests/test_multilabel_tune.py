@@ -210,9 +210,47 @@ def test_a_generated_mmimdb_tree_through_every_stage_to_f1_and_map(tiny_vilt, tm
     m = json.loads(metrics.read_text())
     assert m["measure"] == "macro_f1" and len(m["matrix"]) == 2
     assert 0 <= m["acc"] <= 100 and 0 < m["map"]["acc"] <= 100
+    assert m["bp"]["measure"] == "macro_f1" and len(m["bp"]["matrix"]) == 2
+    check_predicted_labels(tree, samples, tmp_path, weights)
     report = build(tmp_path / "evaluate", ["pal"], ProtocolParams(runs=(0,)))
     write_report(tmp_path / "results", report)
     table = (tmp_path / "results" / "table.md").read_text().splitlines()
     assert table[0].startswith("Macro F1 (%, scores > 0.5) and macro mAP (%)")
     assert "| F1 |" in table[2] and table[2].endswith("| mAP Last |")
     assert table[4].startswith(f"| pal | {m['acc']:.2f} |")
+
+
+def check_predicted_labels(tree: Path, samples, tmp_path: Path, weights: Path) -> None:
+    """`pal predict` on test films of a model tuned on multi-label data: each
+    row's `labels` are the classes scored above the threshold, highest
+    first (every class in `top` at --top-k 8), at the median score so that
+    some labels pass and some do not; its default threshold is
+    evaluate.threshold of --params."""
+    films = [s for s in samples if s.split == "test" and s.image and s.text][:6]
+    listing = tree / "films.jsonl"
+    listing.write_text(
+        "".join(
+            json.dumps({"id": s.id, "image": s.image, "text": s.text}) + "\n"
+            for s in films
+        )
+    )
+    params = tmp_path / "predict.yaml"
+    params.write_text("solve: {eta: 1.0, width: 64}\nevaluate: {threshold: 0.25}\n")
+    args = ["predict", str(listing), "--tune", str(tmp_path / "tune")]
+    args += ["--weights", str(weights), "--top-k", "8", "--params", str(params)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    first = [json.loads(line) for line in r.stdout.splitlines()]
+    scores = [c["score"] for row in first for c in row["top"]]
+    cut = float(np.median(scores))
+    for row in first:  # evaluate.threshold 0.25 of --params
+        assert row["labels"] == [c["class"] for c in row["top"] if c["score"] > 0.25]
+    r = CliRunner().invoke(main, [*args, "--threshold", str(cut)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["id"] for row in rows] == [s.id for s in films]
+    for row in rows:
+        assert len(row["top"]) == 8
+        assert row["labels"] == [c["class"] for c in row["top"] if c["score"] > cut]
+    n_labels = sum(len(row["labels"]) for row in rows)
+    assert 0 < n_labels < len(scores)

@@ -88,11 +88,15 @@ class Tasks:
         return sum(self.classes_per_task[:task])
 
     def record(self) -> dict[str, Any]:
-        """What a tune checkpoint keeps of the task split."""
-        return {
+        """What a tune checkpoint keeps of the task split; `multi_label` only
+        on a multi-label prepare (`pal predict` then names each row's labels)."""
+        out: dict[str, Any] = {
             "class_order": list(self.class_order),
             "classes_per_task": list(self.classes_per_task),
         }
+        if self.label_width > 0:
+            out["multi_label"] = True
+        return out
 
 
 def read_prepare(

@@ -22,7 +22,11 @@ every message, which names the input file.
 Output: one JSON line per row, in input order, `{"row", "id", "missing",
 "top": [{"class", "score"}, …]}` (`id` is the row's own or null) — `score` is
 the ridge classifier's output for the class (about 1 for a confident one-hot
-fit). A row that cannot be predicted (an image that does not decode, neither
+fit). A model tuned on multi-label data (its checkpoint's tasks say
+`multi_label`) adds `"labels"`: the classes whose score exceeds the threshold
+(`--threshold`, else `evaluate.threshold` of --params, else 0.5; the ridge's
+raw score, no sigmoid, as evaluate's macro F1 reads it), highest first. A row
+that cannot be predicted (an image that does not decode, neither
 image nor text, a malformed row) gets `{"row", "id", "error"}` instead, and
 every other row is still predicted; `--strict` stops at the first such row
 with its one-line error. A summary goes to stderr.
@@ -35,6 +39,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,7 @@ from palcore.cliutil import clean_errors, file_option, folder_option, params_opt
 from palcore.codes import Missing
 from palcore.outputs import step_of_name, write_bytes_atomic
 from palcore.params import load_section
+from palcore.paramsfile import read_params_file
 from pipeline import params as pparams
 from pipeline.data.samples import Sample
 from pipeline.methods import model_from_checkpoint
@@ -59,7 +65,7 @@ from pipeline.stages.predict_rows import (
     prepared_rows,
     row_id,
 )
-from solver.api import Classifier, SolveParams, head_logits
+from solver.api import Classifier, EvaluateParams, SolveParams, head_logits
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +84,15 @@ def predict(
     allow_outside: bool = False,
     max_pixels: int = MAX_PIXELS,
     head: str = "ridge",
+    threshold: float | None = None,
+    default_threshold: float = 0.5,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Predictions of every row of `input_path` (in order) and a summary; a
     row that cannot be predicted gets its error (with `strict`, the first one
     is raised). Image paths outside the input's folder only `allow_outside`.
-    `head`: ridge (weights.h5) or a head of `solve.heads` (heads.h5 beside it)."""
+    `head`: ridge (weights.h5) or a head of `solve.heads` (heads.h5 beside it).
+    `threshold`: a multi-label model's labels are the classes scored above
+    it (else `default_threshold`); a single-label model refuses it."""
     t0 = time.perf_counter()
     input_path, tune_dir = Path(input_path), Path(tune_dir)
     raw, made, errors = prepared_rows(input_path, strict, allow_outside, max_pixels)
@@ -96,9 +106,12 @@ def predict(
     names = ckpt["tasks"]["class_order"][: W.shape[1]]
     k = min(top_k, W.shape[1])
     score = _scorer(weights, W, step, head)
-    predicted: dict[int, list[dict[str, Any]]] = {}
+    cut = _threshold(ckpt, threshold, default_threshold, tune_dir)
+    predicted: dict[int, dict[str, Any]] = {}
     if good:
-        predicted = _scored(model, good, folder, score, names, k, batch_size, device)
+        predicted = _scored(
+            model, good, folder, Scoring(score, names, k, cut), batch_size, device
+        )
     rows = _result_rows(raw, made, predicted)
     for n, e in errors.items():
         log.warning("%s: row %d: %s (not predicted)", input_path, n, e)
@@ -109,6 +122,7 @@ def predict(
         "step": step,
         "classes": int(W.shape[1]),
         "head": head,
+        **({} if cut is None else {"threshold": cut}),
         "seconds": round(seconds, 2),
         "rows_per_second": round(len(good) / seconds, 1),
     }
@@ -123,6 +137,46 @@ def _scorer(
     if head == "ridge":
         return partial(weights.logits, step=step, W=W)
     return head_logits(weights.path.with_name("heads.h5"), head, step, weights.backend)
+
+
+def _threshold(
+    ckpt: dict, threshold: float | None, default: float, tune_dir: Path
+) -> float | None:
+    """The score a multi-label model's labels must exceed (`threshold`, else
+    `default`); None for a single-label model, which refuses an explicit one."""
+    if ckpt["tasks"].get("multi_label", False):
+        return default if threshold is None else threshold
+    if threshold is not None:
+        raise PredictError(
+            f"--threshold: {tune_dir} was tuned on single-label data; its rows "
+            "get their top classes, no threshold"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How embeddings become a row's output: `score` (features -> (n, C_k)
+    scores), the class `names`, `k` classes in `top`, and (multi-label)
+    `threshold`, above which a class is among the row's `labels`."""
+
+    score: Callable[[np.ndarray], np.ndarray]
+    names: list[str]
+    k: int
+    threshold: float | None = None
+
+    def row(self, scores: np.ndarray) -> dict[str, Any]:
+        """`top` (and `labels`) of one row's scores (C_k,)."""
+        order = np.argsort(-scores, kind="stable")
+        out: dict[str, Any] = {
+            "top": [
+                {"class": self.names[c], "score": round(float(scores[c]), 6)}
+                for c in order[: self.k]
+            ]
+        }
+        if self.threshold is not None:
+            out["labels"] = [self.names[c] for c in order if scores[c] > self.threshold]
+        return out
 
 
 def _step(tune_dir: Path, step: int | None) -> int:
@@ -158,9 +212,10 @@ def _model(ckpt: dict[str, Any], weights: Classifier, device: str) -> Any:
 def _result_rows(
     raw: list[tuple[int, Any]],
     made: dict[int, Any],
-    predicted: dict[int, list[dict[str, Any]]],
+    predicted: dict[int, dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    """One output row per input row, in order: its top classes, or its error."""
+    """One output row per input row, in order: its top classes (and labels),
+    or its error."""
     ids = {n: row_id(row) for n, row in raw}
     rows: list[dict[str, Any]] = []
     for n, s in made.items():
@@ -168,9 +223,7 @@ def _result_rows(
             rows.append({"row": n, "id": ids[n], "error": s})
         else:
             missing = Missing(s.missing).key
-            rows.append(
-                {"row": n, "id": ids[n], "missing": missing, "top": predicted[n]}
-            )
+            rows.append({"row": n, "id": ids[n], "missing": missing, **predicted[n]})
     return rows
 
 
@@ -178,15 +231,12 @@ def _scored(
     model: Any,
     good: list[tuple[int, Sample]],
     folder: Path,
-    score: Callable[[np.ndarray], np.ndarray],
-    names: list[str],
-    k: int,
+    scoring: Scoring,
     batch_size: int,
     device: str,
-) -> dict[int, list[dict[str, Any]]]:
-    """Row number -> its top-k classes and scores: extract's forward, then
-    `score` (the classifier's logits of step k: (n, D) -> (n, C_k))."""
-    predicted: dict[int, list[dict[str, Any]]] = {}
+) -> dict[int, dict[str, Any]]:
+    """Row number -> its top-k classes and scores (and labels): extract's
+    forward, then `scoring` (the classifier's logits of step k)."""
     x, _ = embed_samples(
         model,
         [s for _, s in good],
@@ -194,13 +244,8 @@ def _scored(
         pparams.ExtractParams(batch_size=batch_size, device=device),
         desc="predict",
     )
-    scores = score(x)  # (n, C_k)
-    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    for i, (n, _) in enumerate(good):
-        predicted[n] = [
-            {"class": names[c], "score": round(float(scores[i, c]), 6)} for c in top[i]
-        ]
-    return predicted
+    scores = scoring.score(x)  # (n, C_k)
+    return {n: scoring.row(scores[i]) for i, (n, _) in enumerate(good)}
 
 
 def _weights_for(
@@ -304,6 +349,13 @@ def row_options(command: Callable) -> Callable:
     "solve.heads, read from heads.h5 beside the weights file.",
 )
 @click.option(
+    "--threshold",
+    type=float,
+    default=None,
+    help="Multi-label models: a row's labels are the classes scored above this "
+    "(default: evaluate.threshold of --params, else 0.5).",
+)
+@click.option(
     "--out",
     default="-",
     show_default=True,
@@ -327,20 +379,25 @@ def cli(
     (or an image file that does not exist) takes PAL's missing-modality path.
     Writes one JSON line per row, numbered from 1, with the top-k classes and
     their scores, in input order; a row that cannot be predicted gets its error
-    instead (--strict: stop at it). A summary goes to stderr.
+    instead (--strict: stop at it). A model tuned on multi-label data (MM-IMDb)
+    adds each row's labels: the classes scored above --threshold (default:
+    evaluate.threshold of --params). A summary goes to stderr.
     Checks the weights against the `solve:` section of --params when the file
     exists.
     """
-    solve_p = (
-        load_section(params_file, "solve", SolveParams)
-        if Path(params_file).is_file()
-        else None
+    has_params = Path(params_file).is_file()
+    solve_p = load_section(params_file, "solve", SolveParams) if has_params else None
+    evaluate_p = (
+        load_section(params_file, "evaluate", EvaluateParams)
+        if has_params and "evaluate" in read_params_file(Path(params_file))
+        else EvaluateParams()
     )
     rows, summary = predict(
         input_file,
         tune_dir,
         weights,
         solve_params=solve_p,
+        default_threshold=evaluate_p.threshold,
         max_pixels=int(max_megapixels * 1e6),
         **options,
     )
