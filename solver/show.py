@@ -4,8 +4,10 @@
 AIA, Last); this prints any metrics.json as one line per row (variant):
 its key, then Acc, FG, AIA, Last and the accuracy by missing type as
 "mean ± std", in at most `--columns` columns (columns that do not fit are left
-out, from the right, and named). The rows' labels follow the table; table.md
-beside the file has every column.
+out, from the right, and named). A multi-label report (`measure` in its rows)
+shows F1, FG, FG_diag (RebQ's forgetting), AIA, Last and mAP, then F1 by
+missing type. The rows' labels follow the table; table.md beside the file
+has every column.
 """
 
 from __future__ import annotations
@@ -30,6 +32,18 @@ SHOWN = (
     ("fg", None),
     ("aia", None),
     ("last", None),
+    ("complete", "acc_by_missing"),
+    ("image_missing", "acc_by_missing"),
+    ("text_missing", "acc_by_missing"),
+)
+# a multi-label report's (macro F1 in acc's keys): RebQ's forgetting and mAP too
+MULTI_SHOWN = (
+    ("acc", None),
+    ("fg", None),
+    ("fg_diag", None),
+    ("aia", None),
+    ("last", None),
+    ("acc", "map"),
     ("complete", "acc_by_missing"),
     ("image_missing", "acc_by_missing"),
     ("text_missing", "acc_by_missing"),
@@ -88,7 +102,7 @@ def _check_row(path: Path, name: str, row: Any) -> None:
     silently leaves the table)."""
     if not isinstance(row, dict) or "acc" not in row:
         raise ShowError(f"{path}: '{name}' is not a report row (no 'acc')")
-    for key, group in SHOWN:
+    for key, group in MULTI_SHOWN:  # SHOWN's and the multi-label columns
         holder = row.get(group) if group else row
         if holder is not None and not isinstance(holder, dict):
             raise ShowError(f"{path}: '{name}.{group}' is {holder!r}, not a mapping")
@@ -116,9 +130,7 @@ def table_lines(
     rows = {k: v for k, v in metrics.items() if isinstance(v, dict) and "acc" in v}
     rows = {k: rows[k] for k in [*(o for o in order if o in rows), *sorted(rows)]}
     cols = [["", *rows]]
-    f1 = any("measure" in r for r in rows.values())  # multi-label: acc is F1
-    for key, group in SHOWN:
-        head = "F1" if f1 and key == "acc" and group is None else COLUMNS[key]
+    for key, group, head in _columns(rows):
         cols.append([head, *(cell(_stat(r, key, group)) for r in rows.values())])
     sizes = [max(len(x) for x in col) for col in cols]
     kept = len(cols)
@@ -137,6 +149,34 @@ def table_lines(
     for name, row in rows.items():
         lines.append(f"{name}: {row.get('label', name)}"[:width])
     return lines
+
+
+def _columns(rows: dict[str, Any]) -> list[tuple[str, str | None, str]]:
+    """(key, group, header) of each column: SHOWN, or on multi-label rows
+    (acc holds macro F1) MULTI_SHOWN."""
+    if not any("measure" in r for r in rows.values()):
+        return [(key, group, COLUMNS[key]) for key, group in SHOWN]
+    heads = {("acc", None): "F1", ("acc", "map"): "mAP"}
+    return [
+        (key, group, heads.get((key, group), COLUMNS[key]))
+        for key, group in MULTI_SHOWN
+    ]
+
+
+def _title(path: Path, metrics: dict[str, Any]) -> str:
+    """What the table shows: accuracy, or (multi-label) F1 at its threshold
+    and mAP; over which runs."""
+    runs = {"runs": metrics["runs"], "vary": metrics.get("vary", [])}
+    row = next(
+        (r for r in metrics.values() if isinstance(r, dict) and "measure" in r),
+        None,
+    )
+    measure = (
+        "accuracy (%)"
+        if row is None
+        else f"macro F1 (%, scores > {row.get('threshold')}) and macro mAP (%)"
+    )
+    return f"{path}: {measure}, {caption(runs)}"
 
 
 def _order(path: Path) -> list[str]:
@@ -186,12 +226,12 @@ def cli(paths: tuple[str, ...], width: int, head: str, params_file: str) -> None
     REPORT is a metrics.json or the folder that holds one (default: the
     params' results/<data.dataset>/ and each report folder in it, such as the
     ablation's). Each row: Acc, FG, AIA, Last and the accuracy by missing type,
-    mean ± sample std over the runs, in %.
+    mean ± sample std over the runs, in %; on a multi-label report F1 in Acc's
+    place, with FG_diag (RebQ's forgetting) and mAP.
     """
     for n, path in enumerate(_files(paths, params_file)):
         metrics = _read(path) if head == "ridge" else _head_rows(path, head)
-        runs = {"runs": metrics["runs"], "vary": metrics.get("vary", [])}
-        title = f"{path}: accuracy (%), {caption(runs)}"
+        title = _title(path, metrics)
         if head != "ridge":
             title = f"{path.with_name(HEADS_JSON)}: head {head}, accuracy (%)"
         lines = [
