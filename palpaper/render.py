@@ -24,7 +24,7 @@ from palpaper.notes import footnotes, listed
 from palpaper.packaged import published
 from palpaper.table import Stat, Table, Value
 
-DATASETS = {"food101": "UPMC-Food101", "n24news": "N24News"}
+DATASETS = {"food101": "UPMC-Food101", "n24news": "N24News", "mmimdb": "MM-IMDb"}
 HEADS_KEY = "heads.json"  # a cell's heads.json, kept beside its metrics' rows
 
 
@@ -83,7 +83,8 @@ def caption(
             f" Partial: {missing} cell{'s' * (missing != 1)} not run yet (marked –)."
         )
     if compared:
-        text += f" In parentheses: the paper's {DATASETS[dataset]} numbers."
+        whose = (published().get("sources") or {}).get(dataset, "the paper's")
+        text += f" In parentheses: {whose} {DATASETS[dataset]} numbers."
         text += cited + departs
         cited = ""
     elif dataset not in DATASETS:

@@ -251,13 +251,16 @@ def test_tables_1_2_of_a_multi_label_dataset_read_f1_fg_diag_and_map() -> None:
     lines = build(r, cols, data, "mmimdb", "pal-paper run missing").markdown()
     lines = lines.splitlines()
     assert lines[0].startswith("Tables 1-2 of the paper: ")
-    assert "The paper reports no numbers for mmimdb" in lines[0]
+    assert lines[0].endswith(
+        "The paper gives no MM-IMDb numbers for this result. "
+        "Made by `pal-paper run missing`."
+    )
     assert (
         "(0, 1, 2). Multi-label, scored as RebQ scores MM-IMDb: F1 is the macro "
         "F1 of the labels whose score exceeds 0.3 (the ridge's raw score; a BP "
         "head's logit through a sigmoid), FG RebQ's forgetting (fg_diag: a "
         "task's F1 right after it was learnt minus its final F1), mAP the macro "
-        "mean average precision. The paper reports"
+        "mean average precision. The paper gives"
     ) in lines[0]
     n = len(r.rows)
     words = [line.split(" | ")[0] for line in lines[4 : 4 + 3 * n]]
@@ -266,6 +269,50 @@ def test_tables_1_2_of_a_multi_label_dataset_read_f1_fg_diag_and_map() -> None:
     assert lines[4 + n].startswith("| FG | MAP | 3.00 ± 0.50 |")
     assert lines[4 + 2 * n].startswith("| mAP | MAP | 55.00 ± 0.25 |")
     assert lines[4 + 3 * n :] == []  # no paper numbers, so no notes
+
+
+def test_another_papers_numbers_stand_beside_a_multi_label_grid(monkeypatch) -> None:
+    """A dataset's numbers from another paper (published.yaml's `sources`):
+    RebQ's on MM-IMDb go in parentheses beside F1 (`acc`) and RebQ's FG
+    (`fg_diag`), none beside mAP, and the caption names their source. The
+    numbers here are made up; published.yaml records none for MM-IMDb."""
+    import palpaper.render as render
+
+    real = render.published()
+    cells = [None] * 15
+    made_up = {
+        "acc": {"RebQ": [*cells[:11], 51.5, *cells[12:]]},
+        "fg_diag": {"RebQ": [*cells[:11], 6.25, *cells[12:]]},
+    }
+    fake = {
+        **real,
+        "missing": {**real["missing"], "mmimdb": made_up},
+        "sources": {"mmimdb": "RebQ's (its Table 9)"},
+    }
+    monkeypatch.setattr(render, "published", lambda: fake)
+    mmimdb = yaml.safe_load(committed("configs/mmimdb.yaml"))
+    r = RESULTS["missing"]
+    cols = r.columns(mmimdb, None)
+    data = {}
+    for c in cols:
+        m = metrics(40.0, [0])
+        for row in r.rows:
+            m[row] |= {
+                "measure": "macro_f1",
+                "threshold": 0.5,
+                "fg_diag": stat(3.0, None),
+                "map": {"acc": stat(55.0, None)},
+            }
+        data[c.key] = m
+    md = build(r, cols, data, "mmimdb", "pal-paper run missing").markdown()
+    lines = md.splitlines()
+    assert "In parentheses: RebQ's (its Table 9) MM-IMDb numbers." in lines[0]
+    rows = {tuple(x.split(" | ")[:2]): x.split(" | ") for x in lines[4:]}
+    assert rows[("| F1", "RebQ")][13] == "40.00 (51.50)"  # 70 % both
+    assert rows[("| F1", "RebQ")][2] == "40.00"  # no number of RebQ's there
+    assert rows[("| FG", "RebQ")][13] == "3.00 (6.25)"
+    assert rows[("| mAP", "RebQ")][13] == "55.00"
+    assert rows[("| F1", "PAL")][13] == "40.00"
 
 
 def test_the_demo_says_there_is_nothing_to_compare() -> None:
