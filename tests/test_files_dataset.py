@@ -145,6 +145,16 @@ LISTING_FAULTS = [
         edit_row(6, **{"class": " "}),
         f"{LISTING} 6: class must be a non-empty string",
     ),
+    ListingFault(
+        "an empty list of classes",
+        edit_row(6, **{"class": []}),
+        f"{LISTING} 6: class must be a non-empty string or a non-empty list of them",
+    ),
+    ListingFault(
+        "a class listed twice in a row",
+        edit_row(6, **{"class": ["kind 00", "kind 03", "kind 00"]}),
+        f"{LISTING} 6: class lists 'kind 00' twice",
+    ),
 ]
 
 
@@ -307,6 +317,56 @@ def test_a_lone_surrogate_in_a_text_is_refused_by_check_and_prepare(
     assert r.stderr.splitlines() == [f"Error: params.yaml: {line}"]
     r = pal("prepare", "--params", "params.yaml", "--out", tmp_path / "out")
     assert r.exit_code == 1 and r.output.splitlines()[-1] == f"Error: {line}"
+    for line in (2, 6):  # a train and a test row of class 0 (lines 1-4: train)
+        edit_row(line, text="fine", **{"class": ["kind 00", "kind \udcff"]})(root)
+    r = pal("check")
+    assert r.stderr.splitlines() == [
+        f"Error: params.yaml: {listing}: sample 2 ('c00-train-1'): label holds "
+        "\\udcff at character 6, not valid Unicode"
+    ]
+
+
+def multi_label(root: Path) -> list[dict]:
+    """listing.jsonl made multi-label: every third row also carries the next
+    class (its class a list); the other rows keep one class as a string."""
+    items = rows(root)
+    for n, item in enumerate(items):
+        if n % 3 == 0:
+            k = int(item["class"].split()[1])
+            item["class"] = [item["class"], f"kind {(k + 1) % CLASSES:02d}"]
+    write_rows(root, items)
+    return items
+
+
+def test_a_jsonl_class_list_makes_multi_label_samples(tree, tmp_path, project):
+    """A list in `class` makes the listing multi-label: each sample's labels
+    (a one-class row's its one class), the first its class; `pal check`
+    counts labels a sample, and prepare writes each line's labels."""
+    root = tmp_path / "dataset"
+    shutil.copytree(tree[0], root)
+    items = multi_label(root)
+    listing = read(root)
+    assert listing.classes == [f"kind {c:02d}" for c in range(CLASSES)]
+    for item, s in zip(items, listing.samples, strict=True):
+        want = item["class"] if isinstance(item["class"], list) else [item["class"]]
+        assert (list(s.labels), s.class_name) == (want, want[0])
+    mean = sum(len(s.labels) for s in listing.samples) / len(listing.samples)
+    params_file(project, root, missing_rate=0.0)
+    r = pal("check")
+    assert r.stdout.splitlines()[0] == (
+        f"data: files, 12 labels (multi-label, {mean:.2f} a sample) in 4 tasks; "
+        "24 test, 48 train, 12 val"
+    )
+    out = tmp_path / "out"
+    r = pal("prepare", "--params", "params.yaml", "--out", out)
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    by_id = {x["id"]: x for x in lines}
+    order = json.loads((out / "tasks.json").read_text())["class_order"]
+    for item in items:
+        names = item["class"] if isinstance(item["class"], list) else [item["class"]]
+        got = by_id[str(item["id"])]["labels"]
+        assert sorted(got) == sorted(order.index(c) for c in names)
 
 
 # ------------------------------------------------------------ pal check

@@ -61,8 +61,10 @@ def check_unique_ids(listing: Listing) -> None:
     the file and the row, not a traceback when samples.jsonl is written)."""
     seen: set[str] = set()
     for row, s in enumerate(listing.samples, 1):
-        for key in ("id", "class_name", "image", "text"):
-            problem = text_problem(getattr(s, key))
+        keys = ("id", "class_name", "image", "text")
+        fields = [(key, getattr(s, key)) for key in keys]
+        for key, value in [*fields, *(("label", name) for name in s.labels)]:
+            problem = text_problem(value)
             if problem:
                 raise DatasetError(
                     f"{listing.source}: sample {row} ({ascii(s.id)}): {key} {problem}"

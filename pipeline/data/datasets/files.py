@@ -13,7 +13,10 @@ rows plus the class and the split — and may carry more, which are ignored:
             the sample has no image
     text    empty, blank or null: the sample has no text
     class   the class name, kept as written (labels follow the sorted names
-            and `data.class_order_seed`)
+            and `data.class_order_seed`); in a JSONL listing also a list of
+            names: a multi-label sample (MM-IMDb's kind), learnt in the task
+            of its class first in the class order. One list makes the whole
+            listing multi-label; a CSV listing is single-label
     split   train, val or test (val is optional)
 
 An empty image or text is the dataset's own missing modality, handled by
@@ -30,6 +33,7 @@ links into a shared image store is a dataset too).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import posixpath
@@ -81,9 +85,19 @@ def read(root: Path) -> Listing:
         )
     if not samples:
         raise DatasetError(f"{path}: no rows")
-    classes = sorted({s.class_name for s in samples})
+    if any(s.labels for s in samples):  # multi-label: every row lists its classes
+        samples = [
+            s if s.labels else dataclasses.replace(s, labels=(s.class_name,))
+            for s in samples
+        ]
+    classes = sorted({c for s in samples for c in _classes(s)})
     _check_classes(path, samples, classes)
     return Listing(root=root, samples=samples, classes=classes, source=str(path))
+
+
+def _classes(s: RawSample) -> tuple[str, ...]:
+    """The classes a sample carries: its labels, or its one class."""
+    return s.labels or (s.class_name,)
 
 
 def listing_file(root: Path) -> Path:
@@ -99,8 +113,8 @@ def listing_file(root: Path) -> Path:
 
 
 def _check_classes(path: Path, samples: list[RawSample], classes: list[str]) -> None:
-    """Every class has a train and a test sample."""
-    have = {(s.class_name, s.split) for s in samples}
+    """Every class has a train and a test sample (one that carries it)."""
+    have = {(c, s.split) for s in samples for c in _classes(s)}
     for split in ("train", "test"):
         lacking = [c for c in classes if (c, split) not in have]
         if lacking:
@@ -117,7 +131,9 @@ def _sample(path: Path, line: int, row: Row) -> RawSample:
     ident = row["id"]
     if isinstance(ident, int) and not isinstance(ident, bool):
         ident = str(ident)
-    fields = {"id": ident, "class": row["class"], "split": row["split"]}
+    labels = _labels(where, row["class"])
+    klass = labels[0] if labels else row["class"]
+    fields = {"id": ident, "class": klass, "split": row["split"]}
     for key, value in fields.items():
         if not isinstance(value, str) or not value.strip():
             raise DatasetError(f"{where}: {key} must be a non-empty string")
@@ -132,10 +148,26 @@ def _sample(path: Path, line: int, row: Row) -> RawSample:
     return RawSample(
         id=ident,
         split=row["split"],
-        class_name=row["class"],
+        class_name=klass,
         image=_image(where, row["image"]),
         text=text,
+        labels=labels,
     )
+
+
+def _labels(where: str, value: Any) -> tuple[str, ...]:
+    """A JSONL class given as a list: its names, in the row's order (each a
+    non-empty string, none twice); () for a single class."""
+    if not isinstance(value, list):
+        return ()
+    if not value or not all(isinstance(c, str) and c.strip() for c in value):
+        raise DatasetError(
+            f"{where}: class must be a non-empty string or a non-empty list of them"
+        )
+    twice = next((c for i, c in enumerate(value) if c in value[:i]), None)
+    if twice is not None:
+        raise DatasetError(f"{where}: class lists {twice!r} twice")
+    return tuple(value)
 
 
 def _image(where: str, image: str | None) -> str | None:
