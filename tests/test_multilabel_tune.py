@@ -27,6 +27,7 @@ from pipeline.data.samples import label_sets, read_prepare, select
 from pipeline.fakes.trees import make_mmimdb_tree
 from pipeline.model.backbone import load_backbone
 from pipeline.model.device import autocast
+from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
 from pipeline.model.losses import (
     dummy_segments,
     head_loss,
@@ -102,6 +103,73 @@ PROMPTS = {
 }
 
 
+def multi_setup(tiny_vilt, multi: Path, device: str, task: int, method: str):
+    """(model, dataset, cache, dummy) of `method` on the multi-label prepare's
+    task `task`, the head's rows random so the BCE's gradient reaches the
+    prompts."""
+    samples, tasks = read_prepare(multi)
+    backbone = load_backbone(str(tiny_vilt), T).place(torch.device(device))
+    model = make_model(backbone, tasks, steps=task, **PROMPTS[method])
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    model.to(backbone.device)
+    train = select(samples, "train", [task])
+    sets = label_sets(train, tasks.label_width, tasks)
+    ds = SampleDataset(
+        train, tasks.root, backbone.processor, T, backbone.image_side, label_sets=sets
+    )
+    with autocast(backbone.device):
+        cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
+    dummy = dummy_segments(backbone, ds.empty_ids, ds.empty_mask, ds.dummy_image())
+    return model, ds, cache, dummy
+
+
+@pytest.mark.gpu
+def test_graphed_bce_steps_train_like_eager_steps(tiny_vilt, multi):
+    """CUDA graphs replay PAL's BCE step on multi-label batches: over two
+    epochs each batch's loss and the final parameters equal the eager
+    steps' (the short last batch padded with rows of label set -1)."""
+    task, results = 1, []
+    for graphed in (False, True):
+        torch.manual_seed(0)
+        model, ds, cache, dummy = multi_setup(tiny_vilt, multi, "cuda", task, "pal")
+        params = model.trainable_parameters()
+        device = model.backbone.device
+        opt = capturable_adamw([{"params": params, "lr": 1e-2}], device)
+
+        def step(inputs, model=model, opt=opt, cache=cache, dummy=dummy, dev=device):
+            with autocast(dev, cache_enabled=False):
+                loss, parts = static_loss(model, inputs, cache, dummy, task, 0.01)
+            loss.backward()
+            opt.step()
+            return parts
+
+        runner = GraphedSteps(step, opt, max_graphs=4)
+        batches = list(make_loader(ds, 5, copies=False))
+        assert [b.n for b in batches] == [5, 5, 2]  # the last padded to 5 rows
+        losses = []
+        for epoch in range(2):
+            for batch in batches:
+                set_lr(opt, [1e-2 / (epoch + 1)])
+                with autocast(device):
+                    inputs = static_inputs(model, batch, 5)
+                if graphed:
+                    parts = runner(inputs)
+                else:
+                    opt.zero_grad(set_to_none=True)
+                    parts = step(inputs)
+                losses.append(parts["ce"].item())
+        if graphed:
+            assert runner.graphs and runner.eager_steps < len(losses)
+        results.append(([p.detach().float().cpu() for p in params], losses))
+    (p_eager, l_eager), (p_graph, l_graph) = results
+    assert l_graph == pytest.approx(l_eager, rel=1e-3, abs=1e-4)
+    for a, b in zip(p_eager, p_graph, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-4)
+
+
 def test_every_method_is_checked():
     assert sorted(PROMPTS) == sorted(method_names())
 
@@ -110,23 +178,11 @@ def test_every_method_is_checked():
 def test_static_bce_equals_the_eager_bce_with_padding_rows(tiny_vilt, multi, method):
     """Each batch's loss parts and every gradient, eager (copies on the host)
     against static (copies spliced, 2 padding rows), on multi-label batches."""
-    samples, tasks = read_prepare(multi)
     task = 1
-    backbone = load_backbone(str(tiny_vilt), T).place(torch.device("cpu"))
-    model = make_model(backbone, tasks, steps=task, **PROMPTS[method])
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    train = select(samples, "train", [task])
-    sets = label_sets(train, tasks.label_width, tasks)
+    model, ds, cache, dummy = multi_setup(tiny_vilt, multi, "cpu", task, method)
+    tasks = read_prepare(multi)[1]
+    sets = ds.label_sets
     assert (sets[:, 1] >= 0).any() and (sets[:, 1] < 0).any()
-    ds = SampleDataset(
-        train, tasks.root, backbone.processor, T, backbone.image_side, label_sets=sets
-    )
-    with autocast(backbone.device):
-        cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
-    dummy = dummy_segments(backbone, ds.empty_ids, ds.empty_mask, ds.dummy_image())
     pairs = zip(
         make_loader(ds, 4, copies=True), make_loader(ds, 4, copies=False), strict=True
     )
