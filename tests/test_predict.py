@@ -159,6 +159,8 @@ def test_errors_are_one_line(solved, tmp_path):
     code, out = _cli(tmp_path / "b.jsonl", *base[:2], "--weights", w24, *base[4:])
     assert out == [f"Error: {w24}: weights of feature_dim 24, but the model's "
                    "embeddings have 32"]  # fmt: skip
+    code, out = _cli(tmp_path / "b.jsonl", *base, "--threshold", "nan")
+    assert (code, out) == (1, ["Error: --threshold must be a finite number, got nan"])
     code, out = _cli(tmp_path / "b.jsonl", *base, "--threshold", 0.3)
     assert code == 1
     assert out == [

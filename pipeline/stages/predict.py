@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -144,6 +145,8 @@ def _threshold(
 ) -> float | None:
     """The score a multi-label model's labels must exceed (`threshold`, else
     `default`); None for a single-label model, which refuses an explicit one."""
+    if threshold is not None and not math.isfinite(threshold):
+        raise PredictError(f"--threshold must be a finite number, got {threshold}")
     if ckpt["tasks"].get("multi_label", False):
         return default if threshold is None else threshold
     if threshold is not None:
