@@ -196,6 +196,43 @@ def make_model(backbone, tasks, steps: int = 1, **prompt):
     return model
 
 
+def two_epochs(model, cache, dummy, task: int, batches, rows: int, graphed: bool):
+    """Two epochs of PAL's static step (λ 0.01, AdamW at lr 1e-2, halved in
+    the second) over `batches`, each as static inputs of `rows` rows:
+    replayed as CUDA graphs (`graphed`, at most 2 shapes) or run eagerly.
+    Returns (the trained parameters on the CPU, each step's `ce`, the graph
+    runner or None)."""
+    from pipeline.model.device import autocast
+    from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
+    from pipeline.model.losses import static_inputs, static_loss
+
+    params = model.trainable_parameters()
+    device = model.backbone.device
+    opt = capturable_adamw([{"params": params, "lr": 1e-2}], device)
+
+    def step(inputs):
+        with autocast(device, cache_enabled=False):
+            loss, parts = static_loss(model, inputs, cache, dummy, task, 0.01)
+        loss.backward()
+        opt.step()
+        return parts
+
+    runner = GraphedSteps(step, opt, max_graphs=2) if graphed else None
+    ces = []
+    for epoch in range(2):
+        for batch in batches:
+            set_lr(opt, [1e-2 / (epoch + 1)])
+            with autocast(device):
+                inputs = static_inputs(model, batch, rows)
+            if runner is not None:
+                parts = runner(inputs)
+            else:
+                opt.zero_grad(set_to_none=True)
+                parts = step(inputs)
+            ces.append(parts["ce"].item())
+    return [p.detach().float().cpu() for p in params], ces, runner
+
+
 def sync_counter():
     """A dispatch mode (enter it with `with`) whose `syncs` lists, by aten
     name, the ops run inside it that make the host wait for the device

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from click.testing import CliRunner
-from helpers import make_model, write_params
+from helpers import make_model, two_epochs, write_params
 
 from palcore.outputs import step_dir_name, task_group_name
 from palcore.params import ProtocolParams
@@ -27,7 +27,6 @@ from pipeline.data.samples import label_sets, read_prepare, select
 from pipeline.fakes.trees import make_mmimdb_tree
 from pipeline.model.backbone import load_backbone
 from pipeline.model.device import autocast
-from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
 from pipeline.model.losses import (
     dummy_segments,
     head_loss,
@@ -135,35 +134,14 @@ def test_graphed_bce_steps_train_like_eager_steps(tiny_vilt, multi):
     for graphed in (False, True):
         torch.manual_seed(0)
         model, ds, cache, dummy = multi_setup(tiny_vilt, multi, "cuda", task, "pal")
-        params = model.trainable_parameters()
-        device = model.backbone.device
-        opt = capturable_adamw([{"params": params, "lr": 1e-2}], device)
-
-        def step(inputs, model=model, opt=opt, cache=cache, dummy=dummy, dev=device):
-            with autocast(dev, cache_enabled=False):
-                loss, parts = static_loss(model, inputs, cache, dummy, task, 0.01)
-            loss.backward()
-            opt.step()
-            return parts
-
-        runner = GraphedSteps(step, opt, max_graphs=4)
         batches = list(make_loader(ds, 5, copies=False))
         assert [b.n for b in batches] == [5, 5, 2]  # the last padded to 5 rows
-        losses = []
-        for epoch in range(2):
-            for batch in batches:
-                set_lr(opt, [1e-2 / (epoch + 1)])
-                with autocast(device):
-                    inputs = static_inputs(model, batch, 5)
-                if graphed:
-                    parts = runner(inputs)
-                else:
-                    opt.zero_grad(set_to_none=True)
-                    parts = step(inputs)
-                losses.append(parts["ce"].item())
+        params, losses, runner = two_epochs(
+            model, cache, dummy, task, batches, 5, graphed
+        )
         if graphed:
             assert runner.graphs and runner.eager_steps < len(losses)
-        results.append(([p.detach().float().cpu() for p in params], losses))
+        results.append((params, losses))
     (p_eager, l_eager), (p_graph, l_graph) = results
     assert l_graph == pytest.approx(l_eager, rel=1e-3, abs=1e-4)
     for a, b in zip(p_eager, p_graph, strict=True):

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_model
+from helpers import make_model, two_epochs
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
 from pipeline.model import losses
 from pipeline.model.backbone import load_backbone
 from pipeline.model.device import autocast
-from pipeline.model.graphs import GraphedSteps, capturable_adamw, set_lr
+from pipeline.model.graphs import set_lr
 from pipeline.model.losses import (
     DummySegments,
     dummy_segments,
@@ -262,35 +262,12 @@ def test_graphed_steps_train_like_eager_steps(tiny_vilt, data):
     for graphed in (False, True):
         torch.manual_seed(0)  # ViLT's patch order for padded images
         model, ds, cache, dummy = _setup(tiny_vilt, data, "cuda", task=task)
-        params = model.trainable_parameters()
-        opt = capturable_adamw([{"params": params, "lr": 1e-2}], model.backbone.device)
-        device = model.backbone.device
-
-        def step(inputs, model=model, opt=opt, cache=cache, dummy=dummy, dev=device):
-            with autocast(dev, cache_enabled=False):
-                loss, parts = static_loss(model, inputs, cache, dummy, task, 0.01)
-            loss.backward()
-            opt.step()
-            return parts
-
-        runner = GraphedSteps(step, opt, max_graphs=2)
         batches = [_widen(b, i) for i, b in enumerate(make_loader(ds, 4, copies=False))]
         assert len(batches) == 3
-        ces = []
-        for epoch in range(2):
-            for batch in batches:
-                set_lr(opt, [1e-2 / (epoch + 1)])
-                with autocast(device):
-                    inp = static_inputs(model, batch, 4)
-                if graphed:
-                    parts = runner(inp)
-                else:
-                    opt.zero_grad(set_to_none=True)
-                    parts = step(inp)
-                ces.append(parts["ce"].item())
+        params, ces, runner = two_epochs(model, cache, dummy, task, batches, 4, graphed)
         if graphed:
             assert len(runner.graphs) == 2 and runner.eager_steps == 2
-        results.append(([p.detach().float().cpu() for p in params], ces))
+        results.append((params, ces))
     (p_eager, ce_eager), (p_graph, ce_graph) = results
     assert ce_graph == pytest.approx(ce_eager, rel=1e-3, abs=1e-4)
     for a, b in zip(p_eager, p_graph, strict=True):
