@@ -196,6 +196,17 @@ def make_model(backbone, tasks, steps: int = 1, **prompt):
     return model
 
 
+def random_head(model) -> None:
+    """Give `model`'s head random rows (seed 1, std 0.3), so the loss's
+    gradient reaches the prompts (a zero head passes none back)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
 def two_epochs(model, cache, dummy, task: int, batches, rows: int, graphed: bool):
     """Two epochs of PAL's static step (λ 0.01, AdamW at lr 1e-2, halved in
     the second) over `batches`, each as static inputs of `rows` rows:

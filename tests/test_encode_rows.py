@@ -4,7 +4,7 @@ the rows a caller reads, against the full encode, for every method's passes."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_model
+from helpers import make_model, random_head
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
@@ -72,10 +72,7 @@ def test_read_rows_equal_the_full_encode_for_every_method(tiny, prompt, monkeypa
     backbone, samples, tasks = tiny
     torch.manual_seed(0)
     model = make_model(backbone, tasks, steps=2, **prompt)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # random head rows: the CE's gradient reaches the prompts
-        for p in model.head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    random_head(model)
     train = select(samples, "train", [2])
     ds = SampleDataset(train, tasks.root, backbone.processor, T, backbone.image_side)
     cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import PROMPT, make_model
+from helpers import PROMPT, make_model, random_head
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
@@ -163,10 +163,7 @@ def test_prompts_off_features_are_the_frozen_text_cls(backbone, data):
 def test_every_variant_trains_and_extracts(backbone, data, prompt):
     samples, tasks = data
     model = make_model(backbone, tasks, **prompt)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # random head rows: the CE's gradient reaches the prompts
-        for p in model.head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    random_head(model)
     ds, loader = _task_data(backbone, samples, tasks, 1)
     cache = build_cache(model, make_loader(ds, 16, copies=True), len(ds))
     batch = _batch_with(loader, True)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from click.testing import CliRunner
-from helpers import make_model, two_epochs, write_params
+from helpers import make_model, random_head, two_epochs, write_params
 
 from palcore.outputs import step_dir_name, task_group_name
 from palcore.params import ProtocolParams
@@ -109,10 +109,7 @@ def multi_setup(tiny_vilt, multi: Path, device: str, task: int, method: str):
     samples, tasks = read_prepare(multi)
     backbone = load_backbone(str(tiny_vilt), T).place(torch.device(device))
     model = make_model(backbone, tasks, steps=task, **PROMPTS[method])
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    random_head(model)
     model.to(backbone.device)
     train = select(samples, "train", [task])
     sets = label_sets(train, tasks.label_width, tasks)

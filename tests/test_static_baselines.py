@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, make_model, sync_counter
+from helpers import ROOT, make_model, random_head, sync_counter
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
@@ -63,10 +63,7 @@ def _setup(backbone, data, row):
     `pal tune` loads them), its query cache and the embedded dummy inputs."""
     samples, tasks = data
     model = make_model(backbone, tasks, steps=TASK, **ROWS[row])
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    random_head(model)
     model.to(backbone.device)
     train = select(samples, "train", [TASK])
     ds = SampleDataset(

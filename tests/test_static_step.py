@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_model, two_epochs
+from helpers import make_model, random_head, two_epochs
 
 from pipeline.data.loader import SampleDataset, make_loader
 from pipeline.data.samples import read_prepare, select
@@ -36,10 +36,7 @@ def _setup(tiny_vilt, data, device="cpu", task=2, **prompt):
     samples, tasks = data
     backbone = load_backbone(str(tiny_vilt), T).place(torch.device(device))
     model = make_model(backbone, tasks, steps=task, **prompt)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # random head rows: the CE's gradient reaches the prompts
-        for p in model.head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    random_head(model)
     model.to(backbone.device)
     train = select(samples, "train", [task])
     ds = SampleDataset(train, tasks.root, backbone.processor, T, backbone.image_side)
