@@ -168,17 +168,22 @@ class Scoring:
     k: int
     threshold: float | None = None
 
-    def row(self, scores: np.ndarray) -> dict[str, Any]:
-        """`top` (and `labels`) of one row's scores (C_k,)."""
-        order = np.argsort(-scores, kind="stable")
-        out: dict[str, Any] = {
-            "top": [
-                {"class": self.names[c], "score": round(float(scores[c]), 6)}
-                for c in order[: self.k]
-            ]
-        }
-        if self.threshold is not None:
-            out["labels"] = [self.names[c] for c in order if scores[c] > self.threshold]
+    def rows(self, scores: np.ndarray) -> list[dict[str, Any]]:
+        """`top` (and `labels`) of each row of `scores` (n, C_k)."""
+        order = np.argsort(-scores, axis=1, kind="stable")
+        out = []
+        for row, ranked in zip(scores, order, strict=True):
+            item: dict[str, Any] = {
+                "top": [
+                    {"class": self.names[c], "score": round(float(row[c]), 6)}
+                    for c in ranked[: self.k]
+                ]
+            }
+            if self.threshold is not None:
+                item["labels"] = [
+                    self.names[c] for c in ranked if row[c] > self.threshold
+                ]
+            out.append(item)
         return out
 
 
@@ -247,8 +252,8 @@ def _scored(
         pparams.ExtractParams(batch_size=batch_size, device=device),
         desc="predict",
     )
-    scores = scoring.score(x)  # (n, C_k)
-    return {n: scoring.row(scores[i]) for i, (n, _) in enumerate(good)}
+    rows = scoring.rows(scoring.score(x))  # scores (n, C_k)
+    return {n: row for (n, _), row in zip(good, rows, strict=True)}
 
 
 def _weights_for(
